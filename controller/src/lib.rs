@@ -1,0 +1,1 @@
+//! The nodeipam controller: pure allocation and selection, and the reconcile loops that apply them.

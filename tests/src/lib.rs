@@ -1,0 +1,1 @@
+//! The control-plane harness: starts etcd and kube-apiserver on loopback for tests.

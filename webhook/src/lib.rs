@@ -1,0 +1,1 @@
+//! HTTPS validating admission for NodeIPAMConfig.
