@@ -1,0 +1,152 @@
+//! The webhook's caches: reflectors of every NodeIPAMConfig, every ServiceCIDR and the Nodes'
+//! metadata, so a review reads memory instead of listing per request.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::{Stream, StreamExt};
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::api::{Api, ListParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use nodeipam_crd::NodeIPAMConfig;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::review::{ClusterView, ServiceRange};
+
+/// Read side of the caches.
+#[derive(Clone)]
+pub(crate) struct Caches {
+    configs: Store<NodeIPAMConfig>,
+    /// `None` when the API server does not serve ServiceCIDRs.
+    service_cidrs: Option<Store<ServiceCIDR>>,
+    nodes: Store<PartialObjectMeta<Node>>,
+    static_service_cidrs: Vec<IpNet>,
+    synced: Arc<AtomicBool>,
+}
+
+/// Drives `stream` forever, logging watch errors (the watcher backs off and retries itself).
+async fn drive<T, E: std::fmt::Display>(
+    what: &'static str,
+    stream: impl Stream<Item = Result<T, E>>,
+) {
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        if let Err(e) = item {
+            warn!(cache = what, error = %e, "watch error; retrying");
+        }
+    }
+}
+
+impl Caches {
+    /// Starts the reflectors on `tasks`; `synced` turns true once all have listed.
+    pub async fn start(
+        client: kube::Client,
+        static_service_cidrs: Vec<IpNet>,
+        synced: Arc<AtomicBool>,
+        tasks: &mut JoinSet<()>,
+    ) -> Caches {
+        let (configs, writer) = reflector::store();
+        let api: Api<NodeIPAMConfig> = Api::all(client.clone());
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|c| c.metadata.managed_fields = None)
+            .reflect(writer)
+            .touched_objects();
+        tasks.spawn(drive("nodeipamconfigs", stream));
+
+        let (nodes, writer) = reflector::store();
+        // Metadata only: the count is all a review needs.
+        let api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|n| n.metadata.managed_fields = None)
+            .reflect(writer)
+            .touched_objects();
+        tasks.spawn(drive("nodes", stream));
+
+        let api: Api<ServiceCIDR> = Api::all(client.clone());
+        let service_cidrs = match api.list_metadata(&ListParams::default().limit(1)).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                info!("the API server serves no ServiceCIDRs; checking --service-cidr only");
+                None
+            }
+            // Any other error is the watcher's to retry.
+            _ => {
+                let (store, writer) = reflector::store();
+                let stream = watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .reflect(writer)
+                    .touched_objects();
+                tasks.spawn(drive("servicecidrs", stream));
+                Some(store)
+            }
+        };
+
+        let caches = Caches {
+            configs,
+            service_cidrs,
+            nodes,
+            static_service_cidrs,
+            synced,
+        };
+        let waiting = caches.clone();
+        tasks.spawn(async move {
+            let service = async {
+                match &waiting.service_cidrs {
+                    Some(s) => s.wait_until_ready().await,
+                    None => Ok(()),
+                }
+            };
+            let (a, b, c) = tokio::join!(
+                waiting.configs.wait_until_ready(),
+                waiting.nodes.wait_until_ready(),
+                service
+            );
+            if a.is_ok() && b.is_ok() && c.is_ok() {
+                debug!("webhook caches synced");
+                waiting.synced.store(true, Ordering::SeqCst);
+            }
+        });
+        caches
+    }
+
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    /// A snapshot for one review.
+    pub fn view(&self) -> ClusterView {
+        let mut service_cidrs: Vec<ServiceRange> = self
+            .static_service_cidrs
+            .iter()
+            .map(|c| ServiceRange {
+                cidr: *c,
+                source: "--service-cidr".into(),
+            })
+            .collect();
+        if let Some(store) = &self.service_cidrs {
+            for s in store.state() {
+                let name = s.metadata.name.clone().unwrap_or_default();
+                let cidrs = s.spec.as_ref().and_then(|spec| spec.cidrs.as_ref());
+                for c in cidrs.into_iter().flatten() {
+                    if let Ok(cidr) = c.parse::<IpNet>() {
+                        service_cidrs.push(ServiceRange {
+                            cidr,
+                            source: format!("ServiceCIDR \"{name}\""),
+                        });
+                    }
+                }
+            }
+        }
+        ClusterView {
+            configs: self.configs.state(),
+            service_cidrs,
+            node_count: self.nodes.len(),
+        }
+    }
+}

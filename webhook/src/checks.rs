@@ -1,0 +1,109 @@
+//! The webhook's view of the shared validation rules (`nodeipam_crd::validation`), reduced to
+//! what a denial needs: a field path and a Kubernetes-style message. Also the overlap helpers.
+
+use ipnet::IpNet;
+use nodeipam_crd::NodeIPAMConfigSpec;
+
+/// One rejected field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// e.g. `spec.ipv4.cidr`.
+    pub path: String,
+    /// The whole line, path first, e.g. `spec.ipv4.cidr: Invalid value: "x": ...`.
+    pub message: String,
+}
+
+/// Everything the shared rules reject in a spec.
+pub fn spec_problems(spec: &NodeIPAMConfigSpec) -> Vec<Problem> {
+    nodeipam_crd::validation::validate_spec(spec)
+        .into_iter()
+        .map(|e| Problem {
+            path: e.path.to_string(),
+            message: e.to_string(),
+        })
+        .collect()
+}
+
+/// Everything the shared rules reject in a change from `old` to `new` (immutable fields).
+pub fn update_problems(old: &NodeIPAMConfigSpec, new: &NodeIPAMConfigSpec) -> Vec<Problem> {
+    nodeipam_crd::validation::validate_update(old, new)
+        .into_iter()
+        .map(|e| Problem {
+            path: e.path.to_string(),
+            message: e.to_string(),
+        })
+        .collect()
+}
+
+/// How two ranges of one family relate, when they share addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overlap {
+    Same,
+    /// The first contains the second.
+    Contains,
+    /// The first is inside the second.
+    Inside,
+}
+
+/// How `a` overlaps `b`, if it does. CIDR ranges either nest or are disjoint.
+pub fn overlap(a: &IpNet, b: &IpNet) -> Option<Overlap> {
+    let (a, b) = (a.trunc(), b.trunc());
+    if a == b {
+        Some(Overlap::Same)
+    } else if a.contains(&b) {
+        Some(Overlap::Contains)
+    } else if b.contains(&a) {
+        Some(Overlap::Inside)
+    } else {
+        None
+    }
+}
+
+/// `10.0.0.0/8 contains 10.64.0.0/14`, for messages.
+pub fn describe(a: &IpNet, b: &IpNet, how: Overlap) -> String {
+    match how {
+        Overlap::Same => format!("{a} is the same range"),
+        Overlap::Contains => format!("{a} contains {b}"),
+        Overlap::Inside => format!("{a} is inside {b}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn overlap_kinds() {
+        assert_eq!(
+            overlap(&net("10.0.0.0/8"), &net("10.64.0.0/14")),
+            Some(Overlap::Contains)
+        );
+        assert_eq!(
+            overlap(&net("10.64.0.0/14"), &net("10.0.0.0/8")),
+            Some(Overlap::Inside)
+        );
+        assert_eq!(
+            overlap(&net("10.0.0.0/8"), &net("10.0.0.0/8")),
+            Some(Overlap::Same)
+        );
+        assert_eq!(overlap(&net("10.0.0.0/16"), &net("10.1.0.0/16")), None);
+        assert_eq!(overlap(&net("10.0.0.0/8"), &net("fd00::/8")), None);
+    }
+
+    #[test]
+    fn describe_reads_naturally() {
+        let (a, b) = (net("10.0.0.0/8"), net("10.64.0.0/14"));
+        assert_eq!(
+            describe(&a, &b, Overlap::Contains),
+            "10.0.0.0/8 contains 10.64.0.0/14"
+        );
+        assert_eq!(
+            describe(&b, &a, Overlap::Inside),
+            "10.64.0.0/14 is inside 10.0.0.0/8"
+        );
+    }
+}

@@ -1,0 +1,324 @@
+//! The admission decision for a NodeIPAMConfig request, pure: a request and a snapshot of the
+//! cluster in, an `AdmissionResponse` out. The HTTP layer only parses, snapshots the caches and
+//! serializes.
+
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use kube::core::Status;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use kube::core::response::{StatusCause, StatusDetails};
+use nodeipam_crd::{FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec};
+
+use crate::checks::{self, Problem, describe, overlap};
+
+/// Observer label of an admitted request.
+pub const ALLOWED: &str = "allowed";
+/// Observer label of a request refused for what it asks.
+pub const DENIED: &str = "denied";
+/// Observer label of a request the webhook could not make sense of.
+pub const INVALID: &str = "invalid";
+
+/// The API group of NodeIPAMConfig.
+pub const GROUP: &str = "nodeipam.io";
+/// The only version this webhook decodes.
+pub const VERSION: &str = "v1alpha1";
+/// The kind.
+pub const KIND: &str = "NodeIPAMConfig";
+/// The plural resource name.
+pub const RESOURCE: &str = "nodeipamconfigs";
+
+/// A pod range with fewer blocks than this gets a warning.
+pub const FEW_BLOCKS: u128 = 16;
+
+/// What the decision needs to know about the cluster, taken from the caches.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterView {
+    /// Every NodeIPAMConfig (the one under review may be among them: it is skipped by name).
+    pub configs: Vec<Arc<NodeIPAMConfig>>,
+    /// Service ranges pod ranges must not overlap.
+    pub service_cidrs: Vec<ServiceRange>,
+    /// How many Nodes the cluster has.
+    pub node_count: usize,
+}
+
+/// A Service range and where it comes from, for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceRange {
+    pub cidr: IpNet,
+    /// e.g. `ServiceCIDR "kubernetes"` or `--service-cidr`.
+    pub source: String,
+}
+
+/// Which label the observer gets for `response`.
+pub fn result_of(response: &AdmissionResponse) -> &'static str {
+    if response.allowed {
+        ALLOWED
+    } else if response.result.reason == INVALID_REASON {
+        INVALID
+    } else {
+        DENIED
+    }
+}
+
+/// `AdmissionResponse::invalid` uses this reason.
+const INVALID_REASON: &str = "InvalidRequest";
+
+/// An `invalid` response that still answers `request` (same uid), so the API server accepts
+/// it as the answer and refuses the operation with `message`.
+pub fn invalid_for<T: kube::Resource>(
+    request: &AdmissionRequest<T>,
+    message: impl ToString,
+) -> AdmissionResponse {
+    let mut response = AdmissionResponse::invalid(message);
+    response.uid = request.uid.clone();
+    response.result.code = 400;
+    if !request.types.api_version.is_empty() {
+        response.types = request.types.clone();
+    }
+    response
+}
+
+/// Decides a request for a NodeIPAMConfig against `view`.
+///
+/// Denies: anything the shared validation rejects, a change to an immutable field, a range
+/// overlapping a range of another NodeIPAMConfig or a Service range. Warns (and admits): fewer
+/// than [`FEW_BLOCKS`] blocks in a family, or fewer blocks than the cluster has nodes. Allows
+/// DELETE and CONNECT, status writes, and updates that leave the spec alone (finalizers,
+/// labels), so a config admitted earlier can always be drained and deleted.
+pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) -> AdmissionResponse {
+    if let Err(message) = check_target(request) {
+        return invalid_for(request, message);
+    }
+    if matches!(request.operation, Operation::Delete | Operation::Connect)
+        || request.sub_resource.is_some()
+    {
+        return AdmissionResponse::from(request);
+    }
+    let Some(object) = request.object.as_ref() else {
+        return invalid_for(request, "the request has no object");
+    };
+    let name = object
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| request.name.clone());
+
+    let mut problems = Vec::new();
+    // Which families get the overlap checks: on UPDATE only ranges that changed, so a
+    // pre-existing overlap (admitted while the webhook was down) never blocks metadata writes.
+    let mut check = [true, true];
+    if request.operation == Operation::Update {
+        let Some(old) = request.old_object.as_ref() else {
+            return invalid_for(request, "an UPDATE request has no oldObject");
+        };
+        if old.spec == object.spec {
+            return AdmissionResponse::from(request);
+        }
+        problems.extend(
+            checks::update_problems(&old.spec, &object.spec)
+                .into_iter()
+                .map(|mut p| {
+                    if !p.message.contains("create a new") {
+                        p.message.push_str(IMMUTABLE_HINT);
+                    }
+                    p
+                }),
+        );
+        check = [
+            cidr(&old.spec.ipv4) != cidr(&object.spec.ipv4),
+            cidr(&old.spec.ipv6) != cidr(&object.spec.ipv6),
+        ];
+    }
+    let spec_problems = checks::spec_problems(&object.spec);
+    let spec_valid = spec_problems.is_empty();
+    // Ratcheting, like the API server: on UPDATE, what was already wrong with the old spec
+    // (e.g. rules tightened since) does not block the change; only new problems do.
+    let old_problems = match (&request.operation, request.old_object.as_ref()) {
+        (Operation::Update, Some(old)) => checks::spec_problems(&old.spec),
+        _ => Vec::new(),
+    };
+    for p in spec_problems {
+        if !problems.contains(&p) && !old_problems.contains(&p) {
+            problems.push(p);
+        }
+    }
+    for ((family, path), check) in families(&object.spec).into_iter().zip(check) {
+        if !check {
+            continue;
+        }
+        let Some(range) = family.and_then(|f| f.cidr.parse::<IpNet>().ok()) else {
+            continue;
+        };
+        problems.extend(overlap_problems(&name, path, &range, view));
+    }
+
+    if !problems.is_empty() {
+        return deny(request, &name, problems);
+    }
+    let mut response = AdmissionResponse::from(request);
+    if spec_valid {
+        let warnings = warnings(&object.spec, view.node_count);
+        if !warnings.is_empty() {
+            response.warnings = Some(warnings);
+        }
+    }
+    response
+}
+
+/// Appended to an immutability error that does not already say what to do instead.
+const IMMUTABLE_HINT: &str = "; ranges and the node selector are immutable: create a new \
+     NodeIPAMConfig with the new values, then set spec.allocation: Disabled on this one (or \
+     delete it) so it drains";
+
+fn cidr(f: &Option<FamilySpec>) -> Option<&str> {
+    f.as_ref().map(|f| f.cidr.as_str())
+}
+
+fn families(spec: &NodeIPAMConfigSpec) -> [(Option<&FamilySpec>, &'static str); 2] {
+    [
+        (spec.ipv4.as_ref(), "spec.ipv4"),
+        (spec.ipv6.as_ref(), "spec.ipv6"),
+    ]
+}
+
+fn check_target(request: &AdmissionRequest<NodeIPAMConfig>) -> Result<(), String> {
+    let k = &request.kind;
+    if (k.group.as_str(), k.version.as_str(), k.kind.as_str()) != (GROUP, VERSION, KIND) {
+        return Err(format!(
+            "this webhook only reviews {GROUP}/{VERSION} {KIND}, not {}/{} {}",
+            k.group, k.version, k.kind
+        ));
+    }
+    let r = &request.resource;
+    if (r.group.as_str(), r.version.as_str(), r.resource.as_str()) != (GROUP, VERSION, RESOURCE) {
+        return Err(format!(
+            "this webhook only reviews {GROUP}/{VERSION} {RESOURCE}, not {}/{} {}",
+            r.group, r.version, r.resource
+        ));
+    }
+    match request.sub_resource.as_deref() {
+        None | Some("status") => Ok(()),
+        Some(other) => Err(format!("unexpected subresource {other:?}")),
+    }
+}
+
+/// Overlaps of `range` (at `path`) with other configs' ranges of the same family and with
+/// Service ranges.
+fn overlap_problems(name: &str, path: &str, range: &IpNet, view: &ClusterView) -> Vec<Problem> {
+    let field = format!("{path}.cidr");
+    let mut out = Vec::new();
+    let mut others: Vec<&NodeIPAMConfig> = view
+        .configs
+        .iter()
+        .map(|c| c.as_ref())
+        .filter(|c| c.metadata.name.as_deref() != Some(name))
+        .collect();
+    others.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for other in others {
+        let family = if path.ends_with("ipv4") {
+            &other.spec.ipv4
+        } else {
+            &other.spec.ipv6
+        };
+        let Some(theirs) = family.as_ref().and_then(|f| f.cidr.parse::<IpNet>().ok()) else {
+            continue;
+        };
+        if let Some(how) = overlap(range, &theirs) {
+            let other_name = other.metadata.name.as_deref().unwrap_or("");
+            out.push(Problem {
+                path: field.clone(),
+                message: format!(
+                    "{field}: Invalid value: \"{range}\": overlaps {theirs} of NodeIPAMConfig \
+                     \"{other_name}\" ({}); ranges of NodeIPAMConfigs must not overlap",
+                    describe(range, &theirs, how)
+                ),
+            });
+        }
+    }
+    for service in &view.service_cidrs {
+        if let Some(how) = overlap(range, &service.cidr) {
+            out.push(Problem {
+                path: field.clone(),
+                message: format!(
+                    "{field}: Invalid value: \"{range}\": overlaps the Service range {} of {} \
+                     ({}); pod and Service ranges must not overlap",
+                    service.cidr,
+                    service.source,
+                    describe(range, &service.cidr, how)
+                ),
+            });
+        }
+    }
+    out
+}
+
+fn deny(
+    request: &AdmissionRequest<NodeIPAMConfig>,
+    name: &str,
+    problems: Vec<Problem>,
+) -> AdmissionResponse {
+    let message = problems
+        .iter()
+        .map(|p| p.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let causes = problems
+        .into_iter()
+        .map(|p| StatusCause {
+            reason: "FieldValueInvalid".into(),
+            message: p.message,
+            field: p.path,
+        })
+        .collect();
+    let mut response = AdmissionResponse::from(request).deny(&message);
+    response.result = Status::failure(&message, "Invalid")
+        .with_code(422)
+        .with_details(StatusDetails {
+            name: name.to_string(),
+            group: GROUP.into(),
+            kind: KIND.into(),
+            uid: String::new(),
+            causes,
+            retry_after_seconds: 0,
+        });
+    response
+}
+
+/// Blocks of `mask` in `range`, saturating (validation caps the difference at 32 bits).
+fn blocks(range: &IpNet, mask: u8) -> Option<u128> {
+    let bits = mask.checked_sub(range.prefix_len())?;
+    Some(1u128.checked_shl(u32::from(bits)).unwrap_or(u128::MAX))
+}
+
+/// Admission warnings for a valid spec.
+fn warnings(spec: &NodeIPAMConfigSpec, node_count: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for (family, path) in families(spec) {
+        let Some(f) = family else { continue };
+        let Ok(range) = f.cidr.parse::<IpNet>() else {
+            continue;
+        };
+        let Some(n) = blocks(&range, f.per_node_mask_size) else {
+            continue;
+        };
+        let mask = f.per_node_mask_size;
+        if n < FEW_BLOCKS {
+            out.push(format!(
+                "{path}: perNodeMaskSize {mask} leaves only {n} blocks in {range}: at most {n} \
+                 nodes can get a range from it"
+            ));
+        }
+        let nodes = node_count as u128;
+        if nodes > 0 && nodes >= n {
+            out.push(format!(
+                "{path}: {range} has {n} blocks of /{mask} but the cluster already has {nodes} \
+                 nodes: this range alone would run out"
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
