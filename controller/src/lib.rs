@@ -1,1 +1,3 @@
 //! The nodeipam controller: pure allocation and selection, and the reconcile loops that apply them.
+
+pub mod cidrset;
