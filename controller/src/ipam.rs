@@ -1,0 +1,801 @@
+//! The cluster's allocation state: every config's block sets, every occupied CIDR and who holds
+//! it, and the decisions made on them (adopt, allocate, confirm, release, leak). Pure: no client.
+//!
+//! Safety rests on one rule: every CIDR that a node, a Service range or a leak holds is occupied
+//! in *every* config set whose range it overlaps. A set therefore never hands out a block that
+//! overlaps anything held, whichever config the holder came from, and configs that overlap each
+//! other cannot produce a duplicate either.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::NodeSelector;
+
+use crate::cidrset::CidrSet;
+use crate::selection::{self, Candidate, NodeView};
+
+/// What the state needs to know about one NodeIPAMConfig, prepared by the caller.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigInput {
+    pub name: String,
+    /// Seconds since the epoch; the older config wins an overlap, then the smaller name.
+    pub created: i64,
+    pub ipv4: Option<(IpNet, u8)>,
+    pub ipv6: Option<(IpNet, u8)>,
+    pub selector: Option<NodeSelector>,
+    pub enabled: bool,
+    pub deleting: bool,
+    /// Why the spec is unusable, when it is (it bypassed or predates the CRD's rules).
+    pub invalid: Option<String>,
+    /// Why allocation must wait although the spec allows it (our finalizer is not on the
+    /// object yet, or the pod network that includes it is not published yet).
+    pub gate: Option<String>,
+}
+
+impl ConfigInput {
+    fn families(&self) -> impl Iterator<Item = (IpNet, u8)> + '_ {
+        self.ipv4.iter().chain(self.ipv6.iter()).copied()
+    }
+
+    fn overlap_order(&self) -> (i64, &str) {
+        (self.created, &self.name)
+    }
+}
+
+struct ConfigState {
+    input: ConfigInput,
+    v4: Option<CidrSet>,
+    v6: Option<CidrSet>,
+    /// Set when an older config overlaps this one: it then allocates nothing.
+    overlap: Option<String>,
+}
+
+impl ConfigState {
+    fn sets(&self) -> impl Iterator<Item = &CidrSet> {
+        self.v4.iter().chain(self.v6.iter())
+    }
+
+    fn sets_mut(&mut self) -> impl Iterator<Item = &mut CidrSet> {
+        self.v4.iter_mut().chain(self.v6.iter_mut())
+    }
+
+    fn set_for(&self, cidr: &IpNet) -> Option<&CidrSet> {
+        match cidr {
+            IpNet::V4(_) => self.v4.as_ref(),
+            IpNet::V6(_) => self.v6.as_ref(),
+        }
+    }
+
+    fn set_for_mut(&mut self, cidr: &IpNet) -> Option<&mut CidrSet> {
+        match cidr {
+            IpNet::V4(_) => self.v4.as_mut(),
+            IpNet::V6(_) => self.v6.as_mut(),
+        }
+    }
+
+    /// Accepting new allocations, ignoring capacity.
+    fn accepting(&self) -> bool {
+        self.input.enabled
+            && !self.input.deleting
+            && self.input.invalid.is_none()
+            && self.overlap.is_none()
+            && self.input.gate.is_none()
+            && self.v4.is_some() == self.input.ipv4.is_some()
+            && self.v6.is_some() == self.input.ipv6.is_some()
+            && (self.v4.is_some() || self.v6.is_some())
+    }
+
+    fn free_blocks(&self) -> u64 {
+        self.sets().map(CidrSet::free).min().unwrap_or(0)
+    }
+}
+
+/// Who holds an occupied CIDR.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Holder {
+    Node(String),
+    /// A Service CIDR, by its source (a ServiceCIDR object name, or the flag).
+    Service(String),
+    /// Blocks a write may or may not have landed with; kept until the next rebuild.
+    Leaked(String),
+}
+
+/// Whether a node's blocks are confirmed on the Node object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Read from the Node's `spec.podCIDRs`.
+    Held,
+    /// Chosen by us; the write has not been confirmed yet.
+    Writing { ticket: u64, node_deleted: bool },
+}
+
+/// The blocks one node holds, remembered by CIDR (never by labels, which may change).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeRecord {
+    pub uid: Option<String>,
+    pub cidrs: Vec<IpNet>,
+    pub phase: Phase,
+}
+
+/// A decision to give `cidrs` (IPv4 first) from `config` to a node; confirm or abandon it with
+/// `ticket` once the write's outcome is known.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Allocation {
+    pub config: String,
+    pub cidrs: Vec<IpNet>,
+    pub ticket: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum AllocateError {
+    #[error("no NodeIPAMConfig selects this node")]
+    NoMatchingConfig,
+    #[error("no matching NodeIPAMConfig has a free block (considered: {considered})")]
+    NoCapacity { considered: String },
+    #[error("the node already holds blocks")]
+    AlreadyHolds,
+}
+
+/// What adopting a node's existing podCIDRs found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Adoption {
+    /// podCIDRs that lie in no config (counted as unmanaged, never changed).
+    pub unmanaged: Vec<IpNet>,
+    /// Other nodes whose podCIDRs overlap this node's, with the overlapping pair.
+    pub conflicts: Vec<(String, IpNet, IpNet)>,
+    /// Blocks we had chosen for this node that turned out not to be its own.
+    pub released: Vec<IpNet>,
+}
+
+/// Counts and facts for one config's status.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConfigFacts {
+    pub ipv4: Option<FamilyFacts>,
+    pub ipv6: Option<FamilyFacts>,
+    /// Nodes holding (or being given) a block that overlaps the config's ranges.
+    pub nodes: u64,
+    /// A few of those node names, sorted, for messages.
+    pub sample_nodes: Vec<String>,
+    /// Nodes whose block is still being written: the finalizer must stay for them.
+    pub writing: u64,
+    pub accepting: bool,
+    pub enabled: bool,
+    pub deleting: bool,
+    pub invalid: Option<String>,
+    pub overlap: Option<String>,
+    pub gate: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FamilyFacts {
+    pub capacity: u64,
+    /// Blocks in the range that nodes (or leaks) hold.
+    pub allocated: u64,
+    /// Blocks the set can still hand out (Service CIDRs and holders excluded).
+    pub free: u64,
+}
+
+/// The allocation state. One instance lives in the leader's allocation loop and is rebuilt
+/// from the API whenever leadership is gained.
+#[derive(Default)]
+pub struct Ipam {
+    configs: BTreeMap<String, ConfigState>,
+    holders: BTreeMap<IpNet, Vec<Holder>>,
+    nodes: HashMap<String, NodeRecord>,
+    services: BTreeMap<String, Vec<IpNet>>,
+    next_ticket: u64,
+}
+
+const SAMPLE_NODES: usize = 5;
+
+impl Ipam {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    // ----- configs -----
+
+    /// Adds or updates a config. A change of ranges rebuilds its sets from the holders.
+    pub fn upsert_config(&mut self, input: ConfigInput) {
+        let same_ranges = self
+            .configs
+            .get(&input.name)
+            .is_some_and(|c| c.input.ipv4 == input.ipv4 && c.input.ipv6 == input.ipv6 && c.input.invalid == input.invalid);
+        if same_ranges {
+            if let Some(state) = self.configs.get_mut(&input.name) {
+                state.input = input;
+            }
+        } else {
+            let state = self.build_config(input);
+            self.configs.insert(state.input.name.clone(), state);
+        }
+        self.recompute_overlaps();
+    }
+
+    pub fn remove_config(&mut self, name: &str) {
+        self.configs.remove(name);
+        self.recompute_overlaps();
+    }
+
+    pub fn config_names(&self) -> impl Iterator<Item = &str> {
+        self.configs.keys().map(String::as_str)
+    }
+
+    fn build_config(&self, input: ConfigInput) -> ConfigState {
+        let mut state = ConfigState { v4: None, v6: None, overlap: None, input };
+        if state.input.invalid.is_some() {
+            return state;
+        }
+        let mut problems = Vec::new();
+        for (range, mask) in state.input.families().collect::<Vec<_>>() {
+            match CidrSet::new(range, mask) {
+                Ok(mut set) => {
+                    for (held, _) in overlapping(&self.holders, range) {
+                        // Every holder overlapping the range must be occupied; a failure here
+                        // would mean a block could be handed out twice, so the set is dropped.
+                        if let Err(e) = set.occupy(*held) {
+                            problems.push(format!("occupying {held} in {range}: {e}"));
+                        }
+                    }
+                    match range {
+                        IpNet::V4(_) => state.v4 = Some(set),
+                        IpNet::V6(_) => state.v6 = Some(set),
+                    }
+                }
+                Err(e) => problems.push(format!("{range} with per-node mask {mask}: {e}")),
+            }
+        }
+        if !problems.is_empty() {
+            state.v4 = None;
+            state.v6 = None;
+            state.input.invalid = Some(problems.join("; "));
+        }
+        state
+    }
+
+    fn recompute_overlaps(&mut self) {
+        let inputs: Vec<(String, (i64, String), Vec<IpNet>)> = self
+            .configs
+            .values()
+            .filter(|c| c.input.invalid.is_none())
+            .map(|c| {
+                let (t, n) = c.input.overlap_order();
+                (c.input.name.clone(), (t, n.to_string()), c.input.families().map(|(r, _)| r).collect())
+            })
+            .collect();
+        for state in self.configs.values_mut() {
+            state.overlap = None;
+        }
+        for (name, order, ranges) in &inputs {
+            let mut found = Vec::new();
+            for (other, other_order, other_ranges) in &inputs {
+                if other == name || other_order > order {
+                    continue;
+                }
+                for ours in ranges {
+                    for theirs in other_ranges.iter().filter(|t| nets_overlap(ours, t)) {
+                        found.push(format!("{ours} overlaps {theirs} of older NodeIPAMConfig {other}"));
+                    }
+                }
+            }
+            if !found.is_empty()
+                && let Some(state) = self.configs.get_mut(name)
+            {
+                state.overlap = Some(found.join("; "));
+            }
+        }
+    }
+
+    // ----- Service CIDRs -----
+
+    /// Replaces the Service CIDRs known under `source`. Blocks overlapping them are never
+    /// handed out.
+    pub fn set_service_cidrs(&mut self, source: &str, cidrs: Vec<IpNet>) {
+        let cidrs: Vec<IpNet> = cidrs.into_iter().map(|c| c.trunc()).collect();
+        let old = self.services.remove(source).unwrap_or_default();
+        let holder = Holder::Service(source.to_string());
+        for c in &cidrs {
+            self.add_holder(*c, holder.clone());
+        }
+        for c in old {
+            self.remove_holder(c, &holder);
+        }
+        if !cidrs.is_empty() {
+            self.services.insert(source.to_string(), cidrs);
+        }
+    }
+
+    // ----- nodes -----
+
+    pub fn node(&self, name: &str) -> Option<&NodeRecord> {
+        self.nodes.get(name)
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn node_names(&self) -> impl Iterator<Item = &str> {
+        self.nodes.keys().map(String::as_str)
+    }
+
+    /// Records the podCIDRs a Node object already carries (at start-up, on migration, or when
+    /// a write is confirmed by the watch). podCIDRs are immutable once set, so whatever we had
+    /// chosen for this node that differs can never land and is released.
+    pub fn observe_node(&mut self, name: &str, uid: Option<&str>, cidrs: &[IpNet]) -> Adoption {
+        let cidrs: Vec<IpNet> = cidrs.iter().map(|c| c.trunc()).collect();
+        let mut adoption = Adoption::default();
+        if let Some(rec) = self.nodes.get_mut(name)
+            && rec.cidrs == cidrs
+        {
+            rec.phase = Phase::Held;
+            if uid.is_some() {
+                rec.uid = uid.map(str::to_string);
+            }
+            return adoption;
+        }
+        if let Some(old) = self.nodes.remove(name) {
+            for c in &old.cidrs {
+                self.remove_holder(*c, &Holder::Node(name.to_string()));
+            }
+            adoption.released = old.cidrs;
+        }
+        let holder = Holder::Node(name.to_string());
+        for c in &cidrs {
+            for (other_cidr, others) in overlapping(&self.holders, *c) {
+                for other in others {
+                    // A leaked block may sit on a node we cannot see yet: a conflict too.
+                    if let Holder::Node(other) | Holder::Leaked(other) = other
+                        && other != name
+                    {
+                        adoption.conflicts.push((other.clone(), *c, *other_cidr));
+                    }
+                }
+            }
+            if !self.configs.values().any(|s| s.input.families().any(|(r, _)| nets_overlap(&r, c))) {
+                adoption.unmanaged.push(*c);
+            }
+        }
+        for c in &cidrs {
+            self.add_holder(*c, holder.clone());
+        }
+        self.nodes.insert(
+            name.to_string(),
+            NodeRecord { uid: uid.map(str::to_string), cidrs, phase: Phase::Held },
+        );
+        adoption
+    }
+
+    /// Picks the config for a node without podCIDRs and takes one block per family from it,
+    /// atomically: if a later family fails, the earlier block goes back and the next config is
+    /// tried. The blocks stay reserved for the node until [`Ipam::confirm`] or
+    /// [`Ipam::abandon`].
+    pub fn allocate(
+        &mut self,
+        name: &str,
+        uid: Option<&str>,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Allocation, AllocateError> {
+        if self.nodes.contains_key(name) {
+            return Err(AllocateError::AlreadyHolds);
+        }
+        let usable: Vec<&ConfigState> = self.configs.values().filter(|c| c.accepting()).collect();
+        let candidates: Vec<Candidate<'_>> = usable
+            .iter()
+            .map(|c| Candidate {
+                name: &c.input.name,
+                selector: c.input.selector.as_ref(),
+                free_blocks: c.free_blocks(),
+                ipv4: c.input.ipv4,
+                ipv6: c.input.ipv6,
+            })
+            .collect();
+        let node = NodeView { name, labels };
+        let ranked: Vec<String> = selection::rank(&candidates, node)
+            .into_iter()
+            .map(|i| candidates[i].name.to_string())
+            .collect();
+        let any_match = self
+            .configs
+            .values()
+            .any(|c| selection::match_score(c.input.selector.as_ref(), node).is_some());
+        for config in &ranked {
+            if let Some(cidrs) = self.take_blocks(config) {
+                for c in &cidrs {
+                    self.add_holder(*c, Holder::Node(name.to_string()));
+                }
+                self.next_ticket += 1;
+                let ticket = self.next_ticket;
+                self.nodes.insert(
+                    name.to_string(),
+                    NodeRecord {
+                        uid: uid.map(str::to_string),
+                        cidrs: cidrs.clone(),
+                        phase: Phase::Writing { ticket, node_deleted: false },
+                    },
+                );
+                return Ok(Allocation { config: config.clone(), cidrs, ticket });
+            }
+        }
+        if ranked.is_empty() && !any_match {
+            return Err(AllocateError::NoMatchingConfig);
+        }
+        let considered: Vec<String> = self
+            .configs
+            .values()
+            .filter(|c| selection::match_score(c.input.selector.as_ref(), node).is_some())
+            .map(|c| format!("{} ({})", c.input.name, unavailable_reason(c)))
+            .collect();
+        Err(AllocateError::NoCapacity { considered: considered.join(", ") })
+    }
+
+    /// One block per family of `config`, IPv4 first, or nothing.
+    fn take_blocks(&mut self, config: &str) -> Option<Vec<IpNet>> {
+        let state = self.configs.get_mut(config)?;
+        let mut taken = Vec::new();
+        for set in state.sets_mut() {
+            match set.allocate() {
+                Ok(block) => taken.push(block),
+                Err(_) => break,
+            }
+        }
+        if taken.len() == state.sets().count() && !taken.is_empty() {
+            return Some(taken);
+        }
+        // Give back what the earlier family took; nothing else held it (it was free).
+        for block in taken {
+            if let Some(set) = state.set_for_mut(&block) {
+                let _ = set.release(block);
+            }
+        }
+        None
+    }
+
+    /// The write for `ticket` landed and the Node (with `uid`) now carries the blocks.
+    /// Returns false when the ticket is stale (the record changed meanwhile).
+    pub fn confirm(&mut self, name: &str, ticket: u64, uid: Option<&str>) -> bool {
+        let Some(rec) = self.nodes.get_mut(name) else {
+            return false;
+        };
+        let Phase::Writing { ticket: t, node_deleted } = rec.phase else {
+            return false;
+        };
+        if t != ticket {
+            return false;
+        }
+        let old_uid = rec.uid.clone();
+        if node_deleted && (uid.is_none() || uid.map(str::to_string) == old_uid) {
+            // Landed on the object that has since been deleted: the blocks are free.
+            self.release_node(name);
+            return true;
+        }
+        rec.phase = Phase::Held;
+        if uid.is_some() {
+            rec.uid = uid.map(str::to_string);
+        }
+        true
+    }
+
+    /// The write for `ticket` definitely failed: the blocks never reached the node.
+    pub fn abandon(&mut self, name: &str, ticket: u64) -> Vec<IpNet> {
+        match self.nodes.get(name).map(|r| r.phase) {
+            Some(Phase::Writing { ticket: t, .. }) if t == ticket => self.release_node(name),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The write for `ticket` may or may not have landed and the node can't tell us: keep the
+    /// blocks occupied (leak) rather than risk handing them out twice.
+    pub fn leak(&mut self, name: &str, ticket: u64) -> Vec<IpNet> {
+        let Some(Phase::Writing { ticket: t, .. }) = self.nodes.get(name).map(|r| r.phase) else {
+            return Vec::new();
+        };
+        if t != ticket {
+            return Vec::new();
+        }
+        let Some(rec) = self.nodes.remove(name) else {
+            return Vec::new();
+        };
+        for c in &rec.cidrs {
+            self.add_holder(*c, Holder::Leaked(name.to_string()));
+            self.remove_holder(*c, &Holder::Node(name.to_string()));
+        }
+        rec.cidrs
+    }
+
+    /// The Node object `uid` is really gone (a delete event or a 404 on a fresh GET).
+    /// Returns the blocks freed; a write still in flight decides on its own outcome.
+    pub fn node_gone(&mut self, name: &str, uid: Option<&str>) -> Vec<IpNet> {
+        let Some(rec) = self.nodes.get_mut(name) else {
+            return Vec::new();
+        };
+        if uid.is_some() && rec.uid.is_some() && uid.map(str::to_string) != rec.uid {
+            // A different object of the same name; the one we track is not the one deleted.
+            return Vec::new();
+        }
+        match &mut rec.phase {
+            Phase::Writing { node_deleted, .. } => {
+                *node_deleted = true;
+                Vec::new()
+            }
+            Phase::Held => self.release_node(name),
+        }
+    }
+
+    fn release_node(&mut self, name: &str) -> Vec<IpNet> {
+        let Some(rec) = self.nodes.remove(name) else {
+            return Vec::new();
+        };
+        for c in &rec.cidrs {
+            self.remove_holder(*c, &Holder::Node(name.to_string()));
+        }
+        rec.cidrs
+    }
+
+    // ----- holders -----
+
+    fn add_holder(&mut self, cidr: IpNet, holder: Holder) {
+        let cidr = cidr.trunc();
+        for state in self.configs.values_mut() {
+            if let Some(set) = state.set_for_mut(&cidr)
+                && nets_overlap(&set.range(), &cidr)
+            {
+                // occupy only fails when the CIDR misses the range, which was just checked.
+                let _ = set.occupy(cidr);
+            }
+        }
+        let list = self.holders.entry(cidr).or_default();
+        if !list.contains(&holder) {
+            list.push(holder);
+            list.sort();
+        }
+    }
+
+    fn remove_holder(&mut self, cidr: IpNet, holder: &Holder) {
+        let cidr = cidr.trunc();
+        let Some(list) = self.holders.get_mut(&cidr) else {
+            return;
+        };
+        list.retain(|h| h != holder);
+        if !list.is_empty() {
+            return;
+        }
+        self.holders.remove(&cidr);
+        // Clear the bits, then put back every other holder that shares any of them: nested or
+        // overlapping CIDRs (two nodes adopted with overlapping podCIDRs, a Service range, or
+        // two small CIDRs inside one bigger block of another config) must stay occupied.
+        let holders = &self.holders;
+        for state in self.configs.values_mut() {
+            for set in state.sets_mut() {
+                let range = set.range();
+                if !nets_overlap(&range, &cidr) {
+                    continue;
+                }
+                // The bits cleared cover whole blocks, which may be larger than `cidr`.
+                let span = if cidr.prefix_len() > set.per_node_mask_size() {
+                    IpNet::new(cidr.network(), set.per_node_mask_size()).map_or(cidr, |n| n.trunc())
+                } else {
+                    cidr
+                };
+                let _ = set.release(cidr);
+                for (other, _) in overlapping(holders, span).filter(|(o, _)| nets_overlap(&range, o)) {
+                    let _ = set.occupy(*other);
+                }
+            }
+        }
+    }
+
+    /// Every occupied CIDR with its holders, for invariant checks and the published ranges.
+    pub fn holders(&self) -> impl Iterator<Item = (&IpNet, &[Holder])> {
+        self.holders.iter().map(|(c, h)| (c, h.as_slice()))
+    }
+
+    /// Node-held CIDRs that overlap no config's range.
+    pub fn unmanaged(&self) -> Vec<(IpNet, String)> {
+        let mut out = Vec::new();
+        for (cidr, holders) in &self.holders {
+            let managed = self.configs.values().any(|s| s.input.families().any(|(r, _)| nets_overlap(&r, cidr)));
+            if managed {
+                continue;
+            }
+            for h in holders {
+                if let Holder::Node(n) = h {
+                    out.push((*cidr, n.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    // ----- facts for status -----
+
+    pub fn config_facts(&self, name: &str) -> Option<ConfigFacts> {
+        let state = self.configs.get(name)?;
+        let mut nodes = BTreeSet::new();
+        let mut writing = BTreeSet::new();
+        let mut facts = ConfigFacts {
+            accepting: state.accepting(),
+            enabled: state.input.enabled,
+            deleting: state.input.deleting,
+            invalid: state.input.invalid.clone(),
+            overlap: state.overlap.clone(),
+            gate: state.input.gate.clone(),
+            ..ConfigFacts::default()
+        };
+        for (range, mask) in state.input.families() {
+            let mut held = Vec::new();
+            for (cidr, holders) in overlapping(&self.holders, range) {
+                let mut by_node_or_leak = false;
+                for h in holders {
+                    match h {
+                        Holder::Node(n) => {
+                            by_node_or_leak = true;
+                            nodes.insert(n.clone());
+                            if matches!(self.nodes.get(n).map(|r| r.phase), Some(Phase::Writing { .. })) {
+                                writing.insert(n.clone());
+                            }
+                        }
+                        Holder::Leaked(_) => by_node_or_leak = true,
+                        Holder::Service(_) => {}
+                    }
+                }
+                if by_node_or_leak {
+                    held.push(*cidr);
+                }
+            }
+            let capacity = state.set_for(&range).map_or_else(|| block_capacity(range, mask), CidrSet::capacity);
+            let fam = FamilyFacts {
+                capacity,
+                allocated: blocks_covered(range, mask, &held),
+                free: state.set_for(&range).map_or(0, CidrSet::free),
+            };
+            match range {
+                IpNet::V4(_) => facts.ipv4 = Some(fam),
+                IpNet::V6(_) => facts.ipv6 = Some(fam),
+            }
+        }
+        facts.nodes = nodes.len() as u64;
+        facts.writing = writing.len() as u64;
+        facts.sample_nodes = nodes.into_iter().take(SAMPLE_NODES).collect();
+        Some(facts)
+    }
+
+    /// Configs whose ranges overlap `cidr`: the ones whose facts change when it is held or freed.
+    pub fn configs_touching(&self, cidr: &IpNet) -> Vec<String> {
+        self.configs
+            .values()
+            .filter(|s| s.input.families().any(|(r, _)| nets_overlap(&r, cidr)))
+            .map(|s| s.input.name.clone())
+            .collect()
+    }
+
+    /// The config whose range contains `cidr`, oldest first: what the controller says holds it.
+    pub fn owner_of(&self, cidr: &IpNet) -> Option<&str> {
+        self.configs
+            .values()
+            .filter(|s| s.input.families().any(|(r, _)| r.contains(cidr)))
+            .min_by(|a, b| a.input.overlap_order().cmp(&b.input.overlap_order()))
+            .map(|s| s.input.name.as_str())
+    }
+
+    /// The range of `config` in the family of `cidr`.
+    pub fn config_range(&self, config: &str, cidr: &IpNet) -> Option<IpNet> {
+        let state = self.configs.get(config)?;
+        match cidr {
+            IpNet::V4(_) => state.input.ipv4.map(|(r, _)| r),
+            IpNet::V6(_) => state.input.ipv6.map(|(r, _)| r),
+        }
+    }
+
+    /// Names under which Service CIDRs are known.
+    pub fn service_sources(&self) -> impl Iterator<Item = &str> {
+        self.services.keys().map(String::as_str)
+    }
+
+    /// Approximate heap bytes of the sets, for metrics.
+    pub fn memory_bytes(&self) -> usize {
+        self.configs.values().flat_map(|c| c.sets()).map(CidrSet::memory_bytes).sum()
+    }
+}
+
+fn unavailable_reason(c: &ConfigState) -> String {
+    if let Some(why) = &c.input.invalid {
+        return format!("invalid: {why}");
+    }
+    if c.input.deleting {
+        return "terminating".into();
+    }
+    if !c.input.enabled {
+        return "disabled".into();
+    }
+    if c.overlap.is_some() {
+        return "overlaps an older config".into();
+    }
+    if let Some(why) = &c.input.gate {
+        return why.clone();
+    }
+    if c.free_blocks() == 0 {
+        return "exhausted".into();
+    }
+    "not usable".into()
+}
+
+/// Every key of `holders` that overlaps `net`: those that start inside it, and its supernets.
+fn overlapping<'a, V>(holders: &'a BTreeMap<IpNet, V>, net: IpNet) -> impl Iterator<Item = (&'a IpNet, &'a V)> + 'a {
+    let net = net.trunc();
+    let (lo, hi) = match net {
+        IpNet::V4(n) => (
+            IpNet::new(IpAddr::V4(n.network()), 0),
+            IpNet::new(IpAddr::V4(n.broadcast()), 32),
+        ),
+        IpNet::V6(n) => (
+            IpNet::new(IpAddr::V6(n.network()), 0),
+            IpNet::new(IpAddr::V6(n.broadcast()), 128),
+        ),
+    };
+    let inside = match (lo, hi) {
+        (Ok(lo), Ok(hi)) => Some(holders.range(lo..=hi)),
+        _ => None,
+    };
+    // Supernets start before `net` (or at its address with a shorter prefix, already found
+    // above), so look each one up exactly.
+    let supers = (0..net.prefix_len()).filter_map(move |len| {
+        let sup = IpNet::new(net.network(), len).ok()?.trunc();
+        if sup.network() == net.network() {
+            return None;
+        }
+        holders.get_key_value(&sup)
+    });
+    inside.into_iter().flatten().chain(supers)
+}
+
+/// True when the two CIDRs share an address (always false across families).
+pub fn nets_overlap(a: &IpNet, b: &IpNet) -> bool {
+    match (a, b) {
+        (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)) => a.contains(&b.network()) || b.contains(&a.network()),
+        _ => false,
+    }
+}
+
+fn to_u128(addr: IpAddr) -> u128 {
+    match addr {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+fn block_capacity(range: IpNet, mask: u8) -> u64 {
+    let bits = u32::from(mask.saturating_sub(range.prefix_len()));
+    1u64.checked_shl(bits).unwrap_or(0)
+}
+
+/// How many `mask`-sized blocks of `range` the `held` CIDRs touch, each block counted once.
+fn blocks_covered(range: IpNet, mask: u8, held: &[IpNet]) -> u64 {
+    let host_bits = u32::from(range.max_prefix_len().saturating_sub(mask));
+    let start = to_u128(range.network());
+    let end = to_u128(range.broadcast());
+    let mut spans: Vec<(u128, u128)> = held
+        .iter()
+        .map(|c| (to_u128(c.network()).max(start), to_u128(c.broadcast()).min(end)))
+        .filter(|(a, b)| a <= b)
+        .map(|(a, b)| ((a - start) >> host_bits, (b - start) >> host_bits))
+        .collect();
+    spans.sort_unstable();
+    let mut count: u128 = 0;
+    let mut last: Option<u128> = None;
+    for (a, b) in spans {
+        let a = match last {
+            Some(l) if a <= l => l + 1,
+            _ => a,
+        };
+        if a <= b {
+            count += b - a + 1;
+            last = Some(b);
+        }
+    }
+    u64::try_from(count).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests;

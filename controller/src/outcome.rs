@@ -1,0 +1,124 @@
+//! What to do with a node's blocks once a podCIDR write has an outcome: confirm, adopt what the
+//! node carries instead, release, retry, or leak. Pure: no client.
+//!
+//! podCIDRs are immutable once set and every write carries the Node's UID as a precondition, so
+//! a write can only ever land on the object it was meant for. Blocks are released only when the
+//! outcome proves they are not on that object; everything doubtful keeps them reserved.
+
+use ipnet::IpNet;
+
+/// What the API server said about the patch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WriteOutcome {
+    /// The patch returned the Node; these are its podCIDRs now.
+    Applied { uid: Option<String>, cidrs: Vec<IpNet> },
+    /// The Node does not exist (404 on the patch): nothing was written.
+    Missing,
+    /// The server refused the patch (a 4xx such as 409 or 422): nothing was written.
+    Rejected { reason: String, now: NodeNow },
+    /// Not throttled but not answered either (timeout, 5xx, connection lost): the write may
+    /// or may not have landed.
+    Ambiguous { reason: String, now: NodeNow },
+    /// The server throttled the request (429) before doing anything.
+    Throttled,
+}
+
+/// A fresh GET of the Node after a failed patch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeNow {
+    Has { uid: Option<String>, cidrs: Vec<IpNet> },
+    Empty { uid: Option<String> },
+    Gone,
+    Unknown(String),
+}
+
+/// The decision for the allocation state.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// The blocks are on the node.
+    Confirm { uid: Option<String> },
+    /// The node carries other podCIDRs: adopt them; ours never landed and are freed.
+    Adopt { uid: Option<String>, cidrs: Vec<IpNet> },
+    /// The blocks are definitely not on the node: free them.
+    Release,
+    /// Write the same blocks again later.
+    Retry,
+    /// It cannot be known whether the blocks landed: keep them occupied.
+    Leak,
+}
+
+/// Decides for a write of `ours` to the node with `uid` (when known). `was_ambiguous` is true
+/// when an earlier attempt for the same blocks had an ambiguous outcome.
+pub fn decide(outcome: &WriteOutcome, ours: &[IpNet], uid: Option<&str>, was_ambiguous: bool) -> Decision {
+    match outcome {
+        WriteOutcome::Applied { uid, cidrs } => from_node(ours, uid.clone(), cidrs),
+        // Without the UID precondition an earlier doubtful write could still land on a
+        // recreated node of the same name; with it, nothing can land anywhere any more.
+        WriteOutcome::Missing if uid.is_none() && was_ambiguous => Decision::Leak,
+        WriteOutcome::Missing => Decision::Release,
+        WriteOutcome::Throttled => Decision::Retry,
+        WriteOutcome::Rejected { now, .. } | WriteOutcome::Ambiguous { now, .. } => {
+            let ambiguous = was_ambiguous || matches!(outcome, WriteOutcome::Ambiguous { .. });
+            match now {
+                NodeNow::Has { uid, cidrs } => from_node(ours, uid.clone(), cidrs),
+                // Same object, still empty: the write did not land (yet); writing the same
+                // blocks again is idempotent.
+                NodeNow::Empty { uid: now_uid } if uid.is_none() || now_uid.as_deref() == uid => Decision::Retry,
+                // A new object of the same name: the UID precondition keeps our write off it.
+                NodeNow::Empty { .. } => Decision::Release,
+                NodeNow::Gone if uid.is_none() && ambiguous => Decision::Leak,
+                NodeNow::Gone => Decision::Release,
+                NodeNow::Unknown(_) => Decision::Retry,
+            }
+        }
+    }
+}
+
+fn from_node(ours: &[IpNet], uid: Option<String>, cidrs: &[IpNet]) -> Decision {
+    if cidrs == ours {
+        Decision::Confirm { uid }
+    } else if cidrs.is_empty() {
+        Decision::Retry
+    } else {
+        Decision::Adopt { uid, cidrs: cidrs.to_vec() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(s: &str) -> IpNet {
+        s.parse().expect("test CIDR")
+    }
+
+    #[test]
+    fn decision_table() {
+        let ours = vec![n("10.0.0.0/24")];
+        let theirs = vec![n("10.9.0.0/24")];
+        let u = Some("u1");
+        let has = |c: &Vec<IpNet>| NodeNow::Has { uid: Some("u1".into()), cidrs: c.clone() };
+        let amb = |now| WriteOutcome::Ambiguous { reason: "timeout".into(), now };
+        let rej = |now| WriteOutcome::Rejected { reason: "422".into(), now };
+        let cases = vec![
+            (WriteOutcome::Applied { uid: Some("u1".into()), cidrs: ours.clone() }, u, false, Decision::Confirm { uid: Some("u1".into()) }),
+            (WriteOutcome::Applied { uid: None, cidrs: theirs.clone() }, u, false, Decision::Adopt { uid: None, cidrs: theirs.clone() }),
+            (WriteOutcome::Missing, u, true, Decision::Release),
+            (WriteOutcome::Missing, None, true, Decision::Leak),
+            (WriteOutcome::Missing, None, false, Decision::Release),
+            (WriteOutcome::Throttled, u, false, Decision::Retry),
+            (rej(has(&theirs)), u, false, Decision::Adopt { uid: Some("u1".into()), cidrs: theirs.clone() }),
+            (amb(has(&ours)), u, false, Decision::Confirm { uid: Some("u1".into()) }),
+            (amb(NodeNow::Empty { uid: Some("u1".into()) }), u, false, Decision::Retry),
+            (amb(NodeNow::Empty { uid: Some("u2".into()) }), u, false, Decision::Release),
+            (amb(NodeNow::Gone), u, false, Decision::Release),
+            (amb(NodeNow::Gone), None, false, Decision::Leak),
+            (rej(NodeNow::Gone), None, false, Decision::Release),
+            (rej(NodeNow::Gone), None, true, Decision::Leak),
+            (amb(NodeNow::Unknown("eof".into())), u, false, Decision::Retry),
+        ];
+        for (i, (outcome, uid, was, want)) in cases.into_iter().enumerate() {
+            assert_eq!(decide(&outcome, &ours, uid, was), want, "case {i}: {outcome:?}");
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! Which NodeIPAMConfig serves a node: core/v1 NodeSelector matching and the precedence rules
+//! between the configs that match. Pure: no client.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+
+/// The facts about one config that selection needs, prepared by the caller.
+#[derive(Clone, Debug)]
+pub struct Candidate<'a> {
+    pub name: &'a str,
+    pub selector: Option<&'a NodeSelector>,
+    /// Blocks still free, the smallest over the config's families: a dual-stack node needs one
+    /// of each, so the scarcer family bounds what the config can still serve.
+    pub free_blocks: u64,
+    pub ipv4: Option<(IpNet, u8)>,
+    pub ipv6: Option<(IpNet, u8)>,
+}
+
+/// A node as selection sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeView<'a> {
+    pub name: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+}
+
+/// How well a config matches a node; `None` from [`match_score`] means it does not match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum MatchScore {
+    /// No selector: serves every node, after every selector match.
+    CatchAll,
+    /// The number of requirements in the best matching term.
+    Selector(usize),
+}
+
+/// Scores `selector` against `node`. Terms are ORed and the requirements of a term ANDed, as
+/// core/v1 defines it; an empty term, or a selector without terms, matches nothing.
+pub fn match_score(selector: Option<&NodeSelector>, node: NodeView<'_>) -> Option<MatchScore> {
+    let Some(selector) = selector else {
+        return Some(MatchScore::CatchAll);
+    };
+    selector
+        .node_selector_terms
+        .iter()
+        .filter(|term| term_matches(term, node))
+        .map(requirement_count)
+        .max()
+        .map(MatchScore::Selector)
+}
+
+/// True when some term of `selector` matches `node`.
+pub fn selector_matches(selector: &NodeSelector, node: NodeView<'_>) -> bool {
+    selector.node_selector_terms.iter().any(|t| term_matches(t, node))
+}
+
+fn requirement_count(term: &NodeSelectorTerm) -> usize {
+    term.match_expressions.as_ref().map_or(0, Vec::len) + term.match_fields.as_ref().map_or(0, Vec::len)
+}
+
+fn term_matches(term: &NodeSelectorTerm, node: NodeView<'_>) -> bool {
+    if requirement_count(term) == 0 {
+        return false;
+    }
+    let labels_ok = term
+        .match_expressions
+        .iter()
+        .flatten()
+        .all(|req| requirement_matches(req, node.labels.get(&req.key).map(String::as_str)));
+    let fields_ok = term.match_fields.iter().flatten().all(|req| {
+        // core/v1 supports only metadata.name here; any other field cannot match.
+        req.key == "metadata.name" && requirement_matches(req, Some(node.name))
+    });
+    labels_ok && fields_ok
+}
+
+fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = req.values.as_deref().unwrap_or_default();
+    match req.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => value.is_none_or(|v| values.iter().all(|x| x != v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            // Both sides must be integers, and Gt/Lt take exactly one value.
+            let (Some(have), [want]) = (value.and_then(|v| v.parse::<i64>().ok()), values) else {
+                return false;
+            };
+            let Ok(want) = want.parse::<i64>() else {
+                return false;
+            };
+            if req.operator == "Gt" { have > want } else { have < want }
+        }
+        // An unknown operator never matches: validation rejects it, and a config that got
+        // past validation must not capture nodes by accident.
+        _ => false,
+    }
+}
+
+/// A stable text form of a selector, used only as the tie-break "lexically smaller selector".
+pub fn selector_key(selector: Option<&NodeSelector>) -> String {
+    let Some(selector) = selector else {
+        return String::new();
+    };
+    let mut terms: Vec<String> = selector
+        .node_selector_terms
+        .iter()
+        .map(|term| {
+            let mut reqs: Vec<String> = term
+                .match_expressions
+                .iter()
+                .flatten()
+                .map(|r| requirement_key("", r))
+                .chain(term.match_fields.iter().flatten().map(|r| requirement_key("field:", r)))
+                .collect();
+            reqs.sort();
+            reqs.join(",")
+        })
+        .collect();
+    terms.sort();
+    terms.join("|")
+}
+
+fn requirement_key(prefix: &str, req: &NodeSelectorRequirement) -> String {
+    let mut values = req.values.clone().unwrap_or_default();
+    values.sort();
+    format!("{prefix}{} {} ({})", req.key, req.operator, values.join(","))
+}
+
+/// Orders matching configs best first by the precedence rules:
+/// 1. more matching requirements (any selector match before a config without selector);
+/// 2. fewer allocatable blocks, so small special-purpose ranges fill before big ones;
+/// 3. larger per-node mask (smaller blocks);
+/// 4. lexically smaller selector string;
+/// 5. numerically lower CIDR;
+/// 6. name.
+///
+/// Returns the indexes into `candidates` of the configs that match `node`.
+pub fn rank(candidates: &[Candidate<'_>], node: NodeView<'_>) -> Vec<usize> {
+    let mut matched: Vec<(usize, MatchScore, String)> = candidates
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| match_score(c.selector, node).map(|s| (i, s, selector_key(c.selector))))
+        .collect();
+    matched.sort_by(|(ia, sa, ka), (ib, sb, kb)| {
+        let (a, b) = (&candidates[*ia], &candidates[*ib]);
+        sb.cmp(sa)
+            .then(a.free_blocks.cmp(&b.free_blocks))
+            .then_with(|| compare_masks(a, b))
+            .then_with(|| ka.cmp(kb))
+            .then_with(|| compare_cidrs(a, b))
+            .then_with(|| a.name.cmp(b.name))
+    });
+    matched.into_iter().map(|(i, _, _)| i).collect()
+}
+
+/// Larger mask first, IPv4 before IPv6; a family only one side has does not decide.
+fn compare_masks(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
+    let by = |x: Option<(IpNet, u8)>, y: Option<(IpNet, u8)>| match (x, y) {
+        (Some((_, mx)), Some((_, my))) => my.cmp(&mx),
+        _ => Ordering::Equal,
+    };
+    by(a.ipv4, b.ipv4).then_with(|| by(a.ipv6, b.ipv6))
+}
+
+/// Numerically lower network first (not as strings: 10.9.0.0 < 10.10.0.0), IPv4 before IPv6;
+/// a config that has the family sorts before one that does not.
+fn compare_cidrs(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
+    let by = |x: Option<(IpNet, u8)>, y: Option<(IpNet, u8)>| match (x, y) {
+        (Some((nx, _)), Some((ny, _))) => numeric(nx).cmp(&numeric(ny)),
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (None, None) => Ordering::Equal,
+    };
+    by(a.ipv4, b.ipv4).then_with(|| by(a.ipv6, b.ipv6))
+}
+
+fn numeric(net: IpNet) -> (u128, u8) {
+    let addr = match net.network() {
+        std::net::IpAddr::V4(a) => u128::from(u32::from(a)),
+        std::net::IpAddr::V6(a) => u128::from(a),
+    };
+    (addr, net.prefix_len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
+        NodeSelectorRequirement {
+            key: key.into(),
+            operator: op.into(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+        }
+    }
+
+    fn selector(terms: Vec<(Vec<NodeSelectorRequirement>, Vec<NodeSelectorRequirement>)>) -> NodeSelector {
+        NodeSelector {
+            node_selector_terms: terms
+                .into_iter()
+                .map(|(e, f)| NodeSelectorTerm {
+                    match_expressions: (!e.is_empty()).then_some(e),
+                    match_fields: (!f.is_empty()).then_some(f),
+                })
+                .collect(),
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn matches(sel: &NodeSelector, name: &str, l: &[(&str, &str)]) -> bool {
+        let l = labels(l);
+        selector_matches(sel, NodeView { name, labels: &l })
+    }
+
+    #[test]
+    fn operators_follow_core_v1() {
+        let cases: &[(NodeSelectorRequirement, &[(&str, &str)], bool)] = &[
+            (req("zone", "In", &["a", "b"]), &[("zone", "b")], true),
+            (req("zone", "In", &["a", "b"]), &[("zone", "c")], false),
+            (req("zone", "In", &["a"]), &[], false),
+            (req("zone", "NotIn", &["a"]), &[("zone", "b")], true),
+            (req("zone", "NotIn", &["a"]), &[], true),
+            (req("zone", "NotIn", &["a"]), &[("zone", "a")], false),
+            (req("gpu", "Exists", &[]), &[("gpu", "")], true),
+            (req("gpu", "Exists", &[]), &[], false),
+            (req("gpu", "DoesNotExist", &[]), &[], true),
+            (req("gpu", "DoesNotExist", &[]), &[("gpu", "x")], false),
+            (req("rack", "Gt", &["5"]), &[("rack", "6")], true),
+            (req("rack", "Gt", &["5"]), &[("rack", "5")], false),
+            (req("rack", "Gt", &["5"]), &[("rack", "x")], false),
+            (req("rack", "Gt", &["5"]), &[], false),
+            (req("rack", "Lt", &["5"]), &[("rack", "-3")], true),
+            (req("rack", "Lt", &["x"]), &[("rack", "1")], false),
+            (req("rack", "Lt", &["1", "2"]), &[("rack", "0")], false),
+            (req("zone", "Bogus", &["a"]), &[("zone", "a")], false),
+        ];
+        for (r, l, want) in cases {
+            let sel = selector(vec![(vec![r.clone()], vec![])]);
+            assert_eq!(matches(&sel, "n", l), *want, "{r:?} on {l:?}");
+        }
+    }
+
+    #[test]
+    fn terms_are_ored_and_requirements_anded() {
+        // node-ipam-controller #36 ANDed the terms; core/v1 ORs them.
+        let sel = selector(vec![
+            (vec![req("zone", "In", &["a"]), req("gpu", "Exists", &[])], vec![]),
+            (vec![req("zone", "In", &["b"])], vec![]),
+        ]);
+        assert!(matches(&sel, "n", &[("zone", "b")]));
+        assert!(matches(&sel, "n", &[("zone", "a"), ("gpu", "1")]));
+        assert!(!matches(&sel, "n", &[("zone", "a")]), "second requirement of term 1 unmet");
+        assert!(!matches(&sel, "n", &[("zone", "c"), ("gpu", "1")]));
+    }
+
+    #[test]
+    fn empty_terms_match_nothing() {
+        assert!(!matches(&selector(vec![]), "n", &[("a", "b")]));
+        assert!(!matches(&selector(vec![(vec![], vec![])]), "n", &[("a", "b")]));
+    }
+
+    #[test]
+    fn match_fields_apply_to_the_node_name() {
+        let sel = selector(vec![(vec![], vec![req("metadata.name", "In", &["n1"])])]);
+        assert!(matches(&sel, "n1", &[]));
+        assert!(!matches(&sel, "n2", &[]));
+        let not = selector(vec![(vec![], vec![req("metadata.name", "NotIn", &["n1"])])]);
+        assert!(!matches(&not, "n1", &[]));
+        assert!(matches(&not, "n2", &[]));
+        let other = selector(vec![(vec![], vec![req("metadata.uid", "In", &["n1"])])]);
+        assert!(!matches(&other, "n1", &[]), "only metadata.name is a node field");
+    }
+
+    #[test]
+    fn score_counts_the_best_matching_term() {
+        let sel = selector(vec![
+            (vec![req("zone", "In", &["a"])], vec![]),
+            (vec![req("zone", "In", &["a"]), req("gpu", "Exists", &[])], vec![req("metadata.name", "In", &["n"])]),
+        ]);
+        let l = labels(&[("zone", "a"), ("gpu", "1")]);
+        assert_eq!(match_score(Some(&sel), NodeView { name: "n", labels: &l }), Some(MatchScore::Selector(3)));
+        assert_eq!(match_score(Some(&sel), NodeView { name: "m", labels: &l }), Some(MatchScore::Selector(1)));
+        assert_eq!(match_score(None, NodeView { name: "m", labels: &l }), Some(MatchScore::CatchAll));
+        assert!(MatchScore::Selector(0) > MatchScore::CatchAll);
+    }
+
+    fn net(s: &str) -> IpNet {
+        s.parse().expect("test CIDR")
+    }
+
+    #[test]
+    fn precedence_table() {
+        let zone_a = selector(vec![(vec![req("zone", "In", &["a"])], vec![])]);
+        let zone_a_gpu = selector(vec![(vec![req("zone", "In", &["a"]), req("gpu", "Exists", &[])], vec![])]);
+        let zone_ab = selector(vec![(vec![req("zone", "In", &["a", "b"])], vec![])]);
+        let l = labels(&[("zone", "a"), ("gpu", "1")]);
+        let node = NodeView { name: "n", labels: &l };
+        let c = |name: &'static str, sel: Option<&'static NodeSelector>, free: u64, v4: Option<(&str, u8)>| Candidate {
+            name,
+            selector: sel,
+            free_blocks: free,
+            ipv4: v4.map(|(n, m)| (net(n), m)),
+            ipv6: None,
+        };
+        // Leak the selectors so the table can borrow them for 'static; test-only.
+        let zone_a: &'static NodeSelector = Box::leak(Box::new(zone_a));
+        let zone_a_gpu: &'static NodeSelector = Box::leak(Box::new(zone_a_gpu));
+        let zone_ab: &'static NodeSelector = Box::leak(Box::new(zone_ab));
+        let table: Vec<(&str, Vec<Candidate<'_>>, &str)> = vec![
+            (
+                "more requirements win",
+                vec![c("one", Some(zone_a), 1, Some(("10.0.0.0/16", 24))), c("two", Some(zone_a_gpu), 100, Some(("10.1.0.0/16", 24)))],
+                "two",
+            ),
+            (
+                "any selector beats no selector",
+                vec![c("all", None, 1, Some(("10.0.0.0/16", 24))), c("sel", Some(zone_a), 100, Some(("10.1.0.0/16", 24)))],
+                "sel",
+            ),
+            (
+                "fewer free blocks win",
+                vec![c("big", Some(zone_a), 200, Some(("10.0.0.0/16", 24))), c("small", Some(zone_ab), 3, Some(("10.1.0.0/16", 24)))],
+                "small",
+            ),
+            (
+                "larger mask wins",
+                vec![c("m24", Some(zone_a), 5, Some(("10.0.0.0/16", 24))), c("m26", Some(zone_ab), 5, Some(("10.1.0.0/16", 26)))],
+                "m26",
+            ),
+            (
+                "lexically smaller selector wins",
+                vec![c("ab", Some(zone_ab), 5, Some(("10.0.0.0/16", 24))), c("a", Some(zone_a), 5, Some(("10.1.0.0/16", 24)))],
+                "a",
+            ),
+            (
+                "numerically lower CIDR wins, not as strings",
+                vec![c("x", Some(zone_a), 5, Some(("10.10.0.0/16", 24))), c("y", Some(zone_a), 5, Some(("10.9.0.0/16", 24)))],
+                "y",
+            ),
+            (
+                "name breaks the last tie",
+                vec![c("b", Some(zone_a), 5, Some(("10.0.0.0/16", 24))), c("a", Some(zone_a), 5, Some(("10.0.0.0/16", 24)))],
+                "a",
+            ),
+        ];
+        for (what, cands, want) in table {
+            let order = rank(&cands, node);
+            assert_eq!(cands[order[0]].name, want, "{what}");
+            assert_eq!(order.len(), cands.len(), "{what}: all match");
+        }
+    }
+
+    #[test]
+    fn non_matching_configs_are_left_out() {
+        let zone_b = selector(vec![(vec![req("zone", "In", &["b"])], vec![])]);
+        let l = labels(&[("zone", "a")]);
+        let cands = vec![Candidate { name: "b", selector: Some(&zone_b), free_blocks: 1, ipv4: None, ipv6: None }];
+        assert!(rank(&cands, NodeView { name: "n", labels: &l }).is_empty());
+    }
+
+    #[test]
+    fn selector_key_is_order_independent() {
+        let a = selector(vec![(vec![req("x", "In", &["2", "1"]), req("a", "Exists", &[])], vec![])]);
+        let b = selector(vec![(vec![req("a", "Exists", &[]), req("x", "In", &["1", "2"])], vec![])]);
+        assert_eq!(selector_key(Some(&a)), selector_key(Some(&b)));
+        assert_ne!(selector_key(Some(&a)), selector_key(None));
+    }
+}
