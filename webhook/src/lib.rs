@@ -323,9 +323,11 @@ impl Webhook {
                 };
                 let managed = Arc::new(tls::managed::Managed::new(
                     client.clone(),
-                    opts.namespace.clone(),
-                    opts.secret_name.clone(),
-                    opts.webhook_config_name.clone(),
+                    tls::managed::Target {
+                        namespace: opts.namespace.clone(),
+                        secret_name: opts.secret_name.clone(),
+                        webhook_config_name: opts.webhook_config_name.clone(),
+                    },
                     policy,
                     m.check_interval,
                     resolver.clone(),

@@ -86,3 +86,57 @@ impl Files {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::material::{Plan, Policy, execute};
+
+    fn pair() -> (String, String) {
+        let policy = Policy {
+            names: vec!["localhost".into()],
+            validity: Duration::from_secs(3600),
+            ca_validity: Duration::from_secs(7200),
+            rotate_before: Duration::from_secs(60),
+        };
+        let now = time::OffsetDateTime::now_utc();
+        let m = execute(&Plan::NewCa("test".into()), None, &policy, now).unwrap();
+        (m.cert, m.key)
+    }
+
+    #[tokio::test]
+    async fn loads_reloads_on_change_and_keeps_the_old_pair_on_a_bad_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let resolver = Arc::new(CertResolver::new());
+        let mut files = Files::new(FilesTls::new(&cert, &key), resolver.clone());
+
+        // Nothing mounted yet.
+        assert!(matches!(files.poll().await, Err(TlsError::Io { .. })));
+        assert!(!resolver.is_loaded());
+
+        let (c1, k1) = pair();
+        std::fs::write(&cert, &c1).unwrap();
+        std::fs::write(&key, &k1).unwrap();
+        assert!(files.poll().await.unwrap());
+        let first = resolver.leaf_der().unwrap();
+        assert!(
+            !files.poll().await.unwrap(),
+            "unchanged files are not reloaded"
+        );
+
+        // Caught half-way through an update: the new cert with the old key is refused.
+        let (c2, k2) = pair();
+        std::fs::write(&cert, &c2).unwrap();
+        assert!(files.poll().await.is_err());
+        assert_eq!(resolver.leaf_der().unwrap(), first);
+
+        std::fs::write(&key, &k2).unwrap();
+        assert!(files.poll().await.unwrap());
+        assert_ne!(resolver.leaf_der().unwrap(), first);
+
+        std::fs::write(&key, "garbage").unwrap();
+        assert!(matches!(files.poll().await, Err(TlsError::Parse(_))));
+        assert!(resolver.is_loaded());
+    }
+}

@@ -70,6 +70,14 @@ impl Rotation {
     }
 }
 
+/// Where managed material lives: the Secret and the webhook configuration to patch.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub namespace: String,
+    pub secret_name: String,
+    pub webhook_config_name: String,
+}
+
 /// The managed-TLS state of one replica.
 pub(crate) struct Managed {
     pub client: kube::Client,
@@ -98,9 +106,7 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
 impl Managed {
     pub fn new(
         client: kube::Client,
-        namespace: String,
-        secret_name: String,
-        webhook_config_name: String,
+        target: Target,
         policy: Policy,
         check_interval: Duration,
         resolver: Arc<CertResolver>,
@@ -108,9 +114,9 @@ impl Managed {
     ) -> Self {
         Managed {
             client,
-            namespace,
-            secret_name,
-            webhook_config_name,
+            namespace: target.namespace,
+            secret_name: target.secret_name,
+            webhook_config_name: target.webhook_config_name,
             policy,
             check_interval,
             resolver,

@@ -1,0 +1,482 @@
+//! Unit tests of the admission decision: one or more per rule.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use kube::core::admission::{AdmissionRequest, AdmissionReview};
+use nodeipam_crd::{Allocation, FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec};
+use serde_json::json;
+
+use super::*;
+
+fn family(cidr: &str, mask: u8) -> Option<FamilySpec> {
+    Some(FamilySpec {
+        cidr: cidr.into(),
+        per_node_mask_size: mask,
+    })
+}
+
+fn config(name: &str, ipv4: Option<FamilySpec>, ipv6: Option<FamilySpec>) -> NodeIPAMConfig {
+    NodeIPAMConfig::new(
+        name,
+        NodeIPAMConfigSpec {
+            ipv4,
+            ipv6,
+            node_selector: None,
+            allocation: Allocation::Enabled,
+        },
+    )
+}
+
+fn request_for(
+    kind: (&str, &str, &str),
+    resource: (&str, &str, &str),
+    operation: &str,
+    object: Option<&NodeIPAMConfig>,
+    old: Option<&NodeIPAMConfig>,
+) -> AdmissionRequest<NodeIPAMConfig> {
+    let name = object
+        .or(old)
+        .and_then(|o| o.metadata.name.clone())
+        .unwrap_or_default();
+    let body = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "uid-123",
+            "kind": {"group": kind.0, "version": kind.1, "kind": kind.2},
+            "resource": {"group": resource.0, "version": resource.1, "resource": resource.2},
+            "name": name,
+            "operation": operation,
+            "userInfo": {"username": "tester"},
+            "object": object,
+            "oldObject": old,
+            "dryRun": false,
+        }
+    });
+    let review: AdmissionReview<NodeIPAMConfig> =
+        serde_json::from_value(body).expect("test review parses");
+    review.try_into().expect("test review has a request")
+}
+
+fn request(
+    operation: &str,
+    object: Option<&NodeIPAMConfig>,
+    old: Option<&NodeIPAMConfig>,
+) -> AdmissionRequest<NodeIPAMConfig> {
+    request_for(
+        (GROUP, VERSION, KIND),
+        (GROUP, VERSION, RESOURCE),
+        operation,
+        object,
+        old,
+    )
+}
+
+fn view_with(configs: Vec<NodeIPAMConfig>) -> ClusterView {
+    ClusterView {
+        configs: configs.into_iter().map(Arc::new).collect(),
+        ..ClusterView::default()
+    }
+}
+
+fn message(r: &AdmissionResponse) -> &str {
+    &r.result.message
+}
+
+#[track_caller]
+fn assert_denied(r: &AdmissionResponse, fragments: &[&str]) {
+    assert!(!r.allowed, "expected a denial, got {r:?}");
+    assert_eq!(result_of(r), DENIED, "{r:?}");
+    for f in fragments {
+        assert!(
+            message(r).contains(f),
+            "message {:?} lacks {f:?}",
+            message(r)
+        );
+    }
+}
+
+#[track_caller]
+fn assert_invalid(r: &AdmissionResponse, fragment: &str) {
+    assert!(!r.allowed, "{r:?}");
+    assert_eq!(result_of(r), INVALID, "{r:?}");
+    assert_eq!(r.uid, "uid-123", "the answer must carry the request's uid");
+    assert!(message(r).contains(fragment), "{:?}", message(r));
+}
+
+#[test]
+fn a_valid_config_is_allowed_without_warnings() {
+    let c = config("a", family("10.64.0.0/14", 24), family("fd00:64::/48", 64));
+    let r = review(&request("CREATE", Some(&c), None), &ClusterView::default());
+    assert!(r.allowed, "{r:?}");
+    assert_eq!(result_of(&r), ALLOWED);
+    assert_eq!(r.uid, "uid-123");
+    assert_eq!(r.warnings, None);
+}
+
+#[test]
+fn overlap_with_another_config_names_it_and_both_ranges() {
+    let other = config("other", family("10.64.0.0/14", 24), None);
+    let c = config("new", family("10.0.0.0/8", 24), None);
+    let r = review(&request("CREATE", Some(&c), None), &view_with(vec![other]));
+    assert_denied(
+        &r,
+        &[
+            "spec.ipv4.cidr",
+            "\"10.0.0.0/8\"",
+            "10.64.0.0/14",
+            "NodeIPAMConfig \"other\"",
+            "10.0.0.0/8 contains 10.64.0.0/14",
+        ],
+    );
+    assert_eq!(r.result.code, 422);
+    let details = r.result.details.as_ref().expect("details");
+    assert_eq!(details.name, "new");
+    assert_eq!(details.causes[0].field, "spec.ipv4.cidr");
+}
+
+#[test]
+fn a_subnet_and_an_equal_range_are_overlaps_too() {
+    let other = config("wide", family("10.0.0.0/8", 24), None);
+    let inner = config("inner", family("10.1.0.0/16", 24), None);
+    let r = review(
+        &request("CREATE", Some(&inner), None),
+        &view_with(vec![other.clone()]),
+    );
+    assert_denied(&r, &["10.1.0.0/16 is inside 10.0.0.0/8", "\"wide\""]);
+
+    let same = config("same", family("10.0.0.0/8", 20), None);
+    let r = review(
+        &request("CREATE", Some(&same), None),
+        &view_with(vec![other]),
+    );
+    assert_denied(&r, &["10.0.0.0/8 is the same range", "\"wide\""]);
+}
+
+#[test]
+fn ipv6_overlaps_are_checked_and_families_do_not_mix() {
+    let other = config("v6", None, family("fd00::/48", 64));
+    let c = config("c", None, family("fd00:0:0:1::/64", 80));
+    let r = review(
+        &request("CREATE", Some(&c), None),
+        &view_with(vec![other.clone()]),
+    );
+    assert_denied(&r, &["spec.ipv6.cidr", "fd00::/48", "\"v6\""]);
+
+    // An IPv4 range never overlaps an IPv6 one.
+    let v4 = config("v4", family("10.0.0.0/16", 24), None);
+    let r = review(&request("CREATE", Some(&v4), None), &view_with(vec![other]));
+    assert!(r.allowed, "{r:?}");
+}
+
+#[test]
+fn disjoint_configs_are_allowed() {
+    let others = vec![
+        config("a", family("10.0.0.0/16", 24), None),
+        config("b", family("10.2.0.0/16", 24), None),
+    ];
+    let c = config("c", family("10.1.0.0/16", 24), None);
+    let r = review(&request("CREATE", Some(&c), None), &view_with(others));
+    assert!(r.allowed, "{r:?}");
+}
+
+#[test]
+fn every_overlapping_config_is_reported() {
+    let others = vec![
+        config("b", family("10.2.0.0/16", 24), None),
+        config("a", family("10.1.0.0/16", 24), None),
+    ];
+    let c = config("c", family("10.0.0.0/8", 24), None);
+    let r = review(&request("CREATE", Some(&c), None), &view_with(others));
+    assert_denied(&r, &["\"a\"", "\"b\""]);
+    let causes = &r.result.details.as_ref().expect("details").causes;
+    assert_eq!(causes.len(), 2);
+    // Sorted by name, so messages are stable.
+    assert!(causes[0].message.contains("\"a\""));
+}
+
+#[test]
+fn update_ignores_the_object_itself() {
+    let old = config("self", family("10.0.0.0/16", 24), None);
+    let mut new = old.clone();
+    new.spec.allocation = Allocation::Disabled;
+    let r = review(
+        &request("UPDATE", Some(&new), Some(&old)),
+        &view_with(vec![old.clone()]),
+    );
+    assert!(r.allowed, "{r:?}");
+}
+
+#[test]
+fn service_range_overlaps_are_denied_with_their_source() {
+    let view = ClusterView {
+        service_cidrs: vec![
+            ServiceRange {
+                cidr: "10.96.0.0/16".parse().unwrap(),
+                source: "ServiceCIDR \"kubernetes\"".into(),
+            },
+            ServiceRange {
+                cidr: "fd96::/112".parse().unwrap(),
+                source: "--service-cidr".into(),
+            },
+        ],
+        ..ClusterView::default()
+    };
+    let c = config("c", family("10.96.0.0/12", 24), None);
+    let r = review(&request("CREATE", Some(&c), None), &view);
+    assert_denied(
+        &r,
+        &[
+            "spec.ipv4.cidr",
+            "Service range 10.96.0.0/16",
+            "ServiceCIDR \"kubernetes\"",
+            "10.96.0.0/12 contains 10.96.0.0/16",
+        ],
+    );
+    let c = config("c6", None, family("fd96::/64", 112));
+    let r = review(&request("CREATE", Some(&c), None), &view);
+    assert_denied(&r, &["spec.ipv6.cidr", "fd96::/112", "--service-cidr"]);
+}
+
+#[test]
+fn an_immutable_change_is_denied_and_says_what_to_do() {
+    let old = config("c", family("10.0.0.0/16", 24), None);
+    let new = config("c", family("10.1.0.0/16", 24), None);
+    let r = review(
+        &request("UPDATE", Some(&new), Some(&old)),
+        &view_with(vec![old.clone()]),
+    );
+    assert_denied(
+        &r,
+        &["spec.ipv4.cidr", "immutable", "create a new NodeIPAMConfig"],
+    );
+
+    let mut new = old.clone();
+    new.spec.ipv4 = family("10.0.0.0/16", 25);
+    let r = review(
+        &request("UPDATE", Some(&new), Some(&old)),
+        &ClusterView::default(),
+    );
+    assert_denied(&r, &["spec.ipv4.perNodeMaskSize", "immutable"]);
+
+    let mut new = old.clone();
+    new.spec.ipv6 = family("fd00::/48", 64);
+    let r = review(
+        &request("UPDATE", Some(&new), Some(&old)),
+        &ClusterView::default(),
+    );
+    assert_denied(&r, &["spec.ipv6", "create a new NodeIPAMConfig"]);
+}
+
+#[test]
+fn a_metadata_only_update_is_allowed_even_with_an_old_overlap() {
+    // Admitted while the webhook was down; the controller must still add/remove finalizers.
+    let old = config("late", family("10.0.0.0/8", 24), None);
+    let mut new = old.clone();
+    new.metadata.finalizers = Some(vec!["nodeipam.io/finalizer".into()]);
+    let view = view_with(vec![config("early", family("10.1.0.0/16", 24), None)]);
+    let r = review(&request("UPDATE", Some(&new), Some(&old)), &view);
+    assert!(r.allowed, "{r:?}");
+
+    // Disabling it to drain it is also allowed: its range did not change.
+    let mut disabled = old.clone();
+    disabled.spec.allocation = Allocation::Disabled;
+    let r = review(&request("UPDATE", Some(&disabled), Some(&old)), &view);
+    assert!(r.allowed, "{r:?}");
+}
+
+#[test]
+fn an_update_does_not_fail_on_what_was_already_wrong() {
+    // A spec that fails today's rules (e.g. created before them) can still be disabled.
+    let old = config("old", family("10.0.0.1/16", 24), None);
+    let mut new = old.clone();
+    new.spec.allocation = Allocation::Disabled;
+    let r = review(
+        &request("UPDATE", Some(&new), Some(&old)),
+        &ClusterView::default(),
+    );
+    assert!(r.allowed, "{r:?}");
+}
+
+#[test]
+fn shared_validation_errors_are_denied_with_field_paths() {
+    let cases: Vec<(NodeIPAMConfigSpec, &str)> = vec![
+        (
+            NodeIPAMConfigSpec {
+                ipv4: family("10.0.0.1/16", 24),
+                ..config("x", None, None).spec
+            },
+            "spec.ipv4.cidr",
+        ),
+        (
+            NodeIPAMConfigSpec {
+                ipv4: family("fd00::/48", 64),
+                ..config("x", None, None).spec
+            },
+            "spec.ipv4",
+        ),
+        (
+            NodeIPAMConfigSpec {
+                ipv4: family("10.0.0.0/16", 31),
+                ..config("x", None, None).spec
+            },
+            "spec.ipv4.perNodeMaskSize",
+        ),
+        (
+            NodeIPAMConfigSpec {
+                ipv6: family("fd00::/48", 96),
+                ..config("x", None, None).spec
+            },
+            "spec.ipv6.perNodeMaskSize",
+        ),
+        (config("x", None, None).spec, "spec"),
+    ];
+    for (spec, path) in cases {
+        let c = NodeIPAMConfig::new("bad", spec.clone());
+        let r = review(&request("CREATE", Some(&c), None), &ClusterView::default());
+        assert_denied(&r, &[path]);
+        assert!(
+            r.result
+                .details
+                .as_ref()
+                .is_some_and(|d| d.causes.iter().any(|c| c.field.starts_with(path))),
+            "{spec:?}: {r:?}"
+        );
+        assert_eq!(r.warnings, None, "a denial carries no warnings");
+    }
+}
+
+#[test]
+fn a_bad_selector_operator_is_denied() {
+    let mut c = config("sel", family("10.0.0.0/16", 24), None);
+    c.spec.node_selector = Some(NodeSelector {
+        node_selector_terms: vec![NodeSelectorTerm {
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: "zone".into(),
+                operator: "Near".into(),
+                values: Some(vec!["a".into()]),
+            }]),
+            match_fields: None,
+        }],
+    });
+    let r = review(&request("CREATE", Some(&c), None), &ClusterView::default());
+    assert_denied(&r, &["spec.nodeSelector", "Near"]);
+}
+
+#[test]
+fn few_blocks_warn_but_admit() {
+    let c = config("tiny", family("10.0.0.0/24", 26), None);
+    let r = review(&request("CREATE", Some(&c), None), &ClusterView::default());
+    assert!(r.allowed, "{r:?}");
+    let w = r.warnings.expect("warnings");
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("spec.ipv4") && w[0].contains("only 4 blocks"),
+        "{w:?}"
+    );
+
+    // Exactly 16 blocks is enough.
+    let c = config("ok", family("10.0.0.0/20", 24), None);
+    let r = review(&request("CREATE", Some(&c), None), &ClusterView::default());
+    assert_eq!(r.warnings, None);
+}
+
+#[test]
+fn a_range_the_current_nodes_would_exhaust_warns() {
+    let view = ClusterView {
+        node_count: 40,
+        ..ClusterView::default()
+    };
+    let c = config("small", family("10.0.0.0/19", 24), None); // 32 blocks
+    let r = review(&request("CREATE", Some(&c), None), &view);
+    assert!(r.allowed, "{r:?}");
+    let w = r.warnings.expect("warnings");
+    assert!(
+        w.iter()
+            .any(|w| w.contains("32 blocks") && w.contains("40 nodes")),
+        "{w:?}"
+    );
+
+    // Plenty of room: no warning.
+    let c = config("big", family("10.0.0.0/16", 24), None);
+    let r = review(&request("CREATE", Some(&c), None), &view);
+    assert_eq!(r.warnings, None);
+}
+
+#[test]
+fn delete_and_connect_are_allowed() {
+    let c = config("c", family("10.0.0.1/16", 24), None);
+    for op in ["DELETE", "CONNECT"] {
+        let r = review(&request(op, None, Some(&c)), &ClusterView::default());
+        assert!(r.allowed, "{op}: {r:?}");
+    }
+}
+
+#[test]
+fn the_wrong_kind_or_resource_is_invalid_never_allowed() {
+    let c = config("c", family("10.0.0.0/16", 24), None);
+    let r = review(
+        &request_for(
+            ("", "v1", "Pod"),
+            ("", "v1", "pods"),
+            "CREATE",
+            Some(&c),
+            None,
+        ),
+        &ClusterView::default(),
+    );
+    assert_invalid(&r, "Pod");
+
+    let r = review(
+        &request_for(
+            (GROUP, VERSION, KIND),
+            (GROUP, VERSION, "widgets"),
+            "CREATE",
+            Some(&c),
+            None,
+        ),
+        &ClusterView::default(),
+    );
+    assert_invalid(&r, "widgets");
+
+    let r = review(
+        &request_for(
+            (GROUP, "v1", KIND),
+            (GROUP, "v1", RESOURCE),
+            "CREATE",
+            Some(&c),
+            None,
+        ),
+        &ClusterView::default(),
+    );
+    assert_invalid(&r, "v1");
+}
+
+#[test]
+fn a_missing_object_is_invalid() {
+    let r = review(&request("CREATE", None, None), &ClusterView::default());
+    assert_invalid(&r, "no object");
+    let c = config("c", family("10.0.0.0/16", 24), None);
+    let r = review(&request("UPDATE", Some(&c), None), &ClusterView::default());
+    assert_invalid(&r, "oldObject");
+}
+
+#[test]
+fn status_writes_are_allowed_and_other_subresources_invalid() {
+    let c = config("c", family("10.0.0.0/16", 24), None);
+    let mut req = request("UPDATE", Some(&c), Some(&c));
+    req.sub_resource = Some("status".into());
+    assert!(review(&req, &view_with(vec![c.clone()])).allowed);
+    req.sub_resource = Some("scale".into());
+    assert_invalid(&review(&req, &ClusterView::default()), "scale");
+}
+
+#[test]
+fn result_labels() {
+    let c = config("c", family("10.0.0.0/16", 24), None);
+    let req = request("CREATE", Some(&c), None);
+    assert_eq!(result_of(&AdmissionResponse::from(&req)), ALLOWED);
+    assert_eq!(result_of(&AdmissionResponse::from(&req).deny("no")), DENIED);
+    assert_eq!(result_of(&invalid_for(&req, "bad")), INVALID);
+}
