@@ -1,0 +1,811 @@
+//! Pure validation of `NodeIPAMConfig` specs (the CRD's CEL rules plus NodeSelector
+//! well-formedness as core/v1 defines it), the parsed [`Ranges`] view, and range overlap checks.
+//!
+//! The webhook and the controller use this so that they agree with the API server: every check
+//! the CRD schema makes is made here too, with Kubernetes-style field errors.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement};
+use thiserror::Error;
+
+use crate::schema::{
+    MAX_CIDR_LENGTH, MAX_NODE_SELECTOR_TERMS, MAX_REQUIREMENTS_PER_TERM, MAX_SELECTOR_VALUES,
+    MAX_SPLIT_BITS,
+};
+use crate::types::{FamilySpec, NodeIPAMConfigSpec};
+
+/// What is wrong with a field, named as Kubernetes names it in `field.ErrorType`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FieldErrorKind {
+    /// A required field is missing or empty.
+    Required,
+    /// The value is malformed or out of range.
+    Invalid,
+    /// The field may not be set, or may not change.
+    Forbidden,
+    /// The value is not one of the supported values.
+    NotSupported,
+    /// The value is longer than allowed.
+    TooLong,
+    /// The list has more items than allowed.
+    TooMany,
+}
+
+impl FieldErrorKind {
+    /// The phrase Kubernetes prints for this kind (`field.ErrorType.String()`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Required => "Required value",
+            Self::Invalid => "Invalid value",
+            Self::Forbidden => "Forbidden",
+            Self::NotSupported => "Unsupported value",
+            Self::TooLong => "Too long",
+            Self::TooMany => "Too many",
+        }
+    }
+
+    /// Whether Kubernetes prints the offending value for this kind.
+    fn shows_value(self) -> bool {
+        matches!(self, Self::Invalid | Self::NotSupported)
+    }
+}
+
+impl fmt::Display for FieldErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One problem with one field, displayed like a Kubernetes `field.Error`, e.g.
+/// `spec.ipv4.cidr: Invalid value: "10.0.0.1/16": must be canonical (host bits zero): did you mean 10.0.0.0/16?`
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("{path}: {}", body(*.kind, .value.as_deref(), .detail))]
+pub struct FieldError {
+    /// Field path from the object root, e.g. `spec.nodeSelector.nodeSelectorTerms[0].matchExpressions[1].values`.
+    pub path: String,
+    /// What kind of problem.
+    pub kind: FieldErrorKind,
+    /// The offending value, when there is one to show.
+    pub value: Option<String>,
+    /// Why the value is wrong and, where useful, what to do instead.
+    pub detail: String,
+}
+
+fn body(kind: FieldErrorKind, value: Option<&str>, detail: &str) -> String {
+    let mut out = kind.as_str().to_owned();
+    if kind.shows_value()
+        && let Some(value) = value
+    {
+        out.push_str(&format!(": {value:?}"));
+    }
+    if !detail.is_empty() {
+        out.push_str(": ");
+        out.push_str(detail);
+    }
+    out
+}
+
+impl FieldError {
+    fn new(
+        path: impl Into<String>,
+        kind: FieldErrorKind,
+        value: Option<String>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            path: path.into(),
+            kind,
+            value,
+            detail: detail.into(),
+        }
+    }
+
+    fn required(path: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(path, FieldErrorKind::Required, None, detail)
+    }
+
+    fn invalid(path: impl Into<String>, value: impl ToString, detail: impl Into<String>) -> Self {
+        Self::new(
+            path,
+            FieldErrorKind::Invalid,
+            Some(value.to_string()),
+            detail,
+        )
+    }
+
+    fn forbidden(path: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(path, FieldErrorKind::Forbidden, None, detail)
+    }
+
+    fn not_supported(path: impl Into<String>, value: &str, supported: &[&str]) -> Self {
+        let list = supported
+            .iter()
+            .map(|s| format!("{s:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Self::new(
+            path,
+            FieldErrorKind::NotSupported,
+            Some(value.to_owned()),
+            format!("supported values: {list}"),
+        )
+    }
+
+    fn too_long(path: impl Into<String>, max: usize) -> Self {
+        Self::new(
+            path,
+            FieldErrorKind::TooLong,
+            None,
+            format!("may not be more than {max} bytes"),
+        )
+    }
+
+    fn too_many(path: impl Into<String>, actual: usize, max: usize) -> Self {
+        Self::new(
+            path,
+            FieldErrorKind::TooMany,
+            None,
+            format!("{actual}: must have at most {max} items"),
+        )
+    }
+}
+
+/// Joins errors the way Kubernetes aggregates them: one error alone, several as `[a, b]`.
+pub fn format_errors(errors: &[FieldError]) -> String {
+    match errors {
+        [one] => one.to_string(),
+        many => format!(
+            "[{}]",
+            many.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// An IP address family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    /// Both families, IPv4 first.
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+
+    /// The spec field holding this family's range: `ipv4` or `ipv6`.
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::V4 => "ipv4",
+            Self::V6 => "ipv6",
+        }
+    }
+
+    /// Address width in bits.
+    pub fn bits(self) -> u8 {
+        match self {
+            Self::V4 => 32,
+            Self::V6 => 128,
+        }
+    }
+
+    /// Longest allowed `perNodeMaskSize`: a block must leave room for more than one pod address.
+    pub fn max_per_node_mask_size(self) -> u8 {
+        match self {
+            Self::V4 => 30,
+            Self::V6 => 126,
+        }
+    }
+
+    /// The family of an address.
+    pub fn of(addr: &IpAddr) -> Self {
+        match addr {
+            IpAddr::V4(_) => Self::V4,
+            IpAddr::V6(_) => Self::V6,
+        }
+    }
+
+    fn example(self) -> &'static str {
+        match self {
+            Self::V4 => "10.64.0.0/14",
+            Self::V6 => "fd00:10:64::/56",
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::V4 => "IPv4",
+            Self::V6 => "IPv6",
+        })
+    }
+}
+
+/// One family's validated range: a canonical CIDR and the prefix length of each node's block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FamilyRange {
+    pub cidr: IpNet,
+    pub per_node_mask_size: u8,
+}
+
+impl FamilyRange {
+    /// The family of the range.
+    pub fn family(&self) -> Family {
+        Family::of(&self.cidr.addr())
+    }
+
+    /// Number of blocks of `per_node_mask_size` in the range (at most 2^32 once validated).
+    pub fn block_count(&self) -> u64 {
+        let split = self
+            .per_node_mask_size
+            .saturating_sub(self.cidr.prefix_len())
+            .min(MAX_SPLIT_BITS);
+        1u64 << split
+    }
+}
+
+/// The validated ranges of one `NodeIPAMConfig`, at most one per family.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Ranges {
+    pub ipv4: Option<FamilyRange>,
+    pub ipv6: Option<FamilyRange>,
+}
+
+impl Ranges {
+    /// The range of one family, if the config declares it.
+    pub fn get(&self, family: Family) -> Option<&FamilyRange> {
+        match family {
+            Family::V4 => self.ipv4.as_ref(),
+            Family::V6 => self.ipv6.as_ref(),
+        }
+    }
+
+    /// The declared ranges, IPv4 first.
+    pub fn iter(&self) -> impl Iterator<Item = (Family, &FamilyRange)> {
+        Family::ALL
+            .into_iter()
+            .filter_map(|family| self.get(family).map(|range| (family, range)))
+    }
+
+    /// Whether the config declares both families.
+    pub fn is_dual_stack(&self) -> bool {
+        self.ipv4.is_some() && self.ipv6.is_some()
+    }
+}
+
+impl NodeIPAMConfigSpec {
+    /// The parsed ranges, or every error in `spec.ipv4` / `spec.ipv6` (including a spec with
+    /// neither). Node selector errors are not included: see [`validate_spec`].
+    pub fn ranges(&self) -> Result<Ranges, Vec<FieldError>> {
+        let mut errors = Vec::new();
+        if self.ipv4.is_none() && self.ipv6.is_none() {
+            errors.push(FieldError::required(
+                "spec",
+                format!(
+                    "at least one of spec.ipv4 or spec.ipv6 is required, e.g. ipv4: {{cidr: {}, perNodeMaskSize: 24}}",
+                    Family::V4.example()
+                ),
+            ));
+        }
+        let ipv4 = parse_family(self.ipv4.as_ref(), Family::V4, &mut errors);
+        let ipv6 = parse_family(self.ipv6.as_ref(), Family::V6, &mut errors);
+        if errors.is_empty() {
+            Ok(Ranges { ipv4, ipv6 })
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+fn parse_family(
+    spec: Option<&FamilySpec>,
+    family: Family,
+    errors: &mut Vec<FieldError>,
+) -> Option<FamilyRange> {
+    let spec = spec?;
+    let before = errors.len();
+    let range = validate_family(spec, family, errors);
+    if errors.len() == before { range } else { None }
+}
+
+/// Checks one family's spec, appending errors; returns the range when the CIDR at least parses.
+fn validate_family(
+    spec: &FamilySpec,
+    family: Family,
+    errors: &mut Vec<FieldError>,
+) -> Option<FamilyRange> {
+    let base = format!("spec.{}", family.field());
+    let cidr_path = format!("{base}.cidr");
+    let mask_path = format!("{base}.perNodeMaskSize");
+    let mask = spec.per_node_mask_size;
+
+    let max_mask = family.max_per_node_mask_size();
+    if mask > max_mask {
+        errors.push(FieldError::invalid(
+            &mask_path,
+            mask,
+            format!("must be at most {max_mask} for {family}: a block must hold more than one pod address"),
+        ));
+    }
+
+    if spec.cidr.is_empty() {
+        errors.push(FieldError::required(
+            &cidr_path,
+            format!("must be a CIDR such as {}", family.example()),
+        ));
+        return None;
+    }
+    if spec.cidr.len() > MAX_CIDR_LENGTH {
+        errors.push(FieldError::too_long(&cidr_path, MAX_CIDR_LENGTH));
+        return None;
+    }
+    let net = match parse_cidr(&spec.cidr) {
+        Ok(net) => net,
+        Err(reason) => {
+            errors.push(FieldError::invalid(
+                &cidr_path,
+                &spec.cidr,
+                format!("must be a CIDR such as {}: {reason}", family.example()),
+            ));
+            return None;
+        }
+    };
+    if Family::of(&net.addr()) != family {
+        errors.push(FieldError::invalid(
+            &cidr_path,
+            &spec.cidr,
+            format!(
+                "must be an {family} CIDR such as {}; put {} ranges in spec.{}",
+                family.example(),
+                Family::of(&net.addr()),
+                Family::of(&net.addr()).field()
+            ),
+        ));
+        return None;
+    }
+    if net.addr() != net.network() {
+        errors.push(FieldError::invalid(
+            &cidr_path,
+            &spec.cidr,
+            format!(
+                "must be canonical (host bits zero): did you mean {}?",
+                net.trunc()
+            ),
+        ));
+    }
+    let prefix = net.prefix_len();
+    if mask < prefix {
+        errors.push(FieldError::invalid(
+            &mask_path,
+            mask,
+            format!("must be at least the prefix length of {cidr_path} ({prefix})"),
+        ));
+    } else if mask - prefix > MAX_SPLIT_BITS {
+        errors.push(FieldError::invalid(
+            &mask_path,
+            mask,
+            format!(
+                "must be at most {} (the prefix length of {cidr_path} plus {MAX_SPLIT_BITS}): a range holds at most 2^{MAX_SPLIT_BITS} blocks",
+                u16::from(prefix) + u16::from(MAX_SPLIT_BITS)
+            ),
+        ));
+    }
+    Some(FamilyRange {
+        cidr: net.trunc(),
+        per_node_mask_size: mask,
+    })
+}
+
+/// Parses a CIDR exactly as the Kubernetes CEL `cidr()` function does (Go `netip.ParsePrefix`
+/// without IPv4-mapped IPv6): no leading zeros in IPv4 octets or in the prefix length, no zone.
+/// Host bits may be set; canonical form is a separate check.
+pub fn parse_cidr(s: &str) -> Result<IpNet, String> {
+    let Some((addr, bits)) = s.rsplit_once('/') else {
+        return Err("no '/' before the prefix length".to_owned());
+    };
+    let addr = IpAddr::from_str(addr).map_err(|_| format!("{addr:?} is not an IP address"))?;
+    if let IpAddr::V6(v6) = addr
+        && v6.to_ipv4_mapped().is_some()
+    {
+        return Err("IPv4-mapped IPv6 addresses are not allowed".to_owned());
+    }
+    let well_formed = !bits.is_empty()
+        && bits.bytes().all(|b| b.is_ascii_digit())
+        && (bits.len() == 1 || !bits.starts_with('0'));
+    let prefix = bits
+        .parse::<u8>()
+        .ok()
+        .filter(|_| well_formed)
+        .ok_or_else(|| format!("bad prefix length {bits:?}"))?;
+    IpNet::new(addr, prefix).map_err(|_| {
+        format!(
+            "prefix length {prefix} out of range for {} (at most {})",
+            Family::of(&addr),
+            Family::of(&addr).bits()
+        )
+    })
+}
+
+/// Every error in a spec: ranges (as the CEL rules check them) and node selector.
+pub fn validate_spec(spec: &NodeIPAMConfigSpec) -> Vec<FieldError> {
+    let mut errors = spec.ranges().err().unwrap_or_default();
+    if let Some(selector) = &spec.node_selector {
+        errors.extend(validate_node_selector(selector, "spec.nodeSelector"));
+    }
+    errors
+}
+
+const IMMUTABLE_HINT: &str = "create a new NodeIPAMConfig and delete this one to drain it";
+
+/// Errors in the transition from `old` to `new`: everything but `allocation` is immutable.
+///
+/// Only transition errors are returned. Like the API server's validation ratcheting, fields
+/// that did not change are not re-validated, so an old config that fails today's rules can
+/// still be disabled or deleted; call [`validate_spec`] for a new object.
+pub fn validate_update(old: &NodeIPAMConfigSpec, new: &NodeIPAMConfigSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for family in Family::ALL {
+        let (old_family, new_family) = match family {
+            Family::V4 => (&old.ipv4, &new.ipv4),
+            Family::V6 => (&old.ipv6, &new.ipv6),
+        };
+        let base = format!("spec.{}", family.field());
+        match (old_family, new_family) {
+            (None, Some(_)) => errors.push(FieldError::forbidden(
+                &base,
+                format!(
+                    "{family} cannot be added to an existing NodeIPAMConfig: create a new NodeIPAMConfig for the {family} range"
+                ),
+            )),
+            (Some(_), None) => errors.push(FieldError::forbidden(
+                &base,
+                format!(
+                    "{family} cannot be removed from an existing NodeIPAMConfig: {IMMUTABLE_HINT} (or set allocation: Disabled)"
+                ),
+            )),
+            (Some(o), Some(n)) => {
+                if o.cidr != n.cidr {
+                    errors.push(FieldError::invalid(
+                        format!("{base}.cidr"),
+                        &n.cidr,
+                        format!("is immutable (was {}): {IMMUTABLE_HINT}", o.cidr),
+                    ));
+                }
+                if o.per_node_mask_size != n.per_node_mask_size {
+                    errors.push(FieldError::invalid(
+                        format!("{base}.perNodeMaskSize"),
+                        n.per_node_mask_size,
+                        format!(
+                            "is immutable (was {}): {IMMUTABLE_HINT}",
+                            o.per_node_mask_size
+                        ),
+                    ));
+                }
+            }
+            (None, None) => {}
+        }
+    }
+    if old.node_selector != new.node_selector {
+        errors.push(FieldError::forbidden(
+            "spec.nodeSelector",
+            format!("is immutable: {IMMUTABLE_HINT}"),
+        ));
+    }
+    errors
+}
+
+const EXPRESSION_OPERATORS: [&str; 6] = ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"];
+const FIELD_OPERATORS: [&str; 2] = ["In", "NotIn"];
+const FIELD_KEYS: [&str; 1] = ["metadata.name"];
+
+/// Checks a node selector as core/v1 does for required node affinity, plus this CRD's list
+/// size limits. `path` is the selector's own path, e.g. `spec.nodeSelector`.
+pub fn validate_node_selector(sel: &NodeSelector, path: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let terms_path = format!("{path}.nodeSelectorTerms");
+    let terms = &sel.node_selector_terms;
+    if terms.is_empty() {
+        errors.push(FieldError::required(
+            &terms_path,
+            "must have at least one node selector term",
+        ));
+        return errors;
+    }
+    if terms.len() > MAX_NODE_SELECTOR_TERMS {
+        errors.push(FieldError::too_many(
+            &terms_path,
+            terms.len(),
+            MAX_NODE_SELECTOR_TERMS,
+        ));
+    }
+    for (i, term) in terms.iter().enumerate() {
+        let term_path = format!("{terms_path}[{i}]");
+        let expressions = term.match_expressions.as_deref().unwrap_or_default();
+        let fields = term.match_fields.as_deref().unwrap_or_default();
+        for (list, name) in [(expressions, "matchExpressions"), (fields, "matchFields")] {
+            if list.len() > MAX_REQUIREMENTS_PER_TERM {
+                errors.push(FieldError::too_many(
+                    format!("{term_path}.{name}"),
+                    list.len(),
+                    MAX_REQUIREMENTS_PER_TERM,
+                ));
+            }
+        }
+        for (j, req) in expressions.iter().enumerate() {
+            validate_label_requirement(
+                req,
+                &format!("{term_path}.matchExpressions[{j}]"),
+                &mut errors,
+            );
+        }
+        for (j, req) in fields.iter().enumerate() {
+            validate_field_requirement(req, &format!("{term_path}.matchFields[{j}]"), &mut errors);
+        }
+    }
+    errors
+}
+
+fn check_values_count(values: &[String], values_path: &str, errors: &mut Vec<FieldError>) {
+    if values.len() > MAX_SELECTOR_VALUES {
+        errors.push(FieldError::too_many(
+            values_path,
+            values.len(),
+            MAX_SELECTOR_VALUES,
+        ));
+    }
+}
+
+fn validate_label_requirement(
+    req: &NodeSelectorRequirement,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) {
+    let values = req.values.as_deref().unwrap_or_default();
+    let values_path = format!("{path}.values");
+    check_values_count(values, &values_path, errors);
+    match req.operator.as_str() {
+        "In" | "NotIn" => {
+            if values.is_empty() {
+                errors.push(FieldError::required(
+                    &values_path,
+                    "must be specified when `operator` is 'In' or 'NotIn'",
+                ));
+            }
+        }
+        "Exists" | "DoesNotExist" => {
+            if !values.is_empty() {
+                errors.push(FieldError::forbidden(
+                    &values_path,
+                    "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+                ));
+            }
+        }
+        "Gt" | "Lt" => {
+            if values.len() != 1 {
+                errors.push(FieldError::required(
+                    &values_path,
+                    "must be a single integer value when `operator` is 'Gt' or 'Lt'",
+                ));
+            } else if let Some(value) = values.first()
+                && value.parse::<i64>().is_err()
+            {
+                errors.push(FieldError::invalid(
+                    format!("{values_path}[0]"),
+                    value,
+                    "must be an integer when `operator` is 'Gt' or 'Lt'",
+                ));
+            }
+        }
+        other => errors.push(FieldError::not_supported(
+            format!("{path}.operator"),
+            other,
+            &EXPRESSION_OPERATORS,
+        )),
+    }
+    for reason in label_key_errors(&req.key) {
+        errors.push(FieldError::invalid(format!("{path}.key"), &req.key, reason));
+    }
+    // Core checks every value as a label value, Gt/Lt included (so negative numbers fail).
+    for (k, value) in values.iter().enumerate() {
+        for reason in label_value_errors(value) {
+            errors.push(FieldError::invalid(
+                format!("{values_path}[{k}]"),
+                value,
+                reason,
+            ));
+        }
+    }
+}
+
+fn validate_field_requirement(
+    req: &NodeSelectorRequirement,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) {
+    let values = req.values.as_deref().unwrap_or_default();
+    let values_path = format!("{path}.values");
+    check_values_count(values, &values_path, errors);
+    if FIELD_OPERATORS.contains(&req.operator.as_str()) {
+        if values.len() != 1 {
+            errors.push(FieldError::required(
+                &values_path,
+                "must be only one value when `operator` is 'In' or 'NotIn' for node field selector",
+            ));
+        }
+    } else {
+        errors.push(FieldError::not_supported(
+            format!("{path}.operator"),
+            &req.operator,
+            &FIELD_OPERATORS,
+        ));
+    }
+    if !FIELD_KEYS.contains(&req.key.as_str()) {
+        errors.push(FieldError::not_supported(
+            format!("{path}.key"),
+            &req.key,
+            &FIELD_KEYS,
+        ));
+        return;
+    }
+    for (k, value) in values.iter().enumerate() {
+        for reason in dns_subdomain_errors(value) {
+            errors.push(FieldError::invalid(
+                format!("{values_path}[{k}]"),
+                value,
+                reason,
+            ));
+        }
+    }
+}
+
+const LABEL_NAME_MAX: usize = 63;
+const DNS_SUBDOMAIN_MAX: usize = 253;
+const LABEL_NAME_CHARS: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+const DNS_SUBDOMAIN_CHARS: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
+
+/// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`, the shape of label names and non-empty values.
+fn is_label_token(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else {
+        return false;
+    };
+    first.is_ascii_alphanumeric()
+        && last.is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// A lowercase RFC 1123 subdomain: dot-separated labels `[a-z0-9]([-a-z0-9]*[a-z0-9])?`.
+fn dns_subdomain_errors(s: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if s.len() > DNS_SUBDOMAIN_MAX {
+        errors.push(format!(
+            "must be no more than {DNS_SUBDOMAIN_MAX} characters"
+        ));
+    }
+    let label_ok = |label: &str| {
+        let bytes = label.as_bytes();
+        match (bytes.first(), bytes.last()) {
+            (Some(first), Some(last)) => {
+                let end_ok = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+                end_ok(first) && end_ok(last) && bytes.iter().all(|b| end_ok(b) || *b == b'-')
+            }
+            _ => false,
+        }
+    };
+    if !s.split('.').all(label_ok) {
+        errors.push(format!("{DNS_SUBDOMAIN_CHARS} (e.g. 'example.com')"));
+    }
+    errors
+}
+
+/// Errors for a label key (a "qualified name": optional DNS subdomain prefix, '/', name).
+pub fn label_key_errors(key: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    let name = match key.split('/').collect::<Vec<_>>().as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                errors.push("prefix part must be non-empty".to_owned());
+            } else {
+                errors.extend(
+                    dns_subdomain_errors(prefix)
+                        .into_iter()
+                        .map(|e| format!("prefix part {e}")),
+                );
+            }
+            *name
+        }
+        _ => {
+            errors.push(format!(
+                "a valid label key {LABEL_NAME_CHARS}, with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+            ));
+            return errors;
+        }
+    };
+    if name.is_empty() {
+        errors.push("name part must be non-empty".to_owned());
+    } else if name.len() > LABEL_NAME_MAX {
+        errors.push(format!(
+            "name part must be no more than {LABEL_NAME_MAX} characters"
+        ));
+    }
+    if !is_label_token(name) {
+        errors.push(format!(
+            "name part {LABEL_NAME_CHARS} (e.g. 'MyName', 'my.name' or '123-abc')"
+        ));
+    }
+    errors
+}
+
+/// Errors for a label value: empty, or at most 63 characters shaped like a label name.
+pub fn label_value_errors(value: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if value.len() > LABEL_NAME_MAX {
+        errors.push(format!("must be no more than {LABEL_NAME_MAX} characters"));
+    }
+    if !value.is_empty() && !is_label_token(value) {
+        errors.push(format!(
+            "a valid label must be an empty string or {LABEL_NAME_CHARS} (e.g. 'MyValue', 'my_value' or '12345')"
+        ));
+    }
+    errors
+}
+
+/// Whether two ranges share any address. Ranges of different families never overlap.
+pub fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    // Two prefixes overlap exactly when one contains the other's network address.
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// A range of ours that shares addresses with a range of another `NodeIPAMConfig`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Overlap {
+    pub family: Family,
+    /// Name of the other NodeIPAMConfig.
+    pub other: String,
+    pub ours: IpNet,
+    pub theirs: IpNet,
+}
+
+impl fmt::Display for Overlap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} range {} overlaps {} of NodeIPAMConfig {:?}",
+            self.family, self.ours, self.theirs, self.other
+        )
+    }
+}
+
+/// Every overlap between our ranges and the ranges of `others` (name, ranges), per family, in
+/// the order given. The caller leaves its own config out of `others`.
+pub fn find_overlaps<'a>(
+    ours: &Ranges,
+    others: impl IntoIterator<Item = (&'a str, &'a Ranges)>,
+) -> Vec<Overlap> {
+    let mut found = Vec::new();
+    for (name, theirs) in others {
+        for (family, our_range) in ours.iter() {
+            if let Some(their_range) = theirs.get(family)
+                && overlaps(&our_range.cidr, &their_range.cidr)
+            {
+                found.push(Overlap {
+                    family,
+                    other: name.to_owned(),
+                    ours: our_range.cidr,
+                    theirs: their_range.cidr,
+                });
+            }
+        }
+    }
+    found
+}
