@@ -290,6 +290,9 @@ impl ControlPlaneBuilder {
                 "--service-cluster-ip-range={}",
                 self.service_cluster_ip_range
             ),
+            // v1.37 refuses a loopback advertise address for the endpoints of the `kubernetes`
+            // Service; nothing here needs those endpoints.
+            "--endpoint-reconciler-type=none".to_string(),
             "--authorization-mode=RBAC".to_string(),
             "--allow-privileged=true".to_string(),
             // No controller-manager creates the default ServiceAccount; without this every
