@@ -315,7 +315,8 @@ fn parse_family(
     if errors.len() == before { range } else { None }
 }
 
-/// Checks one family's spec, appending errors; returns the range when the CIDR at least parses.
+/// Checks one family's spec, appending errors in field order (CIDR, then mask); returns the
+/// range when the CIDR at least parses as the right family.
 fn validate_family(
     spec: &FamilySpec,
     family: Family,
@@ -326,51 +327,16 @@ fn validate_family(
     let mask_path = format!("{base}.perNodeMaskSize");
     let mask = spec.per_node_mask_size;
 
-    let max_mask = family.max_per_node_mask_size();
-    if mask > max_mask {
-        errors.push(FieldError::invalid(
-            &mask_path,
-            mask,
-            format!("must be at most {max_mask} for {family}: a block must hold more than one pod address"),
-        ));
-    }
-
-    if spec.cidr.is_empty() {
-        errors.push(FieldError::required(
-            &cidr_path,
-            format!("must be a CIDR such as {}", family.example()),
-        ));
-        return None;
-    }
-    if spec.cidr.len() > MAX_CIDR_LENGTH {
-        errors.push(FieldError::too_long(&cidr_path, MAX_CIDR_LENGTH));
-        return None;
-    }
-    let net = match parse_cidr(&spec.cidr) {
-        Ok(net) => net,
-        Err(reason) => {
-            errors.push(FieldError::invalid(
-                &cidr_path,
-                &spec.cidr,
-                format!("must be a CIDR such as {}: {reason}", family.example()),
-            ));
-            return None;
+    let net = match check_cidr(&spec.cidr, family, &cidr_path) {
+        Ok(net) => Some(net),
+        Err(err) => {
+            errors.push(err);
+            None
         }
     };
-    if Family::of(&net.addr()) != family {
-        errors.push(FieldError::invalid(
-            &cidr_path,
-            &spec.cidr,
-            format!(
-                "must be an {family} CIDR such as {}; put {} ranges in spec.{}",
-                family.example(),
-                Family::of(&net.addr()),
-                Family::of(&net.addr()).field()
-            ),
-        ));
-        return None;
-    }
-    if net.addr() != net.network() {
+    if let Some(net) = net
+        && net.addr() != net.network()
+    {
         errors.push(FieldError::invalid(
             &cidr_path,
             &spec.cidr,
@@ -380,6 +346,16 @@ fn validate_family(
             ),
         ));
     }
+
+    let max_mask = family.max_per_node_mask_size();
+    if mask > max_mask {
+        errors.push(FieldError::invalid(
+            &mask_path,
+            mask,
+            format!("must be at most {max_mask} for {family}: a block must hold more than one pod address"),
+        ));
+    }
+    let net = net?;
     let prefix = net.prefix_len();
     if mask < prefix {
         errors.push(FieldError::invalid(
@@ -401,6 +377,39 @@ fn validate_family(
         cidr: net.trunc(),
         per_node_mask_size: mask,
     })
+}
+
+/// Parses `cidr` and checks its length and family; host bits are checked by the caller.
+fn check_cidr(cidr: &str, family: Family, path: &str) -> Result<IpNet, FieldError> {
+    if cidr.is_empty() {
+        return Err(FieldError::required(
+            path,
+            format!("must be a CIDR such as {}", family.example()),
+        ));
+    }
+    if cidr.len() > MAX_CIDR_LENGTH {
+        return Err(FieldError::too_long(path, MAX_CIDR_LENGTH));
+    }
+    let net = parse_cidr(cidr).map_err(|reason| {
+        FieldError::invalid(
+            path,
+            cidr,
+            format!("must be a CIDR such as {}: {reason}", family.example()),
+        )
+    })?;
+    let actual = Family::of(&net.addr());
+    if actual != family {
+        return Err(FieldError::invalid(
+            path,
+            cidr,
+            format!(
+                "must be an {family} CIDR such as {}; put {actual} ranges in spec.{}",
+                family.example(),
+                actual.field()
+            ),
+        ));
+    }
+    Ok(net)
 }
 
 /// Parses a CIDR exactly as the Kubernetes CEL `cidr()` function does (Go `netip.ParsePrefix`
