@@ -4,5 +4,6 @@ pub mod cidrset;
 pub mod ipam;
 pub mod metrics;
 pub mod outcome;
+pub mod reconcile;
 pub mod selection;
 pub mod status;

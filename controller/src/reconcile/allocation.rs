@@ -1,0 +1,625 @@
+//! The leader's allocation loop: one task owns the allocation state and turns watch events and
+//! write outcomes into decisions, which it hands to the writers. Being the only owner of the
+//! state is what makes it a single writer: no two decisions ever race.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::ListParams;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Resource, ResourceExt};
+use nodeipam_crd::{Allocation as AllocationSwitch, FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tracing::{debug, error, info, warn};
+
+use super::config_writer::{self, ConfigJob};
+use super::events::{self, Note};
+use super::node_writer::{self, WriteJob, WriteResult, pod_cidrs};
+use super::{Context, Error};
+use crate::ipam::{ConfigInput, Ipam, Phase};
+use crate::metrics::{ConfigFamily, cidr_label};
+use crate::outcome::{Decision, WriteOutcome, decide};
+use crate::status::desired_status;
+
+const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
+const RESYNC: Duration = Duration::from_secs(30);
+
+/// What the loop remembers of a config object besides the allocation state.
+struct ConfigSeen {
+    uid: Option<String>,
+    generation: Option<i64>,
+    has_finalizer: bool,
+    deleting: bool,
+    status: Option<NodeIPAMConfigStatus>,
+    finalizer_requested: bool,
+}
+
+/// A node waiting for a block.
+struct PendingNode {
+    uid: Option<String>,
+    labels: BTreeMap<String, String>,
+    warned: bool,
+}
+
+pub struct Session {
+    ctx: Arc<Context>,
+    ipam: Ipam,
+    synced: bool,
+    pending: BTreeMap<String, PendingNode>,
+    configs: BTreeMap<String, ConfigSeen>,
+    /// The status we last wrote per config: the previous conditions for the next one, even
+    /// before the watch shows our write.
+    written: HashMap<String, NodeIPAMConfigStatus>,
+    dirty: BTreeSet<String>,
+    unmanaged_dirty: bool,
+    reported: HashSet<(String, IpNet)>,
+    invalid_reported: HashSet<String>,
+    writes: mpsc::UnboundedSender<WriteJob>,
+    config_jobs: mpsc::UnboundedSender<ConfigJob>,
+    notes: mpsc::UnboundedSender<Note>,
+}
+
+/// Which resource a watch event came from.
+enum Watched {
+    Node(Event<Node>),
+    Config(Event<NodeIPAMConfig>),
+    Service(Event<ServiceCIDR>),
+}
+
+impl Session {
+    /// Reads everything, rebuilds the state, then allocates until an error ends the session
+    /// (or the caller drops it when leadership is lost; every writer task goes with it).
+    pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
+        let mut tasks = JoinSet::new();
+        let (write_tx, write_rx) = mpsc::unbounded_channel();
+        let (result_tx, mut results) = mpsc::unbounded_channel::<WriteResult>();
+        let (config_tx, config_rx) = mpsc::unbounded_channel();
+        let (note_tx, note_rx) = mpsc::unbounded_channel();
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+        tasks.spawn(node_writer::run(ctx.clone(), write_rx, result_tx));
+        tasks.spawn(config_writer::run(ctx.clone(), config_rx, done_tx));
+        tasks.spawn(events::run(ctx.client.clone(), ctx.options.instance.clone(), note_rx));
+
+        let mut session = Session {
+            ctx: ctx.clone(),
+            ipam: Ipam::new(),
+            synced: false,
+            pending: BTreeMap::new(),
+            configs: BTreeMap::new(),
+            written: HashMap::new(),
+            dirty: BTreeSet::new(),
+            unmanaged_dirty: false,
+            reported: HashSet::new(),
+            invalid_reported: HashSet::new(),
+            writes: write_tx,
+            config_jobs: config_tx,
+            notes: note_tx,
+        };
+        session.ipam.set_service_cidrs(SERVICE_FLAG_SOURCE, ctx.options.service_cidrs.clone());
+
+        let mut watches = session.watches().await;
+        let mut init_done: HashSet<&'static str> = HashSet::new();
+        let mut relist: HashMap<&'static str, HashSet<String>> = HashMap::new();
+        let needed = if session.serves_service_cidrs().await { 3 } else { 2 };
+        let mut status_tick = tokio::time::interval(ctx.options.status_interval);
+        let mut resync = tokio::time::interval(RESYNC);
+        loop {
+            tokio::select! {
+                item = watches.next() => {
+                    let Some((resource, item)) = item else {
+                        return Err(Error::WatchEnded { resource: "all" });
+                    };
+                    let event = match item {
+                        Ok(event) => event,
+                        Err(source) => {
+                            // The watcher reconnects with backoff by itself; the state stays valid.
+                            ctx.metrics.reconcile_error("watch");
+                            warn!(resource, error = %source, "watch error; retrying");
+                            continue;
+                        }
+                    };
+                    let started = Instant::now();
+                    session.on_event(resource, event, &mut init_done, &mut relist, needed).await;
+                    ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+                }
+                Some(result) = results.recv() => session.on_write_result(result),
+                Some(written) = done_rx.recv() => debug!(?written, "config write done"),
+                _ = status_tick.tick() => session.flush_status(),
+                _ = resync.tick() => if session.synced { session.retry_pending() },
+            }
+        }
+    }
+
+    /// One merged stream of the node, config and Service CIDR watches.
+    async fn watches(&self) -> impl Stream<Item = (&'static str, Result<Watched, watcher::Error>)> + Unpin + use<> {
+        let client = self.ctx.client.clone();
+        let nodes = watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .map(|e| ("nodes", e.map(Watched::Node)));
+        let configs = watcher::watcher(Api::<NodeIPAMConfig>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .map(|e| ("nodeipamconfigs", e.map(Watched::Config)));
+        let mut all: Vec<std::pin::Pin<Box<dyn Stream<Item = _> + Send>>> = vec![Box::pin(nodes), Box::pin(configs)];
+        if self.serves_service_cidrs().await {
+            let services = watcher::watcher(Api::<ServiceCIDR>::all(client), watcher::Config::default())
+                .default_backoff()
+                .map(|e| ("servicecidrs", e.map(Watched::Service)));
+            all.push(Box::pin(services));
+        }
+        futures::stream::select_all(all)
+    }
+
+    /// Older clusters have no ServiceCIDR API; the `--service-cidr` flag covers them.
+    async fn serves_service_cidrs(&self) -> bool {
+        let api: Api<ServiceCIDR> = Api::all(self.ctx.client.clone());
+        match api.list_metadata(&ListParams::default().limit(1)).await {
+            Ok(_) => true,
+            Err(kube::Error::Api(s)) if s.code == 404 => false,
+            // Unknown (API briefly away): watch it; the watcher retries.
+            Err(_) => true,
+        }
+    }
+
+    async fn on_event(
+        &mut self,
+        resource: &'static str,
+        event: Watched,
+        init_done: &mut HashSet<&'static str>,
+        relist: &mut HashMap<&'static str, HashSet<String>>,
+        needed: usize,
+    ) {
+        match event {
+            Watched::Node(Event::Init) | Watched::Config(Event::Init) | Watched::Service(Event::Init) => {
+                relist.insert(resource, HashSet::new());
+            }
+            Watched::Node(Event::Apply(n)) => self.on_node(n),
+            Watched::Node(Event::InitApply(n)) => {
+                relist.entry(resource).or_default().insert(n.name_any());
+                self.on_node(n);
+            }
+            Watched::Node(Event::Delete(n)) => self.on_node_gone(&n.name_any(), n.uid().as_deref()),
+            Watched::Config(Event::Apply(c)) => self.on_config(c),
+            Watched::Config(Event::InitApply(c)) => {
+                relist.entry(resource).or_default().insert(c.name_any());
+                self.on_config(c);
+            }
+            Watched::Config(Event::Delete(c)) => self.on_config_gone(&c.name_any()),
+            Watched::Service(Event::Apply(s)) => self.on_service(s),
+            Watched::Service(Event::InitApply(s)) => {
+                relist.entry(resource).or_default().insert(s.name_any());
+                self.on_service(s);
+            }
+            Watched::Service(Event::Delete(s)) => self.on_service_gone(&s.name_any()),
+            Watched::Node(Event::InitDone) | Watched::Config(Event::InitDone) | Watched::Service(Event::InitDone) => {
+                let seen = relist.remove(resource).unwrap_or_default();
+                self.on_relisted(resource, &seen).await;
+                init_done.insert(resource);
+                if !self.synced && init_done.len() >= needed {
+                    self.on_synced();
+                }
+            }
+        }
+    }
+
+    /// Everything is read: only now may anything be allocated.
+    fn on_synced(&mut self) {
+        self.synced = true;
+        info!(
+            nodes = self.ipam.node_count(),
+            configs = self.configs.len(),
+            pending = self.pending.len(),
+            "allocation state rebuilt from the API"
+        );
+        self.unmanaged_dirty = true;
+        self.dirty.extend(self.configs.keys().cloned());
+        self.retry_pending();
+        self.flush_status();
+    }
+
+    /// After a (re)list, what we know but the list lacks may be gone: nodes are confirmed
+    /// with a fresh GET before their blocks are released.
+    async fn on_relisted(&mut self, resource: &str, seen: &HashSet<String>) {
+        match resource {
+            "nodes" => {
+                let missing: Vec<String> = self
+                    .ipam
+                    .node_names()
+                    .chain(self.pending.keys().map(String::as_str))
+                    .filter(|n| !seen.contains(*n))
+                    .map(str::to_string)
+                    .collect();
+                for name in missing {
+                    match node_writer::reread(&self.ctx, &name).await {
+                        crate::outcome::NodeNow::Gone => {
+                            let uid = self.ipam.node(&name).and_then(|r| r.uid.clone());
+                            self.on_node_gone(&name, uid.as_deref());
+                        }
+                        other => debug!(node = %name, ?other, "missing from the relist but still there"),
+                    }
+                }
+            }
+            "nodeipamconfigs" => {
+                let gone: Vec<String> = self.configs.keys().filter(|n| !seen.contains(*n)).cloned().collect();
+                for name in gone {
+                    self.on_config_gone(&name);
+                }
+            }
+            "servicecidrs" => {
+                let gone: Vec<String> = self
+                    .ipam
+                    .service_sources()
+                    .filter_map(|s| s.strip_prefix("servicecidr/"))
+                    .filter(|n| !seen.contains(*n))
+                    .map(str::to_string)
+                    .collect();
+                for name in gone {
+                    self.on_service_gone(&name);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // ----- nodes -----
+
+    fn on_node(&mut self, node: Node) {
+        let name = node.name_any();
+        let uid = node.uid();
+        let cidrs = match pod_cidrs(&node) {
+            Ok(c) => c,
+            Err(message) => {
+                // Immutable garbage: nothing we may change; say so once.
+                self.pending.remove(&name);
+                if self.invalid_reported.insert(name.clone()) {
+                    warn!(node = %name, %message, "node has an invalid podCIDR");
+                    self.note(Note::node(&name, uid.as_deref(), true, events::INVALID_POD_CIDR, message));
+                }
+                return;
+            }
+        };
+        if !cidrs.is_empty() {
+            self.pending.remove(&name);
+            let unchanged = self.ipam.node(&name).is_some_and(|r| r.cidrs == cidrs && r.phase == Phase::Held);
+            if unchanged {
+                return;
+            }
+            let adoption = self.ipam.observe_node(&name, uid.as_deref(), &cidrs);
+            for (other, ours, theirs) in &adoption.conflicts {
+                let message = format!("podCIDR {ours} of node {name} overlaps podCIDR {theirs} of node {other}; both stay occupied");
+                warn!(node = %name, %other, %ours, %theirs, "overlapping podCIDRs");
+                self.note(Note::node(&name, uid.as_deref(), true, events::OVERLAPPING_POD_CIDR, message.clone()));
+                self.note(Note::node(other, None, true, events::OVERLAPPING_POD_CIDR, message));
+            }
+            if !adoption.unmanaged.is_empty() {
+                self.unmanaged_dirty = true;
+            }
+            self.touch(&cidrs);
+            if !adoption.released.is_empty() {
+                self.touch(&adoption.released);
+                self.retry_pending();
+            }
+            return;
+        }
+        let record = self.ipam.node(&name).map(|r| (r.uid.clone(), r.phase));
+        match record {
+            // Our write is in flight or landed and the watch lags: nothing to do.
+            Some((old, _)) if uid.is_none() || old.is_none() || old == uid => return,
+            // A new object under an old name: the old one is gone.
+            Some((old, _)) => {
+                let freed = self.ipam.node_gone(&name, old.as_deref());
+                self.freed(&freed);
+            }
+            None => {}
+        }
+        let warned = self.pending.get(&name).is_some_and(|p| p.warned);
+        self.pending.insert(name.clone(), PendingNode { uid, labels: node.labels().clone(), warned });
+        if self.synced {
+            self.try_allocate(&name);
+        }
+    }
+
+    fn on_node_gone(&mut self, name: &str, uid: Option<&str>) {
+        self.pending.remove(name);
+        self.reported.retain(|(n, _)| n != name);
+        self.invalid_reported.remove(name);
+        let freed = self.ipam.node_gone(name, uid);
+        if !freed.is_empty() {
+            debug!(node = %name, ?freed, "node gone: blocks released");
+            self.freed(&freed);
+        }
+    }
+
+    fn freed(&mut self, cidrs: &[IpNet]) {
+        for c in cidrs {
+            if let Some(range) = self.ipam.owner_of(c).and_then(|o| self.range_of(o, c)) {
+                self.ctx.metrics.releases.get_or_create(&cidr_label(&range)).inc();
+            }
+        }
+        self.touch(cidrs);
+        self.unmanaged_dirty = true;
+        if self.synced {
+            self.retry_pending();
+        }
+    }
+
+    fn range_of(&self, config: &str, cidr: &IpNet) -> Option<IpNet> {
+        self.ipam.config_range(config, cidr)
+    }
+
+    /// Marks the configs whose ranges `cidrs` touch for a status update.
+    fn touch(&mut self, cidrs: &[IpNet]) {
+        for c in cidrs {
+            self.dirty.extend(self.ipam.configs_touching(c));
+        }
+    }
+
+    fn try_allocate(&mut self, name: &str) {
+        let Some(p) = self.pending.get(name) else {
+            return;
+        };
+        let (uid, labels) = (p.uid.clone(), p.labels.clone());
+        match self.ipam.allocate(name, uid.as_deref(), &labels) {
+            Ok(a) => {
+                self.pending.remove(name);
+                debug!(node = %name, config = %a.config, cidrs = ?a.cidrs, "allocated");
+                self.ctx.metrics.tries.get_or_create(&cidr_label(&a.cidrs[0])).observe(1.0);
+                for c in &a.cidrs {
+                    if let Some(range) = self.range_of(&a.config, c) {
+                        self.ctx.metrics.allocations.get_or_create(&cidr_label(&range)).inc();
+                    }
+                }
+                self.touch(&a.cidrs);
+                let _ = self.writes.send(WriteJob {
+                    node: name.to_string(),
+                    uid,
+                    config: a.config,
+                    cidrs: a.cidrs,
+                    ticket: a.ticket,
+                    attempt: 0,
+                    was_ambiguous: false,
+                });
+            }
+            Err(crate::ipam::AllocateError::AlreadyHolds) => {
+                // The previous record resolves first (its write outcome); then we come back.
+            }
+            Err(e) => {
+                if let Some(p) = self.pending.get_mut(name)
+                    && !p.warned
+                {
+                    p.warned = true;
+                    info!(node = %name, reason = %e, "no block available; node stays pending");
+                    self.note(Note::node(name, uid.as_deref(), true, events::CIDR_NOT_AVAILABLE, format!("Node {name} has no podCIDR yet: {e}")));
+                }
+            }
+        }
+    }
+
+    /// Tries every pending node again: capacity may have appeared.
+    fn retry_pending(&mut self) {
+        let names: Vec<String> = self.pending.keys().cloned().collect();
+        for name in names {
+            self.try_allocate(&name);
+        }
+        self.ctx.metrics.pending_nodes.set(i64::try_from(self.pending.len()).unwrap_or(i64::MAX));
+    }
+
+    fn on_write_result(&mut self, result: WriteResult) {
+        let WriteResult { job, outcome } = result;
+        let current = matches!(
+            self.ipam.node(&job.node).map(|r| r.phase),
+            Some(Phase::Writing { ticket, .. }) if ticket == job.ticket
+        );
+        if !current {
+            debug!(node = %job.node, "stale write outcome ignored");
+            return;
+        }
+        let decision = decide(&outcome, &job.cidrs, job.uid.as_deref(), job.was_ambiguous);
+        debug!(node = %job.node, ?outcome, ?decision, "write outcome");
+        match decision {
+            Decision::Confirm { uid } => {
+                self.ipam.confirm(&job.node, job.ticket, uid.as_deref());
+                if self.ipam.node(&job.node).is_none() {
+                    // It landed on an object deleted meanwhile.
+                    self.freed(&job.cidrs);
+                }
+                self.touch(&job.cidrs);
+            }
+            Decision::Adopt { uid, cidrs } => {
+                let adoption = self.ipam.observe_node(&job.node, uid.as_deref(), &cidrs);
+                self.touch(&cidrs);
+                self.freed(&adoption.released);
+            }
+            Decision::Release => {
+                let freed = self.ipam.abandon(&job.node, job.ticket);
+                self.freed(&freed);
+            }
+            Decision::Leak => {
+                let leaked = self.ipam.leak(&job.node, job.ticket);
+                error!(node = %job.node, ?leaked, "write outcome unknowable: blocks kept occupied until restart");
+                self.ctx.metrics.leaked_blocks.inc_by(i64::try_from(leaked.len()).unwrap_or(0));
+                self.touch(&leaked);
+            }
+            Decision::Retry => {
+                let ambiguous = job.was_ambiguous || matches!(outcome, WriteOutcome::Ambiguous { .. });
+                let attempt = job.attempt + 1;
+                if attempt == 3 {
+                    let why = match &outcome {
+                        WriteOutcome::Rejected { reason, .. } | WriteOutcome::Ambiguous { reason, .. } => reason.clone(),
+                        other => format!("{other:?}"),
+                    };
+                    self.note(Note::node(&job.node, job.uid.as_deref(), true, events::CIDR_ASSIGNMENT_FAILED, format!("writing podCIDRs {:?} keeps failing: {why}; retrying", job.cidrs)));
+                }
+                warn!(node = %job.node, attempt, ?outcome, "podCIDR write did not land; retrying the same blocks");
+                self.ctx.metrics.reconcile_error("node_write");
+                let _ = self.writes.send(WriteJob { attempt, was_ambiguous: ambiguous, ..job });
+                return;
+            }
+        }
+        // The record is resolved; a newer object of the same name may be waiting.
+        if self.pending.contains_key(&job.node) {
+            self.try_allocate(&job.node);
+        }
+    }
+
+    // ----- configs -----
+
+    fn on_config(&mut self, obj: NodeIPAMConfig) {
+        let name = obj.name_any();
+        let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
+        let deleting = obj.meta().deletion_timestamp.is_some();
+        let input = config_input(&obj, has_finalizer);
+        let previous = self.configs.remove(&name);
+        let finalizer_requested = previous.as_ref().is_some_and(|p| p.finalizer_requested && !has_finalizer);
+        let mut seen = ConfigSeen {
+            uid: obj.uid(),
+            generation: obj.meta().generation,
+            has_finalizer,
+            deleting,
+            status: obj.status.clone(),
+            finalizer_requested,
+        };
+        if !has_finalizer && !deleting && !seen.finalizer_requested {
+            seen.finalizer_requested = true;
+            let _ = self.config_jobs.send(ConfigJob::AddFinalizer { name: name.clone() });
+        }
+        self.configs.insert(name.clone(), seen);
+        self.ipam.upsert_config(input);
+        // Overlaps, and so every config's Ready, may change with any config.
+        self.dirty.extend(self.configs.keys().cloned());
+        self.unmanaged_dirty = true;
+        if self.synced {
+            self.retry_pending();
+        }
+    }
+
+    fn on_config_gone(&mut self, name: &str) {
+        info!(config = %name, "NodeIPAMConfig gone");
+        self.configs.remove(name);
+        self.written.remove(name);
+        self.ipam.remove_config(name);
+        self.dirty.extend(self.configs.keys().cloned());
+        self.unmanaged_dirty = true;
+        if self.synced {
+            self.retry_pending();
+        }
+    }
+
+    // ----- Service CIDRs -----
+
+    fn on_service(&mut self, obj: ServiceCIDR) {
+        let name = obj.name_any();
+        let cidrs: Vec<IpNet> = obj
+            .spec
+            .as_ref()
+            .and_then(|s| s.cidrs.clone())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|c| c.parse::<IpNet>().ok())
+            .collect();
+        self.ipam.set_service_cidrs(&format!("servicecidr/{name}"), cidrs.clone());
+        self.touch(&cidrs);
+    }
+
+    fn on_service_gone(&mut self, name: &str) {
+        self.ipam.set_service_cidrs(&format!("servicecidr/{name}"), Vec::new());
+        self.dirty.extend(self.configs.keys().cloned());
+        if self.synced {
+            self.retry_pending();
+        }
+    }
+
+    // ----- status -----
+
+    fn flush_status(&mut self) {
+        if !self.synced {
+            return;
+        }
+        if self.unmanaged_dirty {
+            self.unmanaged_dirty = false;
+            let unmanaged = self.ipam.unmanaged();
+            self.ctx.metrics.unmanaged_pod_cidrs.set(i64::try_from(unmanaged.len()).unwrap_or(i64::MAX));
+            for (cidr, node) in unmanaged {
+                if self.reported.insert((node.clone(), cidr)) {
+                    warn!(node = %node, %cidr, "podCIDR lies in no NodeIPAMConfig: unmanaged, left as it is");
+                    let uid = self.ipam.node(&node).and_then(|r| r.uid.clone());
+                    self.note(Note::node(&node, uid.as_deref(), true, events::UNMANAGED_POD_CIDR, format!("podCIDR {cidr} lies in no NodeIPAMConfig; it is kept and counted as unmanaged")));
+                }
+            }
+        }
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        for name in std::mem::take(&mut self.dirty) {
+            let (Some(seen), Some(facts)) = (self.configs.get(&name), self.ipam.config_facts(&name)) else {
+                continue;
+            };
+            for (family, f) in [("ipv4", facts.ipv4), ("ipv6", facts.ipv6)] {
+                if let Some(f) = f {
+                    let label = ConfigFamily { config: name.clone(), family: family.into() };
+                    self.ctx.metrics.blocks_allocated.get_or_create(&label).set(i64::try_from(f.allocated).unwrap_or(i64::MAX));
+                    self.ctx.metrics.blocks_capacity.get_or_create(&label).set(i64::try_from(f.capacity).unwrap_or(i64::MAX));
+                }
+            }
+            let previous: &[Condition] = self
+                .written
+                .get(&name)
+                .or(seen.status.as_ref())
+                .map_or(&[], |s| s.conditions.as_slice());
+            let (status, transitions) = desired_status(&facts, seen.generation, previous, &now);
+            let unchanged = self.written.get(&name).or(seen.status.as_ref()) == Some(&status);
+            let (uid, deleting, has_finalizer) = (seen.uid.clone(), seen.deleting, seen.has_finalizer);
+            for t in transitions.iter().filter(|t| t.status == "True") {
+                match t.type_ {
+                    nodeipam_crd::CONDITION_DRAINED => {
+                        info!(config = %name, "drained");
+                        self.note(Note::config(&name, uid.as_deref(), false, events::DRAINED, t.message.clone()));
+                    }
+                    nodeipam_crd::CONDITION_EXHAUSTED => {
+                        self.note(Note::config(&name, uid.as_deref(), true, events::EXHAUSTED, t.message.clone()));
+                    }
+                    _ => {}
+                }
+            }
+            if !unchanged {
+                let _ = self.config_jobs.send(ConfigJob::Status { name: name.clone(), status: status.clone() });
+                self.written.insert(name.clone(), status);
+            }
+            // The finalizer goes only when nothing holds or is being given a block.
+            if deleting && has_finalizer && facts.nodes == 0 && facts.writing == 0 {
+                let _ = self.config_jobs.send(ConfigJob::RemoveFinalizer { name: name.clone() });
+            }
+        }
+    }
+
+    fn note(&self, note: Note) {
+        let _ = self.notes.send(note);
+    }
+}
+
+/// The allocation state's view of a config object. An unparsable spec becomes `invalid` with
+/// the validation errors, never a panic.
+pub fn config_input(obj: &NodeIPAMConfig, has_finalizer: bool) -> ConfigInput {
+    let spec = &obj.spec;
+    let errors = nodeipam_crd::validation::validate_spec(spec);
+    let invalid = (!errors.is_empty()).then(|| errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "));
+    let family = |f: &Option<nodeipam_crd::FamilySpec>| {
+        f.as_ref().and_then(|f| f.cidr.parse::<IpNet>().ok().map(|c| (c, f.per_node_mask_size)))
+    };
+    ConfigInput {
+        name: obj.name_any(),
+        created: obj.meta().creation_timestamp.as_ref().map_or(i64::MAX, |t| t.0.as_second()),
+        ipv4: family(&spec.ipv4),
+        ipv6: family(&spec.ipv6),
+        selector: spec.node_selector.clone(),
+        enabled: spec.allocation == AllocationSwitch::Enabled,
+        deleting: obj.meta().deletion_timestamp.is_some(),
+        invalid,
+        gate: (!has_finalizer).then(|| format!("waiting for the {FINALIZER} finalizer")),
+    }
+}

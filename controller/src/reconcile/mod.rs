@@ -1,0 +1,117 @@
+//! The API side of the controller: the shared `Context`, the error type, and `run`, which
+//! allocates only while leadership is held and rebuilds its state each time it is gained.
+
+pub mod allocation;
+pub mod config_writer;
+pub mod events;
+pub mod node_writer;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use kube::Client;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+
+/// Name under which the controller writes (server-side apply field manager, event reporter).
+pub const MANAGER: &str = "nodeipam";
+/// Annotation on a Node naming the NodeIPAMConfig its blocks came from, written together with
+/// the podCIDRs. Informational: the controller itself derives the config from the CIDR.
+pub const CONFIG_ANNOTATION: &str = "nodeipam.io/config";
+
+/// Errors of the API side. None of them stop the process: a session ends and is rebuilt.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("watching {resource}: {source}")]
+    Watch {
+        resource: &'static str,
+        #[source]
+        source: kube::runtime::watcher::Error,
+    },
+    #[error("the {resource} watch ended")]
+    WatchEnded { resource: &'static str },
+    #[error("kube API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+impl Error {
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Watch { .. } => "watch",
+            Error::WatchEnded { .. } => "watch_ended",
+            Error::Kube(_) => "kube",
+        }
+    }
+}
+
+/// Settings of the allocation loop.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Service CIDRs from the `--service-cidr` flag, for clusters without ServiceCIDR objects.
+    pub service_cidrs: Vec<IpNet>,
+    /// How many podCIDR writes run at once.
+    pub write_concurrency: usize,
+    /// How long one write may take before its outcome counts as ambiguous.
+    pub write_timeout: Duration,
+    /// How often coalesced status changes are written.
+    pub status_interval: Duration,
+    /// The reporting instance for events (the pod name).
+    pub instance: Option<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            service_cidrs: Vec::new(),
+            write_concurrency: 16,
+            write_timeout: Duration::from_secs(10),
+            status_interval: Duration::from_millis(200),
+            instance: None,
+        }
+    }
+}
+
+/// What every part of the API side shares.
+pub struct Context {
+    pub client: Client,
+    pub options: Options,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Allocates while `leadership` says true; stops at once when it turns false, and starts over
+/// from a fresh read of the API when it turns true again. Returns when `leadership` closes.
+pub async fn run(ctx: Arc<Context>, mut leadership: watch::Receiver<bool>) {
+    loop {
+        if leadership.wait_for(|leader| *leader).await.is_err() {
+            return;
+        }
+        info!("leadership held: rebuilding allocation state from the API");
+        ctx.metrics.set_leader(true);
+        let session = allocation::Session::run(ctx.clone());
+        tokio::pin!(session);
+        let lost = async {
+            let _ = leadership.wait_for(|leader| !*leader).await;
+        };
+        tokio::select! {
+            result = &mut session => {
+                if let Err(e) = result {
+                    ctx.metrics.reconcile_error(e.kind());
+                    warn!(error = %e, "allocation session ended; rebuilding");
+                }
+                // Back off a little so an API server that is down is not hammered.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            () = lost => info!("leadership lost: allocation stopped"),
+        }
+        ctx.metrics.set_leader(false);
+    }
+}
+
+/// A leadership signal that is always held, for a single replica and for tests.
+pub fn always_leader() -> (watch::Sender<bool>, watch::Receiver<bool>) {
+    watch::channel(true)
+}

@@ -1,0 +1,156 @@
+//! Writes chosen blocks into `node.spec.podCIDRs` and reports what the API server made of it.
+//! It decides nothing: the allocation loop turns each outcome into a decision.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use tokio::sync::{Semaphore, mpsc};
+use tracing::debug;
+
+use super::{CONFIG_ANNOTATION, Context, MANAGER};
+use crate::outcome::{NodeNow, WriteOutcome};
+
+/// One podCIDR write, as the allocation loop asks for it.
+#[derive(Clone, Debug)]
+pub struct WriteJob {
+    pub node: String,
+    pub uid: Option<String>,
+    pub config: String,
+    pub cidrs: Vec<IpNet>,
+    pub ticket: u64,
+    pub attempt: u32,
+    /// An earlier attempt for these blocks had an ambiguous outcome.
+    pub was_ambiguous: bool,
+}
+
+#[derive(Debug)]
+pub struct WriteResult {
+    pub job: WriteJob,
+    pub outcome: WriteOutcome,
+}
+
+/// Runs jobs with bounded concurrency until the job channel closes.
+pub async fn run(ctx: Arc<Context>, mut jobs: mpsc::UnboundedReceiver<WriteJob>, results: mpsc::UnboundedSender<WriteResult>) {
+    let permits = Arc::new(Semaphore::new(ctx.options.write_concurrency.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Some(job) = jobs.recv().await {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let (ctx, results) = (ctx.clone(), results.clone());
+        tasks.spawn(async move {
+            if job.attempt > 0 {
+                tokio::time::sleep(backoff(job.attempt)).await;
+            }
+            let outcome = write(&ctx, &job).await;
+            drop(permit);
+            let _ = results.send(WriteResult { job, outcome });
+        });
+        // Reap finished tasks so the set does not grow with every job.
+        while tasks.try_join_next().is_some() {}
+    }
+    // Dropping the JoinSet aborts writes still in flight: they were for a lost session.
+}
+
+/// 100 ms doubling up to 30 s.
+pub fn backoff(attempt: u32) -> Duration {
+    let ms = 100u64.saturating_mul(1u64 << attempt.min(9));
+    Duration::from_millis(ms.min(30_000))
+}
+
+async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let cidrs: Vec<String> = job.cidrs.iter().map(ToString::to_string).collect();
+    // The UID makes the patch a precondition on this very object: it can never land on a
+    // node recreated under the same name.
+    let mut metadata = json!({ "annotations": { CONFIG_ANNOTATION: job.config } });
+    if let Some(uid) = &job.uid {
+        metadata["uid"] = json!(uid);
+    }
+    let patch = json!({
+        "metadata": metadata,
+        "spec": { "podCIDR": cidrs.first(), "podCIDRs": cidrs },
+    });
+    let params = PatchParams { field_manager: Some(MANAGER.into()), ..PatchParams::default() };
+    let sent = tokio::time::timeout(ctx.options.write_timeout, api.patch(&job.node, &params, &Patch::Merge(&patch))).await;
+    match sent {
+        Ok(Ok(node)) => WriteOutcome::Applied { uid: node.metadata.uid.clone(), cidrs: pod_cidrs(&node).unwrap_or_default() },
+        Ok(Err(kube::Error::Api(status))) if status.code == 404 => WriteOutcome::Missing,
+        Ok(Err(kube::Error::Api(status))) if status.code == 429 => WriteOutcome::Throttled,
+        Ok(Err(kube::Error::Api(status))) if (400..500).contains(&status.code) => {
+            let reason = format!("{} {}: {}", status.code, status.reason, status.message);
+            debug!(node = %job.node, %reason, "podCIDR write rejected");
+            WriteOutcome::Rejected { reason, now: reread(ctx, &job.node).await }
+        }
+        Ok(Err(e)) => WriteOutcome::Ambiguous { reason: e.to_string(), now: reread(ctx, &job.node).await },
+        Err(_) => WriteOutcome::Ambiguous {
+            reason: format!("no answer within {:?}", ctx.options.write_timeout),
+            now: reread(ctx, &job.node).await,
+        },
+    }
+}
+
+/// A fresh GET, so that the decision never rests on a watch event that may lag.
+pub async fn reread(ctx: &Context, name: &str) -> NodeNow {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    match tokio::time::timeout(ctx.options.write_timeout, api.get_opt(name)).await {
+        Ok(Ok(Some(node))) => match pod_cidrs(&node) {
+            Ok(c) if c.is_empty() => NodeNow::Empty { uid: node.metadata.uid },
+            Ok(c) => NodeNow::Has { uid: node.metadata.uid, cidrs: c },
+            Err(e) => NodeNow::Unknown(e),
+        },
+        Ok(Ok(None)) => NodeNow::Gone,
+        Ok(Err(e)) => NodeNow::Unknown(e.to_string()),
+        Err(_) => NodeNow::Unknown("GET timed out".into()),
+    }
+}
+
+/// The node's podCIDRs, canonical; `spec.podCIDR` counts when `podCIDRs` is empty.
+pub fn pod_cidrs(node: &Node) -> Result<Vec<IpNet>, String> {
+    let spec = node.spec.as_ref();
+    let list: Vec<String> = match spec.and_then(|s| s.pod_cidrs.clone()).filter(|l| !l.is_empty()) {
+        Some(l) => l,
+        None => spec.and_then(|s| s.pod_cidr.clone()).filter(|c| !c.is_empty()).into_iter().collect(),
+    };
+    list.iter()
+        .map(|c| c.parse::<IpNet>().map(|n| n.trunc()).map_err(|e| format!("spec.podCIDRs: {c:?} is not a CIDR: {e}")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeSpec;
+
+    #[test]
+    fn pod_cidrs_prefers_the_list_and_reports_garbage() {
+        let node = |one: Option<&str>, many: Option<Vec<&str>>| Node {
+            spec: Some(NodeSpec {
+                pod_cidr: one.map(str::to_string),
+                pod_cidrs: many.map(|v| v.into_iter().map(str::to_string).collect()),
+                ..NodeSpec::default()
+            }),
+            ..Node::default()
+        };
+        assert_eq!(pod_cidrs(&Node::default()), Ok(vec![]));
+        assert_eq!(pod_cidrs(&node(Some("10.0.0.0/24"), None)), Ok(vec!["10.0.0.0/24".parse().expect("cidr")]));
+        assert_eq!(
+            pod_cidrs(&node(Some("10.0.0.0/24"), Some(vec!["10.0.0.0/24", "fd00::/64"]))).map(|v| v.len()),
+            Ok(2)
+        );
+        let err = pod_cidrs(&node(None, Some(vec!["bogus"]))).expect_err("garbage");
+        assert!(err.contains("spec.podCIDRs") && err.contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn backoff_is_capped() {
+        assert_eq!(backoff(0), Duration::from_millis(100));
+        assert_eq!(backoff(3), Duration::from_millis(800));
+        assert_eq!(backoff(50), Duration::from_secs(30));
+    }
+}
