@@ -545,3 +545,48 @@ async fn missing_binaries_name_the_step_and_the_fix() {
     assert!(text.contains("/nonexistent/nodeipam-assets"), "{text}");
     assert!(text.contains("hack/control-plane.sh build"), "{text}");
 }
+
+#[tokio::test]
+async fn apiserver_failure_names_step_binary_and_log() {
+    let err = ControlPlane::builder()
+        .install_crds(false)
+        .apiserver_arg("--no-such-flag=1")
+        .start()
+        .await
+        .err()
+        .expect("an unknown flag must stop kube-apiserver");
+    assert_eq!(err.step(), Step::WaitReadyz, "{err}");
+    assert_eq!(err.binary(), Some("kube-apiserver"));
+    let log = err.log_path().expect("a log path").to_path_buf();
+    let text = err.to_string();
+    assert!(
+        text.contains("wait /readyz") && text.contains("exited early"),
+        "{text}"
+    );
+    assert!(text.contains(&log.display().to_string()), "{text}");
+    // The tail of the log is in the message, and the log is kept for reading.
+    assert!(text.contains("no-such-flag"), "{text}");
+    assert!(log.is_file());
+    let dir = log.parent().and_then(Path::parent).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_panicking_test_keeps_the_folder_with_its_logs() {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let cp = start().await;
+        let _ = tx.send(cp.dir().to_path_buf());
+        panic!("deliberate failure while the control plane is up");
+    });
+    let err = task.await.unwrap_err();
+    assert!(err.is_panic());
+    let dir = rx.await.unwrap();
+    assert!(
+        dir.join("logs/kube-apiserver.log").is_file(),
+        "{}",
+        dir.display()
+    );
+    assert!(dir.join("logs/etcd.log").is_file());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
