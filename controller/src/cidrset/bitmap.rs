@@ -1,5 +1,6 @@
 //! The two-level occupancy bitmap behind a `CidrSet`: up to 2^32 block bits, split into leaves
-//! that exist only while partly set, so memory follows the blocks in use, not the range size.
+//! that exist only while partly set, in a leaf table that only reaches as far as the highest
+//! leaf in use, so memory follows the blocks in use, not the range size.
 
 use bitvec::prelude::*;
 
@@ -46,6 +47,7 @@ impl Leaf {
 /// Occupancy of `capacity` blocks, indexed `0..capacity`.
 #[derive(Clone)]
 pub(super) struct Bitmap {
+    /// Leaves from index 0 up to the last non-empty one; leaves past the end are empty.
     leaves: Vec<Leaf>,
     leaf_shift: u32,
     capacity: u64,
@@ -63,9 +65,8 @@ impl Bitmap {
         let log2_capacity = log2_capacity.min(32);
         // A set smaller than a leaf gets one leaf of exactly its size.
         let leaf_shift = leaf_shift.min(log2_capacity);
-        let leaf_count = 1usize << (log2_capacity - leaf_shift);
         Bitmap {
-            leaves: vec![Leaf::Empty; leaf_count],
+            leaves: Vec::new(),
             leaf_shift,
             capacity: 1u64 << log2_capacity,
             set: 0,
@@ -104,7 +105,7 @@ impl Bitmap {
                 (end - leaf_start).min(leaf_bits),
             );
             at = leaf_start + leaf_bits;
-            // leaf < capacity >> shift = leaves.len(), so the cast is lossless.
+            // leaf < capacity >> shift <= 2^32, so the cast is lossless on 64-bit targets.
             Some(span)
         })
     }
@@ -112,10 +113,15 @@ impl Bitmap {
     /// Sets (`value = true`) or clears every bit in `[start, end)`; returns how many flipped.
     pub(super) fn fill(&mut self, start: u64, end: u64, value: bool) -> u64 {
         let leaf_bits = self.leaf_bits();
+        let end = end.min(self.capacity);
+        if value && start < end {
+            self.grow_to(((end - 1) >> self.leaf_shift) as usize);
+        }
         let mut flipped = 0;
         for (index, lo, hi) in self.leaf_spans(start, end) {
+            // Leaves past the table are empty: nothing to clear there.
             let Some(leaf) = self.leaves.get_mut(index) else {
-                continue;
+                break;
             };
             flipped += fill_leaf(leaf, leaf_bits, lo, hi, value);
         }
@@ -123,8 +129,26 @@ impl Bitmap {
             self.set += flipped;
         } else {
             self.set -= flipped;
+            self.trim();
         }
         flipped
+    }
+
+    /// Extends the leaf table so that leaf `index` exists.
+    fn grow_to(&mut self, index: usize) {
+        if index >= self.leaves.len() {
+            self.leaves.resize(index + 1, Leaf::Empty);
+        }
+    }
+
+    /// Drops trailing empty leaves, and returns table memory once it is mostly unused.
+    fn trim(&mut self) {
+        while matches!(self.leaves.last(), Some(Leaf::Empty)) {
+            self.leaves.pop();
+        }
+        if self.leaves.capacity() > 2 * self.leaves.len() {
+            self.leaves.shrink_to_fit();
+        }
     }
 
     /// Sets one bit; returns whether it flipped. The allocation hot path.
@@ -134,7 +158,9 @@ impl Bitmap {
         }
         let leaf_bits = self.leaf_bits();
         let offset = (index & (leaf_bits - 1)) as usize;
-        let Some(leaf) = self.leaves.get_mut((index >> self.leaf_shift) as usize) else {
+        let leaf_index = (index >> self.leaf_shift) as usize;
+        self.grow_to(leaf_index);
+        let Some(leaf) = self.leaves.get_mut(leaf_index) else {
             return false;
         };
         let flipped = match leaf {
@@ -191,12 +217,12 @@ impl Bitmap {
         self.leaf_spans(start, end).find_map(|(index, lo, hi)| {
             let leaf_start = (index as u64) << self.leaf_shift;
             match self.leaves.get(index) {
-                Some(Leaf::Empty) => Some(leaf_start + lo),
+                Some(Leaf::Empty) | None => Some(leaf_start + lo),
                 Some(Leaf::Partial { bits, .. }) => bits
                     .get(lo as usize..hi as usize)
                     .and_then(|span| span.first_zero())
                     .map(|zero| leaf_start + lo + zero as u64),
-                Some(Leaf::Full) | None => None,
+                Some(Leaf::Full) => None,
             }
         })
     }
@@ -308,7 +334,35 @@ mod tests {
         assert!(!bitmap.set_one(0));
         assert!(!bitmap.set_one(1), "out of range is ignored");
         assert_eq!(bitmap.count(), 1);
-        assert_eq!(bitmap.heap_bytes(), std::mem::size_of::<Leaf>());
+        assert_eq!(
+            bitmap.materialized_leaves(),
+            0,
+            "one bit set is a full leaf"
+        );
+        assert!(bitmap.heap_bytes() >= std::mem::size_of::<Leaf>());
+        assert_eq!(bitmap.fill(0, 1, false), 1);
+        assert_eq!(bitmap.heap_bytes(), 0);
+    }
+
+    #[test]
+    fn leaf_table_reaches_only_the_last_leaf_in_use() {
+        let mut bitmap = Bitmap::new(32);
+        assert_eq!(bitmap.heap_bytes(), 0, "an empty wide set holds no table");
+        let leaf_bits = 1u64 << LEAF_SHIFT;
+        assert!(bitmap.set_one(3));
+        let one_leaf = bitmap.heap_bytes();
+        assert!(one_leaf < 2 * std::mem::size_of::<Leaf>() + (leaf_bits / 8) as usize * 2);
+        assert_eq!(bitmap.first_clear(leaf_bits, 1 << 32), Some(leaf_bits));
+
+        // A far block grows the table to reach it; clearing it trims the table back.
+        let far = (1u64 << 32) - 1;
+        assert!(bitmap.set_one(far));
+        assert!(bitmap.heap_bytes() > one_leaf + 65_000 * std::mem::size_of::<Leaf>());
+        assert_eq!(bitmap.first_clear(far, 1 << 32), None);
+        assert_eq!(bitmap.fill(far, far + 1, false), 1);
+        assert_eq!(bitmap.leaves.len(), 1);
+        assert_eq!(bitmap.fill(0, 1 << 32, false), 1);
+        assert_eq!(bitmap.heap_bytes(), 0);
     }
 
     #[derive(Debug, Clone)]
@@ -351,6 +405,7 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(bitmap.count(), model.len() as u64);
+                prop_assert!(!matches!(bitmap.leaves.last(), Some(Leaf::Empty)), "table not trimmed");
                 for start in 0..capacity {
                     let expected = (start..capacity).find(|i| !model.contains(i));
                     prop_assert_eq!(bitmap.first_clear(start, capacity), expected);
