@@ -1,0 +1,737 @@
+//! End-to-end tests of the validating webhook against a real kube-apiserver: the webhook runs
+//! in this process on 127.0.0.1 with managed TLS, registered by URL with failurePolicy Fail.
+//! Covers admission of valid configs, a catalogue of bad ones denied through the API server,
+//! warnings reaching kubectl, caBundle patching, certificate rotation while serving, a second
+//! replica reusing the Secret, and garbage posted straight to the webhook.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    RuleWithOperations, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::ApiResource;
+use nodeipam_crd::NodeIPAMConfig;
+use nodeipam_testenv::ControlPlane;
+use nodeipam_webhook::{
+    ManagedTls, Readiness, Rotation, TlsMode, VALIDATE_PATH, Webhook, WebhookError, WebhookOptions,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsConnector;
+
+/// Generous: a wait that runs out means the behaviour is missing, not slow.
+const WAIT: Duration = Duration::from_secs(60);
+/// The webhook (and its configuration) name; the API server wants three dot-separated parts.
+const HOOK: &str = "validate.nodeipam.io";
+const NAMESPACE: &str = "default";
+const SECRET: &str = "nodeipam-webhook-tls";
+
+async fn control_plane() -> ControlPlane {
+    match ControlPlane::start().await {
+        Ok(cp) => cp,
+        Err(e) => panic!("the control plane did not start: {e}"),
+    }
+}
+
+/// Polls `f` until it returns `Some`, or panics after [`WAIT`] with `what`.
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A webhook running in this process.
+struct Running {
+    addr: SocketAddr,
+    readiness: Readiness,
+    rotation: Arc<Rotation>,
+    resolver: Arc<nodeipam_webhook::CertResolver>,
+    counts: Arc<Mutex<BTreeMap<&'static str, usize>>>,
+    stop: Option<oneshot::Sender<()>>,
+    handle: JoinHandle<Result<(), WebhookError>>,
+}
+
+impl Running {
+    fn count(&self, result: &str) -> usize {
+        self.counts
+            .lock()
+            .unwrap()
+            .get(result)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn url(&self) -> String {
+        format!("https://{}{VALIDATE_PATH}", self.addr)
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let result = tokio::time::timeout(WAIT, &mut self.handle)
+            .await
+            .expect("the webhook stops on shutdown")
+            .expect("the webhook task did not panic");
+        assert!(result.is_ok(), "{result:?}");
+    }
+}
+
+fn options(secret: &str, config: &str, tls: ManagedTls) -> WebhookOptions {
+    WebhookOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        namespace: NAMESPACE.into(),
+        secret_name: secret.into(),
+        webhook_config_name: config.into(),
+        dns_names: vec!["127.0.0.1".into(), "localhost".into()],
+        tls_mode: TlsMode::Managed(tls),
+        service_cidrs: vec!["10.200.0.0/16".parse().unwrap()],
+        ..WebhookOptions::default()
+    }
+}
+
+fn quick_checks() -> ManagedTls {
+    ManagedTls {
+        check_interval: Duration::from_secs(1),
+        ..ManagedTls::default()
+    }
+}
+
+async fn start_webhook(client: Client, mut opts: WebhookOptions) -> Running {
+    let counts: Arc<Mutex<BTreeMap<&'static str, usize>>> = Arc::default();
+    let c = counts.clone();
+    opts.on_admission = Some(Arc::new(move |result| {
+        *c.lock().unwrap().entry(result).or_default() += 1;
+    }));
+    let webhook = Webhook::bind(client, opts).await.expect("bind the webhook");
+    let addr = webhook.local_addr().expect("bound address");
+    let readiness = webhook.readiness();
+    let rotation = webhook.rotation();
+    let resolver = webhook.resolver();
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(webhook.run(async {
+        let _ = rx.await;
+    }));
+    let r = readiness.clone();
+    eventually("the webhook to become ready", || {
+        let r = r.clone();
+        async move { r.is_ready().then_some(()) }
+    })
+    .await;
+    Running {
+        addr,
+        readiness,
+        rotation,
+        resolver,
+        counts,
+        stop: Some(tx),
+        handle,
+    }
+}
+
+fn rules() -> Vec<RuleWithOperations> {
+    vec![RuleWithOperations {
+        api_groups: Some(vec!["nodeipam.io".into()]),
+        api_versions: Some(vec!["v1alpha1".into()]),
+        operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+        resources: Some(vec!["nodeipamconfigs".into()]),
+        scope: Some("Cluster".into()),
+    }]
+}
+
+async fn secret_data(client: &Client, name: &str, key: &str) -> Option<Vec<u8>> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    let secret = api.get_opt(name).await.ok()??;
+    secret.data?.get(key).map(|b| b.0.clone())
+}
+
+fn configs(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &ApiResource::erase::<NodeIPAMConfig>(&()))
+}
+
+fn object(name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "nodeipam.io/v1alpha1",
+        "kind": "NodeIPAMConfig",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("a NodeIPAMConfig object")
+}
+
+async fn create(client: &Client, name: &str, spec: Value, dry_run: bool) -> Result<(), String> {
+    let pp = PostParams {
+        dry_run,
+        ..PostParams::default()
+    };
+    configs(client)
+        .create(&pp, &object(name, spec))
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            kube::Error::Api(s) => s.message.clone(),
+            other => other.to_string(),
+        })
+}
+
+/// Registers the webhook (with `ca`) and waits until the API server consults it: a dry-run
+/// create that only the webhook refuses (overlap with the Service range) is denied by it.
+async fn register_and_wait(cp: &ControlPlane, running: &Running, ca: &[u8]) {
+    cp.register_validating_webhook(HOOK, &running.url(), ca, rules(), "Fail")
+        .await
+        .expect("register the webhook");
+    wait_effective(&cp.client()).await;
+}
+
+async fn wait_effective(client: &Client) {
+    eventually("the API server to call the webhook", || async move {
+        let spec = json!({"ipv4": {"cidr": "10.96.0.0/16", "perNodeMaskSize": 24}});
+        match create(client, "probe", spec, true).await {
+            Err(m) if m.contains("overlaps the Service range") => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+}
+
+/// Speaks HTTP/1.1 over TLS to the webhook, trusting only `ca_pem`. Returns the served leaf
+/// certificate (DER), the status code and the body.
+async fn https(
+    addr: SocketAddr,
+    ca_pem: &[u8],
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<(Vec<u8>, u16, String), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots
+            .add(cert.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let mut tls = TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let leaf = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.as_ref().to_vec())
+        .ok_or("no peer certificate")?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    tls.write_all(body).await.map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    tls.read_to_end(&mut raw).await.map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| format!("no status line in {text:?}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((leaf, status, body))
+}
+
+fn v4(cidr: &str, mask: u8) -> Value {
+    json!({"ipv4": {"cidr": cidr, "perNodeMaskSize": mask}})
+}
+
+fn v6(cidr: &str, mask: u8) -> Value {
+    json!({"ipv6": {"cidr": cidr, "perNodeMaskSize": mask}})
+}
+
+fn with_selector(mut spec: Value, expressions: Value, fields: Value) -> Value {
+    let mut term = serde_json::Map::new();
+    if !expressions.is_null() {
+        term.insert("matchExpressions".into(), expressions);
+    }
+    if !fields.is_null() {
+        term.insert("matchFields".into(), fields);
+    }
+    spec["nodeSelector"] = json!({"nodeSelectorTerms": [Value::Object(term)]});
+    spec
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_through_the_api_server() {
+    let cp = control_plane().await;
+    let client = cp.client();
+    let running = start_webhook(client.clone(), options(SECRET, HOOK, quick_checks())).await;
+
+    // Register with the wrong CA: the webhook must patch its own bundle in.
+    let ca = secret_data(&client, SECRET, "ca.crt")
+        .await
+        .expect("the managed Secret holds ca.crt");
+    register_and_wait(&cp, &running, cp.ca_pem().as_bytes()).await;
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let vwc = vwcs.get(HOOK).await.expect("webhook configuration");
+    let bundles: Vec<_> = vwc
+        .webhooks
+        .unwrap_or_default()
+        .into_iter()
+        .map(|w| w.client_config.ca_bundle.map(|b| b.0))
+        .collect();
+    assert_eq!(
+        bundles,
+        vec![Some(ca.clone())],
+        "caBundle patched to the Secret's CA"
+    );
+
+    // Valid configs are admitted.
+    let base = json!({
+        "ipv4": {"cidr": "10.64.0.0/14", "perNodeMaskSize": 24},
+        "ipv6": {"cidr": "fd00:64::/48", "perNodeMaskSize": 64},
+    });
+    create(&client, "base", base, false)
+        .await
+        .expect("base admitted");
+    create(&client, "second", v4("10.128.0.0/16", 24), false)
+        .await
+        .expect("second admitted");
+    create(&client, "v6only", v6("fd00:99::/56", 64), false)
+        .await
+        .expect("v6only admitted");
+    let selected = with_selector(
+        v4("10.129.0.0/16", 26),
+        json!([{"key": "zone", "operator": "In", "values": ["a"]}]),
+        Value::Null,
+    );
+    create(&client, "selected", selected, false)
+        .await
+        .expect("a config with a selector is admitted");
+    let allowed_before = running.count("allowed");
+    assert!(allowed_before >= 4, "the observer saw the admissions");
+
+    // The catalogue: (name, spec, expected message fragment).
+    let catalogue: Vec<(&str, Value, &str)> = vec![
+        (
+            "same-range",
+            v4("10.64.0.0/14", 24),
+            "overlaps 10.64.0.0/14 of NodeIPAMConfig \"base\"",
+        ),
+        (
+            "supernet",
+            v4("10.0.0.0/8", 24),
+            "10.0.0.0/8 contains 10.64.0.0/14",
+        ),
+        (
+            "subnet",
+            v4("10.65.0.0/16", 24),
+            "10.65.0.0/16 is inside 10.64.0.0/14",
+        ),
+        (
+            "other-config",
+            v4("10.128.128.0/17", 24),
+            "NodeIPAMConfig \"second\"",
+        ),
+        (
+            "v6-overlap",
+            v6("fd00:64:0:1::/64", 80),
+            "fd00:64:0:1::/64 is inside fd00:64::/48",
+        ),
+        (
+            "v6-supernet",
+            v6("fd00::/16", 48),
+            "fd00::/16 contains fd00:64::/48",
+        ),
+        (
+            "service-cidr",
+            v4("10.96.0.0/12", 24),
+            "overlaps the Service range 10.96.0.0/16 of ServiceCIDR \"kubernetes\"",
+        ),
+        (
+            "inside-service-cidr",
+            v4("10.96.4.0/24", 28),
+            "10.96.4.0/24 is inside 10.96.0.0/16",
+        ),
+        (
+            "service-cidr-flag",
+            v4("10.200.0.0/20", 24),
+            "10.200.0.0/16 of --service-cidr",
+        ),
+        ("non-canonical", v4("10.1.0.1/16", 24), "must be canonical"),
+        ("garbage-cidr", v4("not-a-cidr", 24), "spec.ipv4"),
+        ("v6-in-ipv4", v4("fd00:1::/48", 64), "spec.ipv4"),
+        ("v4-in-ipv6", v6("10.1.0.0/16", 24), "spec.ipv6"),
+        ("mask-below-prefix", v4("10.1.0.0/16", 8), "perNodeMaskSize"),
+        ("mask-above-30", v4("10.1.0.0/16", 31), "perNodeMaskSize"),
+        ("mask-above-126", v6("fd00:2::/48", 127), "perNodeMaskSize"),
+        (
+            "mask-more-than-32-bits",
+            v6("fd00:3::/48", 96),
+            "perNodeMaskSize",
+        ),
+        ("no-family", json!({}), "spec"),
+        (
+            "bad-operator",
+            with_selector(
+                v4("10.2.0.0/16", 24),
+                json!([{"key": "zone", "operator": "Near", "values": ["a"]}]),
+                Value::Null,
+            ),
+            "Near",
+        ),
+        (
+            "in-without-values",
+            with_selector(
+                v4("10.3.0.0/16", 24),
+                json!([{"key": "zone", "operator": "In"}]),
+                Value::Null,
+            ),
+            "values",
+        ),
+        (
+            "exists-with-values",
+            with_selector(
+                v4("10.4.0.0/16", 24),
+                json!([{"key": "zone", "operator": "Exists", "values": ["a"]}]),
+                Value::Null,
+            ),
+            "values",
+        ),
+        (
+            "bad-label-key",
+            with_selector(
+                v4("10.5.0.0/16", 24),
+                json!([{"key": "bad key!", "operator": "Exists"}]),
+                Value::Null,
+            ),
+            "key",
+        ),
+        (
+            "bad-field-key",
+            with_selector(
+                v4("10.6.0.0/16", 24),
+                Value::Null,
+                json!([{"key": "spec.unschedulable", "operator": "In", "values": ["true"]}]),
+            ),
+            "metadata.name",
+        ),
+        (
+            "bad-allocation",
+            json!({"ipv4": {"cidr": "10.7.0.0/16", "perNodeMaskSize": 24}, "allocation": "Sometimes"}),
+            "allocation",
+        ),
+    ];
+    assert!(catalogue.len() >= 20);
+    let mut failures = Vec::new();
+    for (name, spec, fragment) in &catalogue {
+        match create(&client, name, spec.clone(), false).await {
+            Ok(()) => failures.push(format!("{name}: admitted")),
+            Err(m) if !m.contains(fragment) => {
+                failures.push(format!("{name}: message {m:?} lacks {fragment:?}"))
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        running.count("denied") >= 9,
+        "the webhook itself denied the overlaps: {:?}",
+        running.counts.lock().unwrap()
+    );
+
+    // Immutable fields: a change is denied and says what to do instead.
+    let patch = |spec: Value| Patch::Merge(json!({"spec": spec}));
+    let api = configs(&client);
+    let pp = PatchParams::default();
+    let immutable: Vec<(&str, Value, &str)> = vec![
+        (
+            "base",
+            json!({"ipv4": {"cidr": "10.32.0.0/14"}}),
+            "immutable",
+        ),
+        (
+            "base",
+            json!({"ipv4": {"perNodeMaskSize": 25}}),
+            "immutable",
+        ),
+        (
+            "second",
+            json!({"ipv6": {"cidr": "fd00:7::/48", "perNodeMaskSize": 64}}),
+            "create a new",
+        ),
+        (
+            "selected",
+            json!({"nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["b"]}]}]}}),
+            "immutable",
+        ),
+    ];
+    for (name, spec, fragment) in immutable {
+        match api.patch(name, &pp, &patch(spec.clone())).await {
+            Ok(_) => failures.push(format!("{name} {spec}: change admitted")),
+            Err(kube::Error::Api(s)) if s.message.contains(fragment) => {}
+            Err(e) => failures.push(format!("{name} {spec}: {e} lacks {fragment:?}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Mutable: allocation, and metadata.
+    api.patch("base", &pp, &patch(json!({"allocation": "Disabled"})))
+        .await
+        .expect("allocation is mutable");
+    api.patch(
+        "base",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "net"}}})),
+    )
+    .await
+    .expect("labels are mutable");
+
+    // Warnings reach kubectl: a tiny range, and one the current nodes would exhaust.
+    let nodes: Api<Node> = Api::all(client.clone());
+    for i in 0..3 {
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": format!("n{i}")}})).expect("node");
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .expect("node");
+    }
+    let manifest = "apiVersion: nodeipam.io/v1alpha1\nkind: NodeIPAMConfig\nmetadata:\n  \
+                    name: tiny\nspec:\n  ipv4:\n    cidr: 10.250.0.0/27\n    perNodeMaskSize: 28\n";
+    // The node cache catches up through a watch: dry-run until the warning counts them.
+    let start = Instant::now();
+    let stderr = loop {
+        let (ok, err) = kubectl_apply(&cp, manifest, true).await;
+        if ok && err.contains("already has 3 nodes") {
+            break err;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "timed out waiting for the node-count warning; last kubectl: ok={ok} {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(stderr.contains("Warning:"), "{stderr}");
+    let (ok, stderr) = kubectl_apply(&cp, manifest, false).await;
+    assert!(ok, "a warning does not block: {stderr}");
+    assert!(stderr.contains("Warning:"), "{stderr}");
+    assert!(stderr.contains("only 2 blocks"), "{stderr}");
+    assert!(stderr.contains("already has 3 nodes"), "{stderr}");
+    assert!(
+        configs(&client)
+            .get_opt("tiny")
+            .await
+            .expect("get")
+            .is_some(),
+        "the warned config was created"
+    );
+
+    assert!(running.readiness.is_ready());
+    running.stop().await;
+    cp.stop().await;
+}
+
+/// `kubectl apply -f -`; returns (success, stderr). Async: the webhook answering the API
+/// server runs on this same runtime.
+async fn kubectl_apply(cp: &ControlPlane, manifest: &str, dry_run: bool) -> (bool, String) {
+    let mut cmd = tokio::process::Command::from(cp.kubectl());
+    cmd.args(["apply", "-f", "-"]);
+    if dry_run {
+        cmd.arg("--dry-run=server");
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(manifest.as_bytes())
+        .await
+        .expect("write manifest");
+    drop(stdin);
+    let out = child.wait_with_output().await.expect("kubectl output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_replicas_and_garbage() {
+    let cp = control_plane().await;
+    let client = cp.client();
+    let a = start_webhook(client.clone(), options(SECRET, HOOK, quick_checks())).await;
+    let ca = secret_data(&client, SECRET, "ca.crt")
+        .await
+        .expect("ca.crt");
+    register_and_wait(&cp, &a, &ca).await;
+
+    // Health endpoints over the same TLS port.
+    for path in ["/healthz", "/readyz"] {
+        let (_, status, body) = https(a.addr, &ca, "GET", path, b"").await.expect(path);
+        assert_eq!((status, body.as_str()), (200, "ok"), "{path}");
+    }
+
+    // A call before the rotation.
+    create(&client, "before", v4("10.10.0.0/16", 24), false)
+        .await
+        .expect("admitted before the rotation");
+    let (leaf_before, _, _) = https(a.addr, &ca, "GET", "/healthz", b"").await.unwrap();
+    let secret_before = secret_data(&client, SECRET, "tls.crt").await.unwrap();
+
+    a.rotation.rotate_now();
+    let (addr, ca_ref, old) = (a.addr, &ca, &leaf_before);
+    let leaf_after = eventually("a new certificate to be served", || async move {
+        let (leaf, status, _) = https(addr, ca_ref, "GET", "/healthz", b"").await.ok()?;
+        (status == 200 && leaf != *old).then_some(leaf)
+    })
+    .await;
+    let secret_after = secret_data(&client, SECRET, "tls.crt").await.unwrap();
+    assert_ne!(
+        secret_after, secret_before,
+        "the Secret holds the new certificate"
+    );
+    assert_eq!(
+        secret_data(&client, SECRET, "ca.crt").await.unwrap(),
+        ca,
+        "same CA: the registered caBundle still holds"
+    );
+    assert_eq!(a.resolver.leaf_der(), Some(leaf_after.clone()));
+
+    // Calls after the rotation: admitted, and denied, so the webhook is really consulted.
+    create(&client, "after", v4("10.11.0.0/16", 24), false)
+        .await
+        .expect("admitted after the rotation");
+    let denied = create(&client, "overlap-after", v4("10.10.0.0/20", 24), false).await;
+    assert!(
+        denied
+            .as_ref()
+            .is_err_and(|m| m.contains("NodeIPAMConfig \"before\"")),
+        "{denied:?}"
+    );
+
+    // A second replica reuses the Secret instead of writing its own, and serves the same cert.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    let version = secrets.get(SECRET).await.unwrap().metadata.resource_version;
+    let b = start_webhook(client.clone(), options(SECRET, HOOK, quick_checks())).await;
+    let (leaf_b, status, _) = https(b.addr, &ca, "GET", "/readyz", b"").await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(leaf_b, leaf_after, "replicas serve the same certificate");
+    assert_eq!(
+        secrets.get(SECRET).await.unwrap().metadata.resource_version,
+        version,
+        "the second replica did not rewrite the Secret"
+    );
+    b.stop().await;
+
+    // Garbage and the wrong kind, straight to the webhook: clean errors, never allowed.
+    let invalid_before = a.count("invalid");
+    let (_, status, body) = https(a.addr, &ca, "POST", VALIDATE_PATH, b"\x00garbage{")
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+    let no_request = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"});
+    let (_, status, _) = https(
+        a.addr,
+        &ca,
+        "POST",
+        VALIDATE_PATH,
+        &serde_json::to_vec(&no_request).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 400);
+    let pod_review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "3d1f5a2e-0000-4000-8000-000000000001",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "p", "namespace": "default", "operation": "CREATE",
+            "userInfo": {"username": "mallory"},
+            "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}},
+            "dryRun": false
+        }
+    });
+    let (_, status, body) = https(
+        a.addr,
+        &ca,
+        "POST",
+        VALIDATE_PATH,
+        &serde_json::to_vec(&pod_review).unwrap(),
+    )
+    .await
+    .unwrap();
+    let answer: Value = serde_json::from_str(&body).expect("a JSON AdmissionReview");
+    assert_eq!(status, 200);
+    assert_eq!(answer["response"]["allowed"], false, "{body}");
+    assert_eq!(
+        answer["response"]["uid"],
+        "3d1f5a2e-0000-4000-8000-000000000001"
+    );
+    assert_eq!(a.count("invalid"), invalid_before + 3);
+
+    // Rotation driven by expiry alone: a short-lived certificate is replaced by itself.
+    let short = ManagedTls {
+        validity: Duration::from_secs(120),
+        rotate_before: Duration::from_secs(115),
+        check_interval: Duration::from_secs(1),
+        ..ManagedTls::default()
+    };
+    let c = start_webhook(
+        client.clone(),
+        options("short-lived-tls", "absent.nodeipam.io", short),
+    )
+    .await;
+    let first = c.resolver.leaf_der().expect("a certificate");
+    let resolver = c.resolver.clone();
+    eventually("the short-lived certificate to be rotated", || {
+        let r = resolver.clone();
+        let first = first.clone();
+        async move { r.leaf_der().filter(|l| *l != first).map(|_| ()) }
+    })
+    .await;
+    c.stop().await;
+
+    a.stop().await;
+    cp.stop().await;
+}
