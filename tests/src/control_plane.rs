@@ -21,6 +21,9 @@ const START_ATTEMPTS: usize = 3;
 const ADMIN_USER: &str = "nodeipam-testenv-admin";
 const ADMIN_GROUP: &str = "system:masters";
 
+/// etcd's data folder inside the control plane's folder.
+const ETCD_DATA: &str = "etcd-data";
+
 /// The folder of the `config/crd/bases` manifests, relative to the workspace root.
 const CRD_BASES: &str = "config/crd/bases";
 
@@ -234,7 +237,7 @@ impl ControlPlaneBuilder {
         let api_port = port(Step::StartApiserver)?;
 
         // A fresh data dir each try: a half-started member would remember the old peer URL.
-        let data_dir = root.join("etcd-data");
+        let data_dir = root.join(ETCD_DATA);
         if data_dir.exists() {
             std::fs::remove_dir_all(&data_dir).map_err(|e| {
                 HarnessError::io(
@@ -476,12 +479,15 @@ impl WorkDir {
         }
     }
 
-    /// Do not remove the folder when this is dropped.
+    /// Do not remove the folder when this is dropped. The etcd data (over 100 MB, mostly
+    /// preallocated WAL) goes: a kept folder is for reading logs, and failing tests add up.
+    /// Call only once the processes are gone.
     fn keep(&mut self) {
-        if let WorkDir::Temp(temp, _) = self
+        if let WorkDir::Temp(temp, path) = self
             && let Some(temp) = temp.take()
         {
             let _ = temp.keep();
+            let _ = std::fs::remove_dir_all(path.join(ETCD_DATA));
         }
     }
 }
@@ -680,7 +686,7 @@ impl Drop for ControlPlane {
                 work.keep();
             }
             eprintln!(
-                "nodeipam-testenv: control plane at {} kept in {}",
+                "nodeipam-testenv: control plane at {} stopped; its files (no etcd data) kept in {}",
                 self.server_url,
                 self.dir().display()
             );

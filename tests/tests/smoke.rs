@@ -588,5 +588,8 @@ async fn a_panicking_test_keeps_the_folder_with_its_logs() {
         dir.display()
     );
     assert!(dir.join("logs/etcd.log").is_file());
+    assert!(dir.join("admin.kubeconfig").is_file());
+    // The bulky etcd data is not kept.
+    assert!(!dir.join("etcd-data").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
