@@ -160,6 +160,10 @@ impl ControlPlaneBuilder {
                 HarnessError::io(Step::PrepareDir, format!("create {}", dir.display()), e)
             })?;
         }
+        // A reused --dir starts with fresh logs; retries below append to them.
+        for log in ["etcd.log", "kube-apiserver.log"] {
+            let _ = std::fs::remove_file(log_dir.join(log));
+        }
         let pki = Pki::generate()?;
         let files = pki.write(&certs_dir)?;
         let admin_identity = pki.client_cert(ADMIN_USER, &[ADMIN_GROUP])?;
