@@ -105,7 +105,7 @@ impl Bitmap {
                 (end - leaf_start).min(leaf_bits),
             );
             at = leaf_start + leaf_bits;
-            // leaf < capacity >> shift <= 2^32, so the cast is lossless on 64-bit targets.
+            // leaf < 2^(32 - shift): lossless wherever usize has 32 bits or more.
             Some(span)
         })
     }
