@@ -166,6 +166,21 @@ pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) ->
     response
 }
 
+/// Whether deciding `request` reads the cluster view: a CREATE, or an UPDATE of the spec.
+pub fn needs_view(request: &AdmissionRequest<NodeIPAMConfig>) -> bool {
+    if request.sub_resource.is_some() {
+        return false;
+    }
+    match request.operation {
+        Operation::Create => true,
+        Operation::Update => match (&request.object, &request.old_object) {
+            (Some(new), Some(old)) => new.spec != old.spec,
+            _ => true,
+        },
+        Operation::Delete | Operation::Connect => false,
+    }
+}
+
 /// Appended to an immutability error that does not already say what to do instead.
 const IMMUTABLE_HINT: &str = "; ranges and the node selector are immutable: create a new \
      NodeIPAMConfig with the new values, then set spec.allocation: Disabled on this one (or \

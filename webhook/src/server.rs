@@ -82,6 +82,9 @@ pub(crate) fn handle(body: &[u8], view: Option<ClusterView>) -> Reply {
         Ok(r) => r,
         Err(reply) => return *reply,
     };
+    // Deletes, status writes and metadata-only updates need no cluster view: answer them
+    // even before the caches sync, so draining is never held up by a starting replica.
+    let view = view.or_else(|| (!review::needs_view(&request)).then(ClusterView::default));
     let Some(view) = view else {
         let response = AdmissionResponse::from(&request).deny(
             "the nodeipam webhook is starting and its caches are not synced yet; retry shortly",

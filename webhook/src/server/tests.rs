@@ -173,6 +173,22 @@ fn the_wrong_kind_is_an_invalid_answer_never_allowed() {
 }
 
 #[test]
+fn before_the_caches_sync_metadata_updates_are_still_allowed() {
+    let mut v = review_json(config_json("c", "10.0.0.0/16", 24));
+    v["request"]["operation"] = json!("UPDATE");
+    let mut old = config_json("c", "10.0.0.0/16", 24);
+    old["metadata"]["finalizers"] = json!(["nodeipam.io/finalizer"]);
+    v["request"]["oldObject"] = old;
+    let reply = handle(&body(&v), None);
+    assert_eq!(reply.result, review::ALLOWED);
+
+    // A spec change needs the caches: refused until they sync.
+    v["request"]["oldObject"]["spec"]["allocation"] = json!("Disabled");
+    let reply = handle(&body(&v), None);
+    assert_eq!(reply.result, review::DENIED);
+}
+
+#[test]
 fn before_the_caches_sync_requests_are_refused() {
     let reply = handle(
         &body(&review_json(config_json("c", "10.0.0.0/16", 24))),
