@@ -374,6 +374,33 @@ pub fn node_selector_rules(schema: &mut Schema) {
     }
 }
 
+/// `transform` for the spec and status structs: doc comments are hard-wrapped, but
+/// `kubectl explain` re-wraps descriptions itself, so lines within a paragraph are joined.
+pub fn unwrap_descriptions(schema: &mut Schema) {
+    fn walk(map: &mut Map<String, Value>) {
+        if let Some(Value::String(d)) = map.get_mut("description") {
+            *d = d
+                .split("\n\n")
+                .map(|p| p.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+                .collect::<Vec<_>>()
+                .join("\n\n");
+        }
+        for value in map.values_mut() {
+            match value {
+                Value::Object(child) => walk(child),
+                Value::Array(items) => items
+                    .iter_mut()
+                    .filter_map(Value::as_object_mut)
+                    .for_each(walk),
+                _ => {}
+            }
+        }
+    }
+    if let Some(map) = schema.as_object_mut() {
+        walk(map);
+    }
+}
+
 /// `transform` for `status.conditions`: a map keyed by `type`, as metav1 conditions are, so
 /// server-side apply merges conditions by type.
 pub fn conditions_list_map(schema: &mut Schema) {

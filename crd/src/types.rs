@@ -148,7 +148,7 @@ pub const REASON_EXHAUSTED: &str = "Exhausted";
     )
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = schema::spec_rules)]
+#[schemars(transform = schema::spec_rules, transform = schema::unwrap_descriptions)]
 pub struct NodeIPAMConfigSpec {
     /// IPv4 range to hand out. Immutable, and cannot be added or removed after creation:
     /// create a new NodeIPAMConfig and delete this one to drain it.
@@ -207,6 +207,7 @@ pub struct FamilySpec {
 /// Observed state of a NodeIPAMConfig, written by the controller.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = schema::unwrap_descriptions)]
 pub struct NodeIPAMConfigStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

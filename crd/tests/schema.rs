@@ -423,3 +423,26 @@ fn descriptions_explain_the_fields() {
         );
     }
 }
+
+#[test]
+fn descriptions_are_not_hard_wrapped() {
+    // kubectl explain wraps text itself; a newline inside a paragraph breaks sentences apart.
+    fn walk(n: &Value, path: &str) {
+        if let Some(d) = n["description"].as_str() {
+            let lone_newline = d.split("\n\n").any(|p| p.contains('\n'));
+            assert!(
+                !lone_newline,
+                "{path}: description has a line break inside a paragraph: {d:?}"
+            );
+        }
+        if let Some(props) = n["properties"].as_object() {
+            for (k, v) in props {
+                walk(v, &format!("{path}.{k}"));
+            }
+        }
+        if n.get("items").is_some() {
+            walk(&n["items"], &format!("{path}[]"));
+        }
+    }
+    walk(&root_schema(), "");
+}

@@ -1,7 +1,7 @@
 //! Prints the NodeIPAMConfig CRD YAML, or with `--write` writes it to
 //! `config/crd/bases/nodeipam.io_nodeipamconfigs.yaml` in the workspace.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -14,8 +14,10 @@ fn main() -> ExitCode {
         }
         [flag] if flag == "--write" => {
             // The crate lives one level below the workspace root.
-            let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("..")
+            let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let path = manifest_dir
+                .parent()
+                .unwrap_or(manifest_dir)
                 .join(nodeipam_crd::CRD_PATH);
             match std::fs::write(&path, yaml) {
                 Ok(()) => {
