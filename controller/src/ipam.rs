@@ -198,10 +198,11 @@ impl Ipam {
 
     /// Adds or updates a config. A change of ranges rebuilds its sets from the holders.
     pub fn upsert_config(&mut self, input: ConfigInput) {
-        let same_ranges = self
-            .configs
-            .get(&input.name)
-            .is_some_and(|c| c.input.ipv4 == input.ipv4 && c.input.ipv6 == input.ipv6 && c.input.invalid == input.invalid);
+        let same_ranges = self.configs.get(&input.name).is_some_and(|c| {
+            c.input.ipv4 == input.ipv4
+                && c.input.ipv6 == input.ipv6
+                && c.input.invalid == input.invalid
+        });
         if same_ranges {
             if let Some(state) = self.configs.get_mut(&input.name) {
                 state.input = input;
@@ -223,7 +224,12 @@ impl Ipam {
     }
 
     fn build_config(&self, input: ConfigInput) -> ConfigState {
-        let mut state = ConfigState { v4: None, v6: None, overlap: None, input };
+        let mut state = ConfigState {
+            v4: None,
+            v6: None,
+            overlap: None,
+            input,
+        };
         if state.input.invalid.is_some() {
             return state;
         }
@@ -261,7 +267,11 @@ impl Ipam {
             .filter(|c| c.input.invalid.is_none())
             .map(|c| {
                 let (t, n) = c.input.overlap_order();
-                (c.input.name.clone(), (t, n.to_string()), c.input.families().map(|(r, _)| r).collect())
+                (
+                    c.input.name.clone(),
+                    (t, n.to_string()),
+                    c.input.families().map(|(r, _)| r).collect(),
+                )
             })
             .collect();
         for state in self.configs.values_mut() {
@@ -275,7 +285,9 @@ impl Ipam {
                 }
                 for ours in ranges {
                     for theirs in other_ranges.iter().filter(|t| nets_overlap(ours, t)) {
-                        found.push(format!("{ours} overlaps {theirs} of older NodeIPAMConfig {other}"));
+                        found.push(format!(
+                            "{ours} overlaps {theirs} of older NodeIPAMConfig {other}"
+                        ));
                     }
                 }
             }
@@ -353,7 +365,11 @@ impl Ipam {
                     }
                 }
             }
-            if !self.configs.values().any(|s| s.input.families().any(|(r, _)| nets_overlap(&r, c))) {
+            if !self
+                .configs
+                .values()
+                .any(|s| s.input.families().any(|(r, _)| nets_overlap(&r, c)))
+            {
                 adoption.unmanaged.push(*c);
             }
         }
@@ -362,7 +378,11 @@ impl Ipam {
         }
         self.nodes.insert(
             name.to_string(),
-            NodeRecord { uid: uid.map(str::to_string), cidrs, phase: Phase::Held },
+            NodeRecord {
+                uid: uid.map(str::to_string),
+                cidrs,
+                phase: Phase::Held,
+            },
         );
         adoption
     }
@@ -412,10 +432,17 @@ impl Ipam {
                     NodeRecord {
                         uid: uid.map(str::to_string),
                         cidrs: cidrs.clone(),
-                        phase: Phase::Writing { ticket, node_deleted: false },
+                        phase: Phase::Writing {
+                            ticket,
+                            node_deleted: false,
+                        },
                     },
                 );
-                return Ok(Allocation { config: config.clone(), cidrs, ticket });
+                return Ok(Allocation {
+                    config: config.clone(),
+                    cidrs,
+                    ticket,
+                });
             }
         }
         if ranked.is_empty() && !any_match {
@@ -427,7 +454,9 @@ impl Ipam {
             .filter(|c| selection::match_score(c.input.selector.as_ref(), node).is_some())
             .map(|c| format!("{} ({})", c.input.name, unavailable_reason(c)))
             .collect();
-        Err(AllocateError::NoCapacity { considered: considered.join(", ") })
+        Err(AllocateError::NoCapacity {
+            considered: considered.join(", "),
+        })
     }
 
     /// One block per family of `config`, IPv4 first, or nothing.
@@ -458,7 +487,11 @@ impl Ipam {
         let Some(rec) = self.nodes.get_mut(name) else {
             return false;
         };
-        let Phase::Writing { ticket: t, node_deleted } = rec.phase else {
+        let Phase::Writing {
+            ticket: t,
+            node_deleted,
+        } = rec.phase
+        else {
             return false;
         };
         if t != ticket {
@@ -579,7 +612,9 @@ impl Ipam {
                     cidr
                 };
                 let _ = set.release(cidr);
-                for (other, _) in overlapping(holders, span).filter(|(o, _)| nets_overlap(&range, o)) {
+                for (other, _) in
+                    overlapping(holders, span).filter(|(o, _)| nets_overlap(&range, o))
+                {
                     let _ = set.occupy(*other);
                 }
             }
@@ -595,7 +630,10 @@ impl Ipam {
     pub fn unmanaged(&self) -> Vec<(IpNet, String)> {
         let mut out = Vec::new();
         for (cidr, holders) in &self.holders {
-            let managed = self.configs.values().any(|s| s.input.families().any(|(r, _)| nets_overlap(&r, cidr)));
+            let managed = self
+                .configs
+                .values()
+                .any(|s| s.input.families().any(|(r, _)| nets_overlap(&r, cidr)));
             if managed {
                 continue;
             }
@@ -632,7 +670,10 @@ impl Ipam {
                         Holder::Node(n) => {
                             by_node_or_leak = true;
                             nodes.insert(n.clone());
-                            if matches!(self.nodes.get(n).map(|r| r.phase), Some(Phase::Writing { .. })) {
+                            if matches!(
+                                self.nodes.get(n).map(|r| r.phase),
+                                Some(Phase::Writing { .. })
+                            ) {
                                 writing.insert(n.clone());
                             }
                         }
@@ -644,7 +685,9 @@ impl Ipam {
                     held.push(*cidr);
                 }
             }
-            let capacity = state.set_for(&range).map_or_else(|| block_capacity(range, mask), CidrSet::capacity);
+            let capacity = state
+                .set_for(&range)
+                .map_or_else(|| block_capacity(range, mask), CidrSet::capacity);
             let fam = FamilyFacts {
                 capacity,
                 allocated: blocks_covered(range, mask, &held),
@@ -695,7 +738,11 @@ impl Ipam {
 
     /// Approximate heap bytes of the sets, for metrics.
     pub fn memory_bytes(&self) -> usize {
-        self.configs.values().flat_map(|c| c.sets()).map(CidrSet::memory_bytes).sum()
+        self.configs
+            .values()
+            .flat_map(|c| c.sets())
+            .map(CidrSet::memory_bytes)
+            .sum()
     }
 }
 
@@ -722,7 +769,10 @@ fn unavailable_reason(c: &ConfigState) -> String {
 }
 
 /// Every key of `holders` that overlaps `net`: those that start inside it, and its supernets.
-fn overlapping<'a, V>(holders: &'a BTreeMap<IpNet, V>, net: IpNet) -> impl Iterator<Item = (&'a IpNet, &'a V)> + 'a {
+fn overlapping<'a, V>(
+    holders: &'a BTreeMap<IpNet, V>,
+    net: IpNet,
+) -> impl Iterator<Item = (&'a IpNet, &'a V)> + 'a {
     let net = net.trunc();
     let (lo, hi) = match net {
         IpNet::V4(n) => (
@@ -753,7 +803,9 @@ fn overlapping<'a, V>(holders: &'a BTreeMap<IpNet, V>, net: IpNet) -> impl Itera
 /// True when the two CIDRs share an address (always false across families).
 pub fn nets_overlap(a: &IpNet, b: &IpNet) -> bool {
     match (a, b) {
-        (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)) => a.contains(&b.network()) || b.contains(&a.network()),
+        (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)) => {
+            a.contains(&b.network()) || b.contains(&a.network())
+        }
         _ => false,
     }
 }
@@ -777,7 +829,12 @@ fn blocks_covered(range: IpNet, mask: u8, held: &[IpNet]) -> u64 {
     let end = to_u128(range.broadcast());
     let mut spans: Vec<(u128, u128)> = held
         .iter()
-        .map(|c| (to_u128(c.network()).max(start), to_u128(c.broadcast()).min(end)))
+        .map(|c| {
+            (
+                to_u128(c.network()).max(start),
+                to_u128(c.broadcast()).min(end),
+            )
+        })
         .filter(|(a, b)| a <= b)
         .map(|(a, b)| ((a - start) >> host_bits, (b - start) >> host_bits))
         .collect();

@@ -1,9 +1,12 @@
 //! The nodeipam controller: pure allocation and selection, and the reconcile loops that apply them.
 
+pub mod app;
 pub mod cidrset;
+pub mod cli;
 pub mod ipam;
 pub mod metrics;
 pub mod outcome;
+pub mod ratelimit;
 pub mod reconcile;
 pub mod selection;
 pub mod status;

@@ -79,28 +79,72 @@ impl Metrics {
             registry: Registry::default(),
         };
         let kcm = m.registry.sub_registry_with_prefix("node_ipam_controller");
-        kcm.register("cidrset_cidrs_allocations", "Blocks handed out, per range", m.allocations.clone());
-        kcm.register("cidrset_cidrs_releases", "Blocks released, per range", m.releases.clone());
-        kcm.register("cidrset_usage_cidrs", "Fraction of the range's blocks in use", m.usage.clone());
+        kcm.register(
+            "cidrset_cidrs_allocations",
+            "Blocks handed out, per range",
+            m.allocations.clone(),
+        );
+        kcm.register(
+            "cidrset_cidrs_releases",
+            "Blocks released, per range",
+            m.releases.clone(),
+        );
+        kcm.register(
+            "cidrset_usage_cidrs",
+            "Fraction of the range's blocks in use",
+            m.usage.clone(),
+        );
         kcm.register(
             "cidrset_allocation_tries_per_request",
             "Configs tried per allocation request",
             m.tries.clone(),
         );
         let own = m.registry.sub_registry_with_prefix("nodeipam");
-        own.register("config_blocks_allocated", "Blocks held by nodes, per config and family", m.blocks_allocated.clone());
-        own.register("config_blocks_capacity", "Blocks in the range, per config and family", m.blocks_capacity.clone());
-        own.register("pending_nodes", "Nodes waiting for a block", m.pending_nodes.clone());
-        own.register("unmanaged_pod_cidrs", "podCIDRs held by nodes that lie in no config", m.unmanaged_pod_cidrs.clone());
-        own.register("leaked_blocks", "Blocks kept occupied after an ambiguous write, until restart", m.leaked_blocks.clone());
-        own.register("reconcile_errors", "Errors of the API side, by kind", m.reconcile_errors.clone());
+        own.register(
+            "config_blocks_allocated",
+            "Blocks held by nodes, per config and family",
+            m.blocks_allocated.clone(),
+        );
+        own.register(
+            "config_blocks_capacity",
+            "Blocks in the range, per config and family",
+            m.blocks_capacity.clone(),
+        );
+        own.register(
+            "pending_nodes",
+            "Nodes waiting for a block",
+            m.pending_nodes.clone(),
+        );
+        own.register(
+            "unmanaged_pod_cidrs",
+            "podCIDRs held by nodes that lie in no config",
+            m.unmanaged_pod_cidrs.clone(),
+        );
+        own.register(
+            "leaked_blocks",
+            "Blocks kept occupied after an ambiguous write, until restart",
+            m.leaked_blocks.clone(),
+        );
+        own.register(
+            "reconcile_errors",
+            "Errors of the API side, by kind",
+            m.reconcile_errors.clone(),
+        );
         own.register(
             "reconcile_duration_seconds",
             "Time to handle one event in the allocation loop",
             m.reconcile_duration.clone(),
         );
-        own.register("leader", "1 while this replica holds the lease and allocates", m.leader.clone());
-        own.register("webhook_admissions", "Admission reviews answered, by result", m.admissions.clone());
+        own.register(
+            "leader",
+            "1 while this replica holds the lease and allocates",
+            m.leader.clone(),
+        );
+        own.register(
+            "webhook_admissions",
+            "Admission reviews answered, by result",
+            m.admissions.clone(),
+        );
         m
     }
 
@@ -109,11 +153,17 @@ impl Metrics {
     }
 
     pub fn reconcile_error(&self, kind: &str) {
-        self.reconcile_errors.get_or_create(&Kind { kind: kind.into() }).inc();
+        self.reconcile_errors
+            .get_or_create(&Kind { kind: kind.into() })
+            .inc();
     }
 
     pub fn admission(&self, result: &str) {
-        self.admissions.get_or_create(&Outcome { result: result.into() }).inc();
+        self.admissions
+            .get_or_create(&Outcome {
+                result: result.into(),
+            })
+            .inc();
     }
 
     pub fn encode(&self) -> String {

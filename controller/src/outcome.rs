@@ -11,7 +11,10 @@ use ipnet::IpNet;
 #[derive(Clone, Debug, PartialEq)]
 pub enum WriteOutcome {
     /// The patch returned the Node; these are its podCIDRs now.
-    Applied { uid: Option<String>, cidrs: Vec<IpNet> },
+    Applied {
+        uid: Option<String>,
+        cidrs: Vec<IpNet>,
+    },
     /// The Node does not exist (404 on the patch): nothing was written.
     Missing,
     /// The server refused the patch (a 4xx such as 409 or 422): nothing was written.
@@ -26,8 +29,13 @@ pub enum WriteOutcome {
 /// A fresh GET of the Node after a failed patch.
 #[derive(Clone, Debug, PartialEq)]
 pub enum NodeNow {
-    Has { uid: Option<String>, cidrs: Vec<IpNet> },
-    Empty { uid: Option<String> },
+    Has {
+        uid: Option<String>,
+        cidrs: Vec<IpNet>,
+    },
+    Empty {
+        uid: Option<String>,
+    },
     Gone,
     Unknown(String),
 }
@@ -38,7 +46,10 @@ pub enum Decision {
     /// The blocks are on the node.
     Confirm { uid: Option<String> },
     /// The node carries other podCIDRs: adopt them; ours never landed and are freed.
-    Adopt { uid: Option<String>, cidrs: Vec<IpNet> },
+    Adopt {
+        uid: Option<String>,
+        cidrs: Vec<IpNet>,
+    },
     /// The blocks are definitely not on the node: free them.
     Release,
     /// Write the same blocks again later.
@@ -49,7 +60,12 @@ pub enum Decision {
 
 /// Decides for a write of `ours` to the node with `uid` (when known). `was_ambiguous` is true
 /// when an earlier attempt for the same blocks had an ambiguous outcome.
-pub fn decide(outcome: &WriteOutcome, ours: &[IpNet], uid: Option<&str>, was_ambiguous: bool) -> Decision {
+pub fn decide(
+    outcome: &WriteOutcome,
+    ours: &[IpNet],
+    uid: Option<&str>,
+    was_ambiguous: bool,
+) -> Decision {
     match outcome {
         WriteOutcome::Applied { uid, cidrs } => from_node(ours, uid.clone(), cidrs),
         // Without the UID precondition an earlier doubtful write could still land on a
@@ -63,7 +79,9 @@ pub fn decide(outcome: &WriteOutcome, ours: &[IpNet], uid: Option<&str>, was_amb
                 NodeNow::Has { uid, cidrs } => from_node(ours, uid.clone(), cidrs),
                 // Same object, still empty: the write did not land (yet); writing the same
                 // blocks again is idempotent.
-                NodeNow::Empty { uid: now_uid } if uid.is_none() || now_uid.as_deref() == uid => Decision::Retry,
+                NodeNow::Empty { uid: now_uid } if uid.is_none() || now_uid.as_deref() == uid => {
+                    Decision::Retry
+                }
                 // A new object of the same name: the UID precondition keeps our write off it.
                 NodeNow::Empty { .. } => Decision::Release,
                 NodeNow::Gone if uid.is_none() && ambiguous => Decision::Leak,
@@ -80,7 +98,10 @@ fn from_node(ours: &[IpNet], uid: Option<String>, cidrs: &[IpNet]) -> Decision {
     } else if cidrs.is_empty() {
         Decision::Retry
     } else {
-        Decision::Adopt { uid, cidrs: cidrs.to_vec() }
+        Decision::Adopt {
+            uid,
+            cidrs: cidrs.to_vec(),
+        }
     }
 }
 
@@ -97,28 +118,96 @@ mod tests {
         let ours = vec![n("10.0.0.0/24")];
         let theirs = vec![n("10.9.0.0/24")];
         let u = Some("u1");
-        let has = |c: &Vec<IpNet>| NodeNow::Has { uid: Some("u1".into()), cidrs: c.clone() };
-        let amb = |now| WriteOutcome::Ambiguous { reason: "timeout".into(), now };
-        let rej = |now| WriteOutcome::Rejected { reason: "422".into(), now };
+        let has = |c: &Vec<IpNet>| NodeNow::Has {
+            uid: Some("u1".into()),
+            cidrs: c.clone(),
+        };
+        let amb = |now| WriteOutcome::Ambiguous {
+            reason: "timeout".into(),
+            now,
+        };
+        let rej = |now| WriteOutcome::Rejected {
+            reason: "422".into(),
+            now,
+        };
         let cases = vec![
-            (WriteOutcome::Applied { uid: Some("u1".into()), cidrs: ours.clone() }, u, false, Decision::Confirm { uid: Some("u1".into()) }),
-            (WriteOutcome::Applied { uid: None, cidrs: theirs.clone() }, u, false, Decision::Adopt { uid: None, cidrs: theirs.clone() }),
+            (
+                WriteOutcome::Applied {
+                    uid: Some("u1".into()),
+                    cidrs: ours.clone(),
+                },
+                u,
+                false,
+                Decision::Confirm {
+                    uid: Some("u1".into()),
+                },
+            ),
+            (
+                WriteOutcome::Applied {
+                    uid: None,
+                    cidrs: theirs.clone(),
+                },
+                u,
+                false,
+                Decision::Adopt {
+                    uid: None,
+                    cidrs: theirs.clone(),
+                },
+            ),
             (WriteOutcome::Missing, u, true, Decision::Release),
             (WriteOutcome::Missing, None, true, Decision::Leak),
             (WriteOutcome::Missing, None, false, Decision::Release),
             (WriteOutcome::Throttled, u, false, Decision::Retry),
-            (rej(has(&theirs)), u, false, Decision::Adopt { uid: Some("u1".into()), cidrs: theirs.clone() }),
-            (amb(has(&ours)), u, false, Decision::Confirm { uid: Some("u1".into()) }),
-            (amb(NodeNow::Empty { uid: Some("u1".into()) }), u, false, Decision::Retry),
-            (amb(NodeNow::Empty { uid: Some("u2".into()) }), u, false, Decision::Release),
+            (
+                rej(has(&theirs)),
+                u,
+                false,
+                Decision::Adopt {
+                    uid: Some("u1".into()),
+                    cidrs: theirs.clone(),
+                },
+            ),
+            (
+                amb(has(&ours)),
+                u,
+                false,
+                Decision::Confirm {
+                    uid: Some("u1".into()),
+                },
+            ),
+            (
+                amb(NodeNow::Empty {
+                    uid: Some("u1".into()),
+                }),
+                u,
+                false,
+                Decision::Retry,
+            ),
+            (
+                amb(NodeNow::Empty {
+                    uid: Some("u2".into()),
+                }),
+                u,
+                false,
+                Decision::Release,
+            ),
             (amb(NodeNow::Gone), u, false, Decision::Release),
             (amb(NodeNow::Gone), None, false, Decision::Leak),
             (rej(NodeNow::Gone), None, false, Decision::Release),
             (rej(NodeNow::Gone), None, true, Decision::Leak),
-            (amb(NodeNow::Unknown("eof".into())), u, false, Decision::Retry),
+            (
+                amb(NodeNow::Unknown("eof".into())),
+                u,
+                false,
+                Decision::Retry,
+            ),
         ];
         for (i, (outcome, uid, was, want)) in cases.into_iter().enumerate() {
-            assert_eq!(decide(&outcome, &ours, uid, was), want, "case {i}: {outcome:?}");
+            assert_eq!(
+                decide(&outcome, &ours, uid, was),
+                want,
+                "case {i}: {outcome:?}"
+            );
         }
     }
 }

@@ -52,11 +52,15 @@ pub fn match_score(selector: Option<&NodeSelector>, node: NodeView<'_>) -> Optio
 
 /// True when some term of `selector` matches `node`.
 pub fn selector_matches(selector: &NodeSelector, node: NodeView<'_>) -> bool {
-    selector.node_selector_terms.iter().any(|t| term_matches(t, node))
+    selector
+        .node_selector_terms
+        .iter()
+        .any(|t| term_matches(t, node))
 }
 
 fn requirement_count(term: &NodeSelectorTerm) -> usize {
-    term.match_expressions.as_ref().map_or(0, Vec::len) + term.match_fields.as_ref().map_or(0, Vec::len)
+    term.match_expressions.as_ref().map_or(0, Vec::len)
+        + term.match_fields.as_ref().map_or(0, Vec::len)
 }
 
 fn term_matches(term: &NodeSelectorTerm, node: NodeView<'_>) -> bool {
@@ -90,7 +94,11 @@ fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&str>) -> bo
             let Ok(want) = want.parse::<i64>() else {
                 return false;
             };
-            if req.operator == "Gt" { have > want } else { have < want }
+            if req.operator == "Gt" {
+                have > want
+            } else {
+                have < want
+            }
         }
         // An unknown operator never matches: validation rejects it, and a config that got
         // past validation must not capture nodes by accident.
@@ -112,7 +120,12 @@ pub fn selector_key(selector: Option<&NodeSelector>) -> String {
                 .iter()
                 .flatten()
                 .map(|r| requirement_key("", r))
-                .chain(term.match_fields.iter().flatten().map(|r| requirement_key("field:", r)))
+                .chain(
+                    term.match_fields
+                        .iter()
+                        .flatten()
+                        .map(|r| requirement_key("field:", r)),
+                )
                 .collect();
             reqs.sort();
             reqs.join(",")
@@ -125,7 +138,12 @@ pub fn selector_key(selector: Option<&NodeSelector>) -> String {
 fn requirement_key(prefix: &str, req: &NodeSelectorRequirement) -> String {
     let mut values = req.values.clone().unwrap_or_default();
     values.sort();
-    format!("{prefix}{} {} ({})", req.key, req.operator, values.join(","))
+    format!(
+        "{prefix}{} {} ({})",
+        req.key,
+        req.operator,
+        values.join(",")
+    )
 }
 
 /// Orders matching configs best first by the precedence rules:
@@ -141,7 +159,9 @@ pub fn rank(candidates: &[Candidate<'_>], node: NodeView<'_>) -> Vec<usize> {
     let mut matched: Vec<(usize, MatchScore, String)> = candidates
         .iter()
         .enumerate()
-        .filter_map(|(i, c)| match_score(c.selector, node).map(|s| (i, s, selector_key(c.selector))))
+        .filter_map(|(i, c)| {
+            match_score(c.selector, node).map(|s| (i, s, selector_key(c.selector)))
+        })
         .collect();
     matched.sort_by(|(ia, sa, ka), (ib, sb, kb)| {
         let (a, b) = (&candidates[*ia], &candidates[*ib]);
@@ -196,7 +216,9 @@ mod tests {
         }
     }
 
-    fn selector(terms: Vec<(Vec<NodeSelectorRequirement>, Vec<NodeSelectorRequirement>)>) -> NodeSelector {
+    fn selector(
+        terms: Vec<(Vec<NodeSelectorRequirement>, Vec<NodeSelectorRequirement>)>,
+    ) -> NodeSelector {
         NodeSelector {
             node_selector_terms: terms
                 .into_iter()
@@ -209,7 +231,10 @@ mod tests {
     }
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn matches(sel: &NodeSelector, name: &str, l: &[(&str, &str)]) -> bool {
@@ -219,7 +244,8 @@ mod tests {
 
     #[test]
     fn operators_follow_core_v1() {
-        let cases: &[(NodeSelectorRequirement, &[(&str, &str)], bool)] = &[
+        type Case<'a> = (NodeSelectorRequirement, &'a [(&'a str, &'a str)], bool);
+        let cases: &[Case<'_>] = &[
             (req("zone", "In", &["a", "b"]), &[("zone", "b")], true),
             (req("zone", "In", &["a", "b"]), &[("zone", "c")], false),
             (req("zone", "In", &["a"]), &[], false),
@@ -249,19 +275,29 @@ mod tests {
     fn terms_are_ored_and_requirements_anded() {
         // node-ipam-controller #36 ANDed the terms; core/v1 ORs them.
         let sel = selector(vec![
-            (vec![req("zone", "In", &["a"]), req("gpu", "Exists", &[])], vec![]),
+            (
+                vec![req("zone", "In", &["a"]), req("gpu", "Exists", &[])],
+                vec![],
+            ),
             (vec![req("zone", "In", &["b"])], vec![]),
         ]);
         assert!(matches(&sel, "n", &[("zone", "b")]));
         assert!(matches(&sel, "n", &[("zone", "a"), ("gpu", "1")]));
-        assert!(!matches(&sel, "n", &[("zone", "a")]), "second requirement of term 1 unmet");
+        assert!(
+            !matches(&sel, "n", &[("zone", "a")]),
+            "second requirement of term 1 unmet"
+        );
         assert!(!matches(&sel, "n", &[("zone", "c"), ("gpu", "1")]));
     }
 
     #[test]
     fn empty_terms_match_nothing() {
         assert!(!matches(&selector(vec![]), "n", &[("a", "b")]));
-        assert!(!matches(&selector(vec![(vec![], vec![])]), "n", &[("a", "b")]));
+        assert!(!matches(
+            &selector(vec![(vec![], vec![])]),
+            "n",
+            &[("a", "b")]
+        ));
     }
 
     #[test]
@@ -273,19 +309,52 @@ mod tests {
         assert!(!matches(&not, "n1", &[]));
         assert!(matches(&not, "n2", &[]));
         let other = selector(vec![(vec![], vec![req("metadata.uid", "In", &["n1"])])]);
-        assert!(!matches(&other, "n1", &[]), "only metadata.name is a node field");
+        assert!(
+            !matches(&other, "n1", &[]),
+            "only metadata.name is a node field"
+        );
     }
 
     #[test]
     fn score_counts_the_best_matching_term() {
         let sel = selector(vec![
             (vec![req("zone", "In", &["a"])], vec![]),
-            (vec![req("zone", "In", &["a"]), req("gpu", "Exists", &[])], vec![req("metadata.name", "In", &["n"])]),
+            (
+                vec![req("zone", "In", &["a"]), req("gpu", "Exists", &[])],
+                vec![req("metadata.name", "In", &["n"])],
+            ),
         ]);
         let l = labels(&[("zone", "a"), ("gpu", "1")]);
-        assert_eq!(match_score(Some(&sel), NodeView { name: "n", labels: &l }), Some(MatchScore::Selector(3)));
-        assert_eq!(match_score(Some(&sel), NodeView { name: "m", labels: &l }), Some(MatchScore::Selector(1)));
-        assert_eq!(match_score(None, NodeView { name: "m", labels: &l }), Some(MatchScore::CatchAll));
+        assert_eq!(
+            match_score(
+                Some(&sel),
+                NodeView {
+                    name: "n",
+                    labels: &l
+                }
+            ),
+            Some(MatchScore::Selector(3))
+        );
+        assert_eq!(
+            match_score(
+                Some(&sel),
+                NodeView {
+                    name: "m",
+                    labels: &l
+                }
+            ),
+            Some(MatchScore::Selector(1))
+        );
+        assert_eq!(
+            match_score(
+                None,
+                NodeView {
+                    name: "m",
+                    labels: &l
+                }
+            ),
+            Some(MatchScore::CatchAll)
+        );
         assert!(MatchScore::Selector(0) > MatchScore::CatchAll);
     }
 
@@ -296,11 +365,20 @@ mod tests {
     #[test]
     fn precedence_table() {
         let zone_a = selector(vec![(vec![req("zone", "In", &["a"])], vec![])]);
-        let zone_a_gpu = selector(vec![(vec![req("zone", "In", &["a"]), req("gpu", "Exists", &[])], vec![])]);
+        let zone_a_gpu = selector(vec![(
+            vec![req("zone", "In", &["a"]), req("gpu", "Exists", &[])],
+            vec![],
+        )]);
         let zone_ab = selector(vec![(vec![req("zone", "In", &["a", "b"])], vec![])]);
         let l = labels(&[("zone", "a"), ("gpu", "1")]);
-        let node = NodeView { name: "n", labels: &l };
-        let c = |name: &'static str, sel: Option<&'static NodeSelector>, free: u64, v4: Option<(&str, u8)>| Candidate {
+        let node = NodeView {
+            name: "n",
+            labels: &l,
+        };
+        let c = |name: &'static str,
+                 sel: Option<&'static NodeSelector>,
+                 free: u64,
+                 v4: Option<(&str, u8)>| Candidate {
             name,
             selector: sel,
             free_blocks: free,
@@ -314,37 +392,58 @@ mod tests {
         let table: Vec<(&str, Vec<Candidate<'_>>, &str)> = vec![
             (
                 "more requirements win",
-                vec![c("one", Some(zone_a), 1, Some(("10.0.0.0/16", 24))), c("two", Some(zone_a_gpu), 100, Some(("10.1.0.0/16", 24)))],
+                vec![
+                    c("one", Some(zone_a), 1, Some(("10.0.0.0/16", 24))),
+                    c("two", Some(zone_a_gpu), 100, Some(("10.1.0.0/16", 24))),
+                ],
                 "two",
             ),
             (
                 "any selector beats no selector",
-                vec![c("all", None, 1, Some(("10.0.0.0/16", 24))), c("sel", Some(zone_a), 100, Some(("10.1.0.0/16", 24)))],
+                vec![
+                    c("all", None, 1, Some(("10.0.0.0/16", 24))),
+                    c("sel", Some(zone_a), 100, Some(("10.1.0.0/16", 24))),
+                ],
                 "sel",
             ),
             (
                 "fewer free blocks win",
-                vec![c("big", Some(zone_a), 200, Some(("10.0.0.0/16", 24))), c("small", Some(zone_ab), 3, Some(("10.1.0.0/16", 24)))],
+                vec![
+                    c("big", Some(zone_a), 200, Some(("10.0.0.0/16", 24))),
+                    c("small", Some(zone_ab), 3, Some(("10.1.0.0/16", 24))),
+                ],
                 "small",
             ),
             (
                 "larger mask wins",
-                vec![c("m24", Some(zone_a), 5, Some(("10.0.0.0/16", 24))), c("m26", Some(zone_ab), 5, Some(("10.1.0.0/16", 26)))],
+                vec![
+                    c("m24", Some(zone_a), 5, Some(("10.0.0.0/16", 24))),
+                    c("m26", Some(zone_ab), 5, Some(("10.1.0.0/16", 26))),
+                ],
                 "m26",
             ),
             (
                 "lexically smaller selector wins",
-                vec![c("ab", Some(zone_ab), 5, Some(("10.0.0.0/16", 24))), c("a", Some(zone_a), 5, Some(("10.1.0.0/16", 24)))],
+                vec![
+                    c("ab", Some(zone_ab), 5, Some(("10.0.0.0/16", 24))),
+                    c("a", Some(zone_a), 5, Some(("10.1.0.0/16", 24))),
+                ],
                 "a",
             ),
             (
                 "numerically lower CIDR wins, not as strings",
-                vec![c("x", Some(zone_a), 5, Some(("10.10.0.0/16", 24))), c("y", Some(zone_a), 5, Some(("10.9.0.0/16", 24)))],
+                vec![
+                    c("x", Some(zone_a), 5, Some(("10.10.0.0/16", 24))),
+                    c("y", Some(zone_a), 5, Some(("10.9.0.0/16", 24))),
+                ],
                 "y",
             ),
             (
                 "name breaks the last tie",
-                vec![c("b", Some(zone_a), 5, Some(("10.0.0.0/16", 24))), c("a", Some(zone_a), 5, Some(("10.0.0.0/16", 24)))],
+                vec![
+                    c("b", Some(zone_a), 5, Some(("10.0.0.0/16", 24))),
+                    c("a", Some(zone_a), 5, Some(("10.0.0.0/16", 24))),
+                ],
                 "a",
             ),
         ];
@@ -359,14 +458,35 @@ mod tests {
     fn non_matching_configs_are_left_out() {
         let zone_b = selector(vec![(vec![req("zone", "In", &["b"])], vec![])]);
         let l = labels(&[("zone", "a")]);
-        let cands = vec![Candidate { name: "b", selector: Some(&zone_b), free_blocks: 1, ipv4: None, ipv6: None }];
-        assert!(rank(&cands, NodeView { name: "n", labels: &l }).is_empty());
+        let cands = vec![Candidate {
+            name: "b",
+            selector: Some(&zone_b),
+            free_blocks: 1,
+            ipv4: None,
+            ipv6: None,
+        }];
+        assert!(
+            rank(
+                &cands,
+                NodeView {
+                    name: "n",
+                    labels: &l
+                }
+            )
+            .is_empty()
+        );
     }
 
     #[test]
     fn selector_key_is_order_independent() {
-        let a = selector(vec![(vec![req("x", "In", &["2", "1"]), req("a", "Exists", &[])], vec![])]);
-        let b = selector(vec![(vec![req("a", "Exists", &[]), req("x", "In", &["1", "2"])], vec![])]);
+        let a = selector(vec![(
+            vec![req("x", "In", &["2", "1"]), req("a", "Exists", &[])],
+            vec![],
+        )]);
+        let b = selector(vec![(
+            vec![req("a", "Exists", &[]), req("x", "In", &["1", "2"])],
+            vec![],
+        )]);
         assert_eq!(selector_key(Some(&a)), selector_key(Some(&b)));
         assert_ne!(selector_key(Some(&a)), selector_key(None));
     }

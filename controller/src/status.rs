@@ -4,9 +4,9 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use nodeipam_crd::{
-    CONDITION_DRAINED, CONDITION_EXHAUSTED, CONDITION_READY, FamilyStatus, NodeIPAMConfigStatus, REASON_ACCEPTING,
-    REASON_ACTIVE, REASON_BLOCKS_FREE, REASON_DISABLED, REASON_EXHAUSTED, REASON_INVALID, REASON_NO_NODES,
-    REASON_NODES_REMAINING, REASON_OVERLAP, REASON_TERMINATING,
+    CONDITION_DRAINED, CONDITION_EXHAUSTED, CONDITION_READY, FamilyStatus, NodeIPAMConfigStatus,
+    REASON_ACCEPTING, REASON_ACTIVE, REASON_BLOCKS_FREE, REASON_DISABLED, REASON_EXHAUSTED,
+    REASON_INVALID, REASON_NO_NODES, REASON_NODES_REMAINING, REASON_OVERLAP, REASON_TERMINATING,
 };
 
 use crate::ipam::{ConfigFacts, FamilyFacts};
@@ -38,7 +38,12 @@ pub fn desired_status(
             _ => now.clone(),
         };
         if flipped {
-            transitions.push(Transition { type_, status, reason, message: message.clone() });
+            transitions.push(Transition {
+                type_,
+                status,
+                reason,
+                message: message.clone(),
+            });
         }
         conditions.push(Condition {
             type_: type_.to_string(),
@@ -49,7 +54,12 @@ pub fn desired_status(
             last_transition_time,
         });
     }
-    let family = |f: Option<FamilyFacts>| f.map(|f| FamilyStatus { capacity: f.capacity, allocated: f.allocated });
+    let family = |f: Option<FamilyFacts>| {
+        f.map(|f| FamilyStatus {
+            capacity: f.capacity,
+            allocated: f.allocated,
+        })
+    };
     let status = NodeIPAMConfigStatus {
         observed_generation: generation,
         ipv4: family(facts.ipv4),
@@ -67,16 +77,30 @@ type Cond = (&'static str, &'static str, &'static str, String);
 
 fn ready(f: &ConfigFacts) -> Cond {
     if f.accepting {
-        return (CONDITION_READY, "True", REASON_ACCEPTING, "accepting allocations".into());
+        return (
+            CONDITION_READY,
+            "True",
+            REASON_ACCEPTING,
+            "accepting allocations".into(),
+        );
     }
     let (reason, message) = if f.deleting {
-        (REASON_TERMINATING, "the config is being deleted: no new allocations".to_string())
+        (
+            REASON_TERMINATING,
+            "the config is being deleted: no new allocations".to_string(),
+        )
     } else if let Some(why) = &f.invalid {
         (REASON_INVALID, why.clone())
     } else if !f.enabled {
-        (REASON_DISABLED, "spec.allocation is Disabled: no new allocations".to_string())
+        (
+            REASON_DISABLED,
+            "spec.allocation is Disabled: no new allocations".to_string(),
+        )
     } else if let Some(why) = &f.overlap {
-        (REASON_OVERLAP, format!("{why}: no allocations from this config until the overlap is gone"))
+        (
+            REASON_OVERLAP,
+            format!("{why}: no allocations from this config until the overlap is gone"),
+        )
     } else if let Some(why) = &f.gate {
         (REASON_PENDING, format!("not accepting yet: {why}"))
     } else {
@@ -91,30 +115,63 @@ fn exhausted(f: &ConfigFacts) -> Cond {
         .filter_map(|(name, fam)| fam.filter(|x| x.free == 0).map(|_| name))
         .collect();
     if f.invalid.is_some() {
-        return (CONDITION_EXHAUSTED, "Unknown", REASON_INVALID, "the spec is invalid".into());
+        return (
+            CONDITION_EXHAUSTED,
+            "Unknown",
+            REASON_INVALID,
+            "the spec is invalid".into(),
+        );
     }
     if full.is_empty() {
-        (CONDITION_EXHAUSTED, "False", REASON_BLOCKS_FREE, "every family has a free block".into())
+        (
+            CONDITION_EXHAUSTED,
+            "False",
+            REASON_BLOCKS_FREE,
+            "every family has a free block".into(),
+        )
     } else {
-        (CONDITION_EXHAUSTED, "True", REASON_EXHAUSTED, format!("no free {} block", full.join(" or ")))
+        (
+            CONDITION_EXHAUSTED,
+            "True",
+            REASON_EXHAUSTED,
+            format!("no free {} block", full.join(" or ")),
+        )
     }
 }
 
 fn drained(f: &ConfigFacts) -> Cond {
     let stopped = f.deleting || !f.enabled;
     if !stopped {
-        return (CONDITION_DRAINED, "False", REASON_ACTIVE, "the config still accepts allocations".into());
+        return (
+            CONDITION_DRAINED,
+            "False",
+            REASON_ACTIVE,
+            "the config still accepts allocations".into(),
+        );
     }
     if f.nodes == 0 && f.writing == 0 {
-        return (CONDITION_DRAINED, "True", REASON_NO_NODES, "no node holds a block from this config".into());
+        return (
+            CONDITION_DRAINED,
+            "True",
+            REASON_NO_NODES,
+            "no node holds a block from this config".into(),
+        );
     }
     let more = f.nodes.saturating_sub(f.sample_nodes.len() as u64);
-    let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+    let tail = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
     (
         CONDITION_DRAINED,
         "False",
         REASON_NODES_REMAINING,
-        format!("{} node(s) still hold blocks: {}{tail}", f.nodes, f.sample_nodes.join(", ")),
+        format!(
+            "{} node(s) still hold blocks: {}{tail}",
+            f.nodes,
+            f.sample_nodes.join(", ")
+        ),
     )
 }
 
@@ -128,7 +185,11 @@ mod tests {
 
     fn facts() -> ConfigFacts {
         ConfigFacts {
-            ipv4: Some(FamilyFacts { capacity: 4, allocated: 1, free: 3 }),
+            ipv4: Some(FamilyFacts {
+                capacity: 4,
+                allocated: 1,
+                free: 3,
+            }),
             ipv6: None,
             nodes: 1,
             sample_nodes: vec!["n1".into()],
@@ -143,18 +204,33 @@ mod tests {
     }
 
     fn cond<'a>(s: &'a NodeIPAMConfigStatus, type_: &str) -> &'a Condition {
-        s.conditions.iter().find(|c| c.type_ == type_).expect("condition present")
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .expect("condition present")
     }
 
     #[test]
     fn active_config() {
         let (s, tr) = desired_status(&facts(), Some(3), &[], &t("2026-01-01T00:00:00Z"));
         assert_eq!(s.observed_generation, Some(3));
-        assert_eq!(s.ipv4, Some(FamilyStatus { capacity: 4, allocated: 1 }));
+        assert_eq!(
+            s.ipv4,
+            Some(FamilyStatus {
+                capacity: 4,
+                allocated: 1
+            })
+        );
         assert_eq!(s.nodes, Some(1));
         assert_eq!(cond(&s, "Ready").status, "True");
         assert_eq!(cond(&s, "Exhausted").status, "False");
-        assert_eq!((cond(&s, "Drained").status.as_str(), cond(&s, "Drained").reason.as_str()), ("False", "Active"));
+        assert_eq!(
+            (
+                cond(&s, "Drained").status.as_str(),
+                cond(&s, "Drained").reason.as_str()
+            ),
+            ("False", "Active")
+        );
         assert_eq!(tr.len(), 3, "first status: every condition is new");
     }
 
@@ -176,12 +252,19 @@ mod tests {
         f.enabled = false;
         f.accepting = false;
         let (s2, tr) = desired_status(&f, Some(2), &s1.conditions, &t1);
-        assert_eq!(tr.iter().map(|x| x.type_).collect::<Vec<_>>(), vec!["Ready"]);
+        assert_eq!(
+            tr.iter().map(|x| x.type_).collect::<Vec<_>>(),
+            vec!["Ready"]
+        );
         assert_eq!(cond(&s2, "Ready").last_transition_time, t1);
         assert_eq!(cond(&s2, "Ready").reason, REASON_DISABLED);
         assert_eq!(cond(&s2, "Drained").last_transition_time, t0);
         assert_eq!(cond(&s2, "Drained").reason, REASON_NODES_REMAINING);
-        assert!(cond(&s2, "Drained").message.starts_with("2 node(s) still hold blocks: n1, n2"));
+        assert!(
+            cond(&s2, "Drained")
+                .message
+                .starts_with("2 node(s) still hold blocks: n1, n2")
+        );
     }
 
     #[test]
@@ -192,9 +275,18 @@ mod tests {
         f.nodes = 0;
         f.sample_nodes.clear();
         let (s, tr) = desired_status(&f, Some(1), &[], &t("2026-01-01T00:00:00Z"));
-        assert_eq!((cond(&s, "Drained").status.as_str(), cond(&s, "Drained").reason.as_str()), ("True", REASON_NO_NODES));
+        assert_eq!(
+            (
+                cond(&s, "Drained").status.as_str(),
+                cond(&s, "Drained").reason.as_str()
+            ),
+            ("True", REASON_NO_NODES)
+        );
         assert_eq!(cond(&s, "Ready").reason, REASON_TERMINATING);
-        assert!(tr.iter().any(|x| x.type_ == "Drained" && x.status == "True"));
+        assert!(
+            tr.iter()
+                .any(|x| x.type_ == "Drained" && x.status == "True")
+        );
         // A write still in flight keeps it from draining.
         f.writing = 1;
         let (s, _) = desired_status(&f, Some(1), &[], &t("2026-01-01T00:00:00Z"));
@@ -204,7 +296,11 @@ mod tests {
     #[test]
     fn exhausted_names_the_family() {
         let mut f = facts();
-        f.ipv6 = Some(FamilyFacts { capacity: 1, allocated: 1, free: 0 });
+        f.ipv6 = Some(FamilyFacts {
+            capacity: 1,
+            allocated: 1,
+            free: 0,
+        });
         let (s, _) = desired_status(&f, None, &[], &t("2026-01-01T00:00:00Z"));
         assert_eq!(cond(&s, "Exhausted").status, "True");
         assert_eq!(cond(&s, "Exhausted").message, "no free IPv6 block");

@@ -40,7 +40,10 @@ fn assert_no_overlap(ipam: &Ipam, adopted_conflicts_allowed: bool) {
     for (i, (a, na)) in held.iter().enumerate() {
         for (b, nb) in &held[i + 1..] {
             if nets_overlap(a, b) && na != nb {
-                assert!(adopted_conflicts_allowed, "{na} holds {a} and {nb} holds {b}: overlap");
+                assert!(
+                    adopted_conflicts_allowed,
+                    "{na} holds {a} and {nb} holds {b}: overlap"
+                );
             }
         }
     }
@@ -49,37 +52,66 @@ fn assert_no_overlap(ipam: &Ipam, adopted_conflicts_allowed: bool) {
 #[test]
 fn dual_stack_gives_one_block_per_family_ipv4_first() {
     let mut ipam = Ipam::new();
-    ipam.upsert_config(config("ds", 1, Some(("10.0.0.0/16", 24)), Some(("fd00::/48", 64))));
-    let a = ipam.allocate("n1", Some("u1"), &no_labels()).expect("allocates");
+    ipam.upsert_config(config(
+        "ds",
+        1,
+        Some(("10.0.0.0/16", 24)),
+        Some(("fd00::/48", 64)),
+    ));
+    let a = ipam
+        .allocate("n1", Some("u1"), &no_labels())
+        .expect("allocates");
     assert_eq!(a.config, "ds");
     assert_eq!(a.cidrs.len(), 2);
     assert!(matches!(a.cidrs[0], IpNet::V4(_)) && matches!(a.cidrs[1], IpNet::V6(_)));
     assert_eq!(a.cidrs[0].prefix_len(), 24);
     assert_eq!(a.cidrs[1].prefix_len(), 64);
-    let b = ipam.allocate("n2", Some("u2"), &no_labels()).expect("allocates");
+    let b = ipam
+        .allocate("n2", Some("u2"), &no_labels())
+        .expect("allocates");
     assert_ne!(a.cidrs[0], b.cidrs[0]);
     assert_ne!(a.cidrs[1], b.cidrs[1]);
-    assert_eq!(ipam.allocate("n1", None, &no_labels()), Err(AllocateError::AlreadyHolds));
+    assert_eq!(
+        ipam.allocate("n1", None, &no_labels()),
+        Err(AllocateError::AlreadyHolds)
+    );
     let facts = ipam.config_facts("ds").expect("facts");
     assert_eq!(facts.nodes, 2);
     assert_eq!(facts.writing, 2);
     assert_eq!(facts.ipv4.map(|f| f.allocated), Some(2));
-    assert_eq!(facts.ipv6.map(|f| (f.allocated, f.capacity)), Some((2, 65536)));
+    assert_eq!(
+        facts.ipv6.map(|f| (f.allocated, f.capacity)),
+        Some((2, 65536))
+    );
 }
 
 #[test]
 fn second_family_failure_returns_the_first_block_and_tries_the_next_config() {
     let mut ipam = Ipam::new();
     // "tight" has two IPv4 blocks but one IPv6 block; it is preferred (fewer free blocks).
-    ipam.upsert_config(config("tight", 1, Some(("10.0.0.0/23", 24)), Some(("fd00::/64", 64))));
-    ipam.upsert_config(config("roomy", 2, Some(("10.1.0.0/16", 24)), Some(("fd01::/48", 64))));
+    ipam.upsert_config(config(
+        "tight",
+        1,
+        Some(("10.0.0.0/23", 24)),
+        Some(("fd00::/64", 64)),
+    ));
+    ipam.upsert_config(config(
+        "roomy",
+        2,
+        Some(("10.1.0.0/16", 24)),
+        Some(("fd01::/48", 64)),
+    ));
     let first = ipam.allocate("n1", None, &no_labels()).expect("allocates");
     assert_eq!(first.config, "tight");
     // tight's IPv6 is now exhausted, so its free count is 0 and it is skipped outright; force the
     // atomic path by checking the v4 count did not move on a failed take.
     assert_eq!(ipam.take_blocks("tight"), None);
     let facts = ipam.config_facts("tight").expect("facts");
-    assert_eq!(facts.ipv4.map(|f| f.free), Some(1), "the IPv4 block taken before the IPv6 failure went back");
+    assert_eq!(
+        facts.ipv4.map(|f| f.free),
+        Some(1),
+        "the IPv4 block taken before the IPv6 failure went back"
+    );
     let second = ipam.allocate("n2", None, &no_labels()).expect("allocates");
     assert_eq!(second.config, "roomy");
 }
@@ -99,11 +131,16 @@ fn exhausted_configs_report_no_capacity_and_unmatched_nodes_no_match() {
         }],
     });
     ipam.upsert_config(sel);
-    assert_eq!(ipam.allocate("plain", None, &no_labels()), Err(AllocateError::NoMatchingConfig));
+    assert_eq!(
+        ipam.allocate("plain", None, &no_labels()),
+        Err(AllocateError::NoMatchingConfig)
+    );
     let gpu: BTreeMap<String, String> = [("gpu".to_string(), "1".to_string())].into();
     ipam.allocate("g1", None, &gpu).expect("one block");
     match ipam.allocate("g2", None, &gpu) {
-        Err(AllocateError::NoCapacity { considered }) => assert!(considered.contains("gpu (exhausted)"), "{considered}"),
+        Err(AllocateError::NoCapacity { considered }) => {
+            assert!(considered.contains("gpu (exhausted)"), "{considered}")
+        }
         other => panic!("expected NoCapacity, got {other:?}"),
     }
 }
@@ -121,7 +158,9 @@ fn service_cidrs_are_never_handed_out() {
     assert_eq!(got, vec![net("10.0.0.0/24"), net("10.0.3.0/24")]);
     // Removing the Service range frees its blocks.
     ipam.set_service_cidrs("kubernetes", vec![]);
-    let a = ipam.allocate("late", None, &no_labels()).expect("freed by the Service range going away");
+    let a = ipam
+        .allocate("late", None, &no_labels())
+        .expect("freed by the Service range going away");
     assert!(a.cidrs[0] == net("10.0.1.0/24") || a.cidrs[0] == net("10.0.2.0/24"));
     let facts = ipam.config_facts("c").expect("facts");
     assert_eq!(facts.ipv4.map(|f| f.allocated), Some(3));
@@ -134,19 +173,33 @@ fn adoption_reports_unmanaged_and_conflicts_and_keeps_shared_bits() {
     let a = ipam.observe_node("a", Some("ua"), &[net("10.0.0.0/23")]);
     assert!(a.unmanaged.is_empty() && a.conflicts.is_empty());
     let b = ipam.observe_node("b", Some("ub"), &[net("10.0.1.0/24")]);
-    assert_eq!(b.conflicts, vec![("a".to_string(), net("10.0.1.0/24"), net("10.0.0.0/23"))]);
+    assert_eq!(
+        b.conflicts,
+        vec![("a".to_string(), net("10.0.1.0/24"), net("10.0.0.0/23"))]
+    );
     let out = ipam.observe_node("out", Some("uo"), &[net("192.168.7.0/24")]);
     assert_eq!(out.unmanaged, vec![net("192.168.7.0/24")]);
-    assert_eq!(ipam.unmanaged(), vec![(net("192.168.7.0/24"), "out".to_string())]);
+    assert_eq!(
+        ipam.unmanaged(),
+        vec![(net("192.168.7.0/24"), "out".to_string())]
+    );
     // a covers two blocks, b one of them: two allocated.
-    assert_eq!(ipam.config_facts("c").and_then(|f| f.ipv4).map(|f| f.allocated), Some(2));
+    assert_eq!(
+        ipam.config_facts("c")
+            .and_then(|f| f.ipv4)
+            .map(|f| f.allocated),
+        Some(2)
+    );
     // Releasing a must keep b's block occupied.
     assert_eq!(ipam.node_gone("a", Some("ua")), vec![net("10.0.0.0/23")]);
     let mut got = Vec::new();
     while let Ok(x) = ipam.allocate(&format!("n{}", got.len()), None, &no_labels()) {
         got.extend(x.cidrs);
     }
-    assert!(!got.contains(&net("10.0.1.0/24")), "b's block was handed out: {got:?}");
+    assert!(
+        !got.contains(&net("10.0.1.0/24")),
+        "b's block was handed out: {got:?}"
+    );
     assert_eq!(got.len(), 3);
     assert_no_overlap(&ipam, false);
 }
@@ -161,7 +214,9 @@ fn adopting_a_config_later_counts_existing_nodes() {
     let facts = ipam.config_facts("c").expect("facts");
     assert_eq!((facts.nodes, facts.ipv4.map(|f| f.allocated)), (1, Some(1)));
     for i in 0..255 {
-        let a = ipam.allocate(&format!("n{i}"), None, &no_labels()).expect("room");
+        let a = ipam
+            .allocate(&format!("n{i}"), None, &no_labels())
+            .expect("room");
         assert_ne!(a.cidrs[0], net("10.5.3.0/24"));
     }
 }
@@ -172,22 +227,40 @@ fn write_outcomes() {
     ipam.upsert_config(config("c", 1, Some(("10.0.0.0/23", 24)), None));
     // Definite failure frees the block.
     let a = ipam.allocate("a", Some("ua"), &no_labels()).expect("block");
-    assert_eq!(ipam.abandon("a", a.ticket + 99), Vec::<IpNet>::new(), "stale ticket does nothing");
+    assert_eq!(
+        ipam.abandon("a", a.ticket + 99),
+        Vec::<IpNet>::new(),
+        "stale ticket does nothing"
+    );
     assert_eq!(ipam.abandon("a", a.ticket), a.cidrs);
     assert!(ipam.node("a").is_none());
     // Ambiguous failure with the node gone: the block stays occupied.
     let b = ipam.allocate("b", Some("ub"), &no_labels()).expect("block");
     assert_eq!(ipam.leak("b", b.ticket), b.cidrs);
-    assert_eq!(ipam.config_facts("c").and_then(|f| f.ipv4).map(|f| (f.allocated, f.free)), Some((1, 1)));
+    assert_eq!(
+        ipam.config_facts("c")
+            .and_then(|f| f.ipv4)
+            .map(|f| (f.allocated, f.free)),
+        Some((1, 1))
+    );
     // Confirmed writes are held; deletion while writing releases on confirmation.
     let c = ipam.allocate("c", Some("uc"), &no_labels()).expect("block");
-    assert!(ipam.node_gone("c", Some("uc")).is_empty(), "still writing: the outcome decides");
+    assert!(
+        ipam.node_gone("c", Some("uc")).is_empty(),
+        "still writing: the outcome decides"
+    );
     assert!(ipam.confirm("c", c.ticket, Some("uc")));
-    assert!(ipam.node("c").is_none(), "landed on the deleted object, so released");
+    assert!(
+        ipam.node("c").is_none(),
+        "landed on the deleted object, so released"
+    );
     let d = ipam.allocate("d", Some("ud"), &no_labels()).expect("block");
     assert!(ipam.confirm("d", d.ticket, Some("ud")));
     assert_eq!(ipam.node("d").map(|r| r.phase), Some(Phase::Held));
-    assert!(ipam.node_gone("d", Some("other-uid")).is_empty(), "a different object of the same name");
+    assert!(
+        ipam.node_gone("d", Some("other-uid")).is_empty(),
+        "a different object of the same name"
+    );
     assert_eq!(ipam.node_gone("d", Some("ud")), d.cidrs);
 }
 
@@ -198,8 +271,14 @@ fn observing_other_cidrs_replaces_a_pending_choice() {
     let a = ipam.allocate("a", None, &no_labels()).expect("block");
     let seen = ipam.observe_node("a", None, &[net("10.0.200.0/24")]);
     assert_eq!(seen.released, a.cidrs);
-    assert!(!ipam.confirm("a", a.ticket, None), "the old ticket is stale");
-    assert_eq!(ipam.node("a").map(|r| r.cidrs.clone()), Some(vec![net("10.0.200.0/24")]));
+    assert!(
+        !ipam.confirm("a", a.ticket, None),
+        "the old ticket is stale"
+    );
+    assert_eq!(
+        ipam.node("a").map(|r| r.cidrs.clone()),
+        Some(vec![net("10.0.200.0/24")])
+    );
 }
 
 #[test]
@@ -208,10 +287,17 @@ fn overlapping_configs_younger_one_allocates_nothing() {
     ipam.upsert_config(config("old", 1, Some(("10.0.0.0/24", 24)), None));
     ipam.upsert_config(config("new", 2, Some(("10.0.0.0/16", 24)), None));
     let facts = ipam.config_facts("new").expect("facts");
-    assert!(facts.overlap.is_some_and(|m| m.contains("older NodeIPAMConfig old")));
+    assert!(
+        facts
+            .overlap
+            .is_some_and(|m| m.contains("older NodeIPAMConfig old"))
+    );
     assert!(!facts.accepting);
     ipam.allocate("a", None, &no_labels()).expect("from old");
-    assert!(ipam.allocate("b", None, &no_labels()).is_err(), "new must not allocate while overlapping");
+    assert!(
+        ipam.allocate("b", None, &no_labels()).is_err(),
+        "new must not allocate while overlapping"
+    );
     // Once old is gone, new allocates but never a's block.
     ipam.remove_config("old");
     let b = ipam.allocate("b", None, &no_labels()).expect("from new");
@@ -247,16 +333,39 @@ fn invalid_specs_are_reported_not_used() {
     let facts = ipam.config_facts("bad").expect("facts");
     assert!(facts.invalid.is_some());
     assert!(!facts.accepting);
-    assert_eq!(ipam.allocate("a", None, &no_labels()), Err(AllocateError::NoCapacity { considered: format!("bad (invalid: {})", facts.invalid.unwrap_or_default()) }));
+    assert_eq!(
+        ipam.allocate("a", None, &no_labels()),
+        Err(AllocateError::NoCapacity {
+            considered: format!("bad (invalid: {})", facts.invalid.unwrap_or_default())
+        })
+    );
 }
 
 #[test]
 fn blocks_covered_counts_each_block_once() {
     let r = net("10.0.0.0/16");
-    assert_eq!(blocks_covered(r, 24, &[net("10.0.0.0/24"), net("10.0.0.0/25"), net("10.0.0.128/26")]), 1);
+    assert_eq!(
+        blocks_covered(
+            r,
+            24,
+            &[net("10.0.0.0/24"), net("10.0.0.0/25"), net("10.0.0.128/26")]
+        ),
+        1
+    );
     assert_eq!(blocks_covered(r, 24, &[net("10.0.0.0/22")]), 4);
-    assert_eq!(blocks_covered(r, 24, &[net("10.0.0.0/8")]), 256, "clipped to the range");
-    assert_eq!(blocks_covered(r, 24, &[net("10.0.0.0/26"), net("10.0.0.192/26"), net("10.0.1.0/24")]), 2);
+    assert_eq!(
+        blocks_covered(r, 24, &[net("10.0.0.0/8")]),
+        256,
+        "clipped to the range"
+    );
+    assert_eq!(
+        blocks_covered(
+            r,
+            24,
+            &[net("10.0.0.0/26"), net("10.0.0.192/26"), net("10.0.1.0/24")]
+        ),
+        2
+    );
 }
 
 #[derive(Clone, Debug)]

@@ -12,10 +12,12 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::ListParams;
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
-use nodeipam_crd::{Allocation as AllocationSwitch, FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus};
+use nodeipam_crd::{
+    Allocation as AllocationSwitch, FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus,
+};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
@@ -68,6 +70,8 @@ pub struct Session {
 }
 
 /// Which resource a watch event came from.
+// Each event is moved once from the stream to its handler; boxing would only add allocations.
+#[allow(clippy::large_enum_variant)]
 enum Watched {
     Node(Event<Node>),
     Config(Event<NodeIPAMConfig>),
@@ -86,7 +90,11 @@ impl Session {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
         tasks.spawn(node_writer::run(ctx.clone(), write_rx, result_tx));
         tasks.spawn(config_writer::run(ctx.clone(), config_rx, done_tx));
-        tasks.spawn(events::run(ctx.client.clone(), ctx.options.instance.clone(), note_rx));
+        tasks.spawn(events::run(
+            ctx.client.clone(),
+            ctx.options.instance.clone(),
+            note_rx,
+        ));
 
         let mut session = Session {
             ctx: ctx.clone(),
@@ -103,12 +111,18 @@ impl Session {
             config_jobs: config_tx,
             notes: note_tx,
         };
-        session.ipam.set_service_cidrs(SERVICE_FLAG_SOURCE, ctx.options.service_cidrs.clone());
+        session
+            .ipam
+            .set_service_cidrs(SERVICE_FLAG_SOURCE, ctx.options.service_cidrs.clone());
 
         let mut watches = session.watches().await;
         let mut init_done: HashSet<&'static str> = HashSet::new();
         let mut relist: HashMap<&'static str, HashSet<String>> = HashMap::new();
-        let needed = if session.serves_service_cidrs().await { 3 } else { 2 };
+        let needed = if session.serves_service_cidrs().await {
+            3
+        } else {
+            2
+        };
         let mut status_tick = tokio::time::interval(ctx.options.status_interval);
         let mut resync = tokio::time::interval(RESYNC);
         loop {
@@ -139,19 +153,26 @@ impl Session {
     }
 
     /// One merged stream of the node, config and Service CIDR watches.
-    async fn watches(&self) -> impl Stream<Item = (&'static str, Result<Watched, watcher::Error>)> + Unpin + use<> {
+    async fn watches(
+        &self,
+    ) -> impl Stream<Item = (&'static str, Result<Watched, watcher::Error>)> + Unpin + use<> {
         let client = self.ctx.client.clone();
         let nodes = watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .map(|e| ("nodes", e.map(Watched::Node)));
-        let configs = watcher::watcher(Api::<NodeIPAMConfig>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .map(|e| ("nodeipamconfigs", e.map(Watched::Config)));
-        let mut all: Vec<std::pin::Pin<Box<dyn Stream<Item = _> + Send>>> = vec![Box::pin(nodes), Box::pin(configs)];
+        let configs = watcher::watcher(
+            Api::<NodeIPAMConfig>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .map(|e| ("nodeipamconfigs", e.map(Watched::Config)));
+        let mut all: Vec<std::pin::Pin<Box<dyn Stream<Item = _> + Send>>> =
+            vec![Box::pin(nodes), Box::pin(configs)];
         if self.serves_service_cidrs().await {
-            let services = watcher::watcher(Api::<ServiceCIDR>::all(client), watcher::Config::default())
-                .default_backoff()
-                .map(|e| ("servicecidrs", e.map(Watched::Service)));
+            let services =
+                watcher::watcher(Api::<ServiceCIDR>::all(client), watcher::Config::default())
+                    .default_backoff()
+                    .map(|e| ("servicecidrs", e.map(Watched::Service)));
             all.push(Box::pin(services));
         }
         futures::stream::select_all(all)
@@ -177,7 +198,9 @@ impl Session {
         needed: usize,
     ) {
         match event {
-            Watched::Node(Event::Init) | Watched::Config(Event::Init) | Watched::Service(Event::Init) => {
+            Watched::Node(Event::Init)
+            | Watched::Config(Event::Init)
+            | Watched::Service(Event::Init) => {
                 relist.insert(resource, HashSet::new());
             }
             Watched::Node(Event::Apply(n)) => self.on_node(n),
@@ -198,7 +221,9 @@ impl Session {
                 self.on_service(s);
             }
             Watched::Service(Event::Delete(s)) => self.on_service_gone(&s.name_any()),
-            Watched::Node(Event::InitDone) | Watched::Config(Event::InitDone) | Watched::Service(Event::InitDone) => {
+            Watched::Node(Event::InitDone)
+            | Watched::Config(Event::InitDone)
+            | Watched::Service(Event::InitDone) => {
                 let seen = relist.remove(resource).unwrap_or_default();
                 self.on_relisted(resource, &seen).await;
                 init_done.insert(resource);
@@ -242,12 +267,19 @@ impl Session {
                             let uid = self.ipam.node(&name).and_then(|r| r.uid.clone());
                             self.on_node_gone(&name, uid.as_deref());
                         }
-                        other => debug!(node = %name, ?other, "missing from the relist but still there"),
+                        other => {
+                            debug!(node = %name, ?other, "missing from the relist but still there")
+                        }
                     }
                 }
             }
             "nodeipamconfigs" => {
-                let gone: Vec<String> = self.configs.keys().filter(|n| !seen.contains(*n)).cloned().collect();
+                let gone: Vec<String> = self
+                    .configs
+                    .keys()
+                    .filter(|n| !seen.contains(*n))
+                    .cloned()
+                    .collect();
                 for name in gone {
                     self.on_config_gone(&name);
                 }
@@ -280,23 +312,46 @@ impl Session {
                 self.pending.remove(&name);
                 if self.invalid_reported.insert(name.clone()) {
                     warn!(node = %name, %message, "node has an invalid podCIDR");
-                    self.note(Note::node(&name, uid.as_deref(), true, events::INVALID_POD_CIDR, message));
+                    self.note(Note::node(
+                        &name,
+                        uid.as_deref(),
+                        true,
+                        events::INVALID_POD_CIDR,
+                        message,
+                    ));
                 }
                 return;
             }
         };
         if !cidrs.is_empty() {
             self.pending.remove(&name);
-            let unchanged = self.ipam.node(&name).is_some_and(|r| r.cidrs == cidrs && r.phase == Phase::Held);
+            let unchanged = self
+                .ipam
+                .node(&name)
+                .is_some_and(|r| r.cidrs == cidrs && r.phase == Phase::Held);
             if unchanged {
                 return;
             }
             let adoption = self.ipam.observe_node(&name, uid.as_deref(), &cidrs);
             for (other, ours, theirs) in &adoption.conflicts {
-                let message = format!("podCIDR {ours} of node {name} overlaps podCIDR {theirs} of node {other}; both stay occupied");
+                let message = format!(
+                    "podCIDR {ours} of node {name} overlaps podCIDR {theirs} of node {other}; both stay occupied"
+                );
                 warn!(node = %name, %other, %ours, %theirs, "overlapping podCIDRs");
-                self.note(Note::node(&name, uid.as_deref(), true, events::OVERLAPPING_POD_CIDR, message.clone()));
-                self.note(Note::node(other, None, true, events::OVERLAPPING_POD_CIDR, message));
+                self.note(Note::node(
+                    &name,
+                    uid.as_deref(),
+                    true,
+                    events::OVERLAPPING_POD_CIDR,
+                    message.clone(),
+                ));
+                self.note(Note::node(
+                    other,
+                    None,
+                    true,
+                    events::OVERLAPPING_POD_CIDR,
+                    message,
+                ));
             }
             if !adoption.unmanaged.is_empty() {
                 self.unmanaged_dirty = true;
@@ -320,7 +375,14 @@ impl Session {
             None => {}
         }
         let warned = self.pending.get(&name).is_some_and(|p| p.warned);
-        self.pending.insert(name.clone(), PendingNode { uid, labels: node.labels().clone(), warned });
+        self.pending.insert(
+            name.clone(),
+            PendingNode {
+                uid,
+                labels: node.labels().clone(),
+                warned,
+            },
+        );
         if self.synced {
             self.try_allocate(&name);
         }
@@ -340,7 +402,11 @@ impl Session {
     fn freed(&mut self, cidrs: &[IpNet]) {
         for c in cidrs {
             if let Some(range) = self.ipam.owner_of(c).and_then(|o| self.range_of(o, c)) {
-                self.ctx.metrics.releases.get_or_create(&cidr_label(&range)).inc();
+                self.ctx
+                    .metrics
+                    .releases
+                    .get_or_create(&cidr_label(&range))
+                    .inc();
             }
         }
         self.touch(cidrs);
@@ -370,10 +436,18 @@ impl Session {
             Ok(a) => {
                 self.pending.remove(name);
                 debug!(node = %name, config = %a.config, cidrs = ?a.cidrs, "allocated");
-                self.ctx.metrics.tries.get_or_create(&cidr_label(&a.cidrs[0])).observe(1.0);
+                self.ctx
+                    .metrics
+                    .tries
+                    .get_or_create(&cidr_label(&a.cidrs[0]))
+                    .observe(1.0);
                 for c in &a.cidrs {
                     if let Some(range) = self.range_of(&a.config, c) {
-                        self.ctx.metrics.allocations.get_or_create(&cidr_label(&range)).inc();
+                        self.ctx
+                            .metrics
+                            .allocations
+                            .get_or_create(&cidr_label(&range))
+                            .inc();
                     }
                 }
                 self.touch(&a.cidrs);
@@ -396,7 +470,13 @@ impl Session {
                 {
                     p.warned = true;
                     info!(node = %name, reason = %e, "no block available; node stays pending");
-                    self.note(Note::node(name, uid.as_deref(), true, events::CIDR_NOT_AVAILABLE, format!("Node {name} has no podCIDR yet: {e}")));
+                    self.note(Note::node(
+                        name,
+                        uid.as_deref(),
+                        true,
+                        events::CIDR_NOT_AVAILABLE,
+                        format!("Node {name} has no podCIDR yet: {e}"),
+                    ));
                 }
             }
         }
@@ -408,7 +488,10 @@ impl Session {
         for name in names {
             self.try_allocate(&name);
         }
-        self.ctx.metrics.pending_nodes.set(i64::try_from(self.pending.len()).unwrap_or(i64::MAX));
+        self.ctx
+            .metrics
+            .pending_nodes
+            .set(i64::try_from(self.pending.len()).unwrap_or(i64::MAX));
     }
 
     fn on_write_result(&mut self, result: WriteResult) {
@@ -444,22 +527,40 @@ impl Session {
             Decision::Leak => {
                 let leaked = self.ipam.leak(&job.node, job.ticket);
                 error!(node = %job.node, ?leaked, "write outcome unknowable: blocks kept occupied until restart");
-                self.ctx.metrics.leaked_blocks.inc_by(i64::try_from(leaked.len()).unwrap_or(0));
+                self.ctx
+                    .metrics
+                    .leaked_blocks
+                    .inc_by(i64::try_from(leaked.len()).unwrap_or(0));
                 self.touch(&leaked);
             }
             Decision::Retry => {
-                let ambiguous = job.was_ambiguous || matches!(outcome, WriteOutcome::Ambiguous { .. });
+                let ambiguous =
+                    job.was_ambiguous || matches!(outcome, WriteOutcome::Ambiguous { .. });
                 let attempt = job.attempt + 1;
                 if attempt == 3 {
                     let why = match &outcome {
-                        WriteOutcome::Rejected { reason, .. } | WriteOutcome::Ambiguous { reason, .. } => reason.clone(),
+                        WriteOutcome::Rejected { reason, .. }
+                        | WriteOutcome::Ambiguous { reason, .. } => reason.clone(),
                         other => format!("{other:?}"),
                     };
-                    self.note(Note::node(&job.node, job.uid.as_deref(), true, events::CIDR_ASSIGNMENT_FAILED, format!("writing podCIDRs {:?} keeps failing: {why}; retrying", job.cidrs)));
+                    self.note(Note::node(
+                        &job.node,
+                        job.uid.as_deref(),
+                        true,
+                        events::CIDR_ASSIGNMENT_FAILED,
+                        format!(
+                            "writing podCIDRs {:?} keeps failing: {why}; retrying",
+                            job.cidrs
+                        ),
+                    ));
                 }
                 warn!(node = %job.node, attempt, ?outcome, "podCIDR write did not land; retrying the same blocks");
                 self.ctx.metrics.reconcile_error("node_write");
-                let _ = self.writes.send(WriteJob { attempt, was_ambiguous: ambiguous, ..job });
+                let _ = self.writes.send(WriteJob {
+                    attempt,
+                    was_ambiguous: ambiguous,
+                    ..job
+                });
                 return;
             }
         }
@@ -477,7 +578,9 @@ impl Session {
         let deleting = obj.meta().deletion_timestamp.is_some();
         let input = config_input(&obj, has_finalizer);
         let previous = self.configs.remove(&name);
-        let finalizer_requested = previous.as_ref().is_some_and(|p| p.finalizer_requested && !has_finalizer);
+        let finalizer_requested = previous
+            .as_ref()
+            .is_some_and(|p| p.finalizer_requested && !has_finalizer);
         let mut seen = ConfigSeen {
             uid: obj.uid(),
             generation: obj.meta().generation,
@@ -488,7 +591,9 @@ impl Session {
         };
         if !has_finalizer && !deleting && !seen.finalizer_requested {
             seen.finalizer_requested = true;
-            let _ = self.config_jobs.send(ConfigJob::AddFinalizer { name: name.clone() });
+            let _ = self
+                .config_jobs
+                .send(ConfigJob::AddFinalizer { name: name.clone() });
         }
         self.configs.insert(name.clone(), seen);
         self.ipam.upsert_config(input);
@@ -524,12 +629,14 @@ impl Session {
             .iter()
             .filter_map(|c| c.parse::<IpNet>().ok())
             .collect();
-        self.ipam.set_service_cidrs(&format!("servicecidr/{name}"), cidrs.clone());
+        self.ipam
+            .set_service_cidrs(&format!("servicecidr/{name}"), cidrs.clone());
         self.touch(&cidrs);
     }
 
     fn on_service_gone(&mut self, name: &str) {
-        self.ipam.set_service_cidrs(&format!("servicecidr/{name}"), Vec::new());
+        self.ipam
+            .set_service_cidrs(&format!("servicecidr/{name}"), Vec::new());
         self.dirty.extend(self.configs.keys().cloned());
         if self.synced {
             self.retry_pending();
@@ -545,7 +652,10 @@ impl Session {
         if self.unmanaged_dirty {
             self.unmanaged_dirty = false;
             let unmanaged = self.ipam.unmanaged();
-            self.ctx.metrics.unmanaged_pod_cidrs.set(i64::try_from(unmanaged.len()).unwrap_or(i64::MAX));
+            self.ctx
+                .metrics
+                .unmanaged_pod_cidrs
+                .set(i64::try_from(unmanaged.len()).unwrap_or(i64::MAX));
             for (cidr, node) in unmanaged {
                 if self.reported.insert((node.clone(), cidr)) {
                     warn!(node = %node, %cidr, "podCIDR lies in no NodeIPAMConfig: unmanaged, left as it is");
@@ -556,14 +666,27 @@ impl Session {
         }
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         for name in std::mem::take(&mut self.dirty) {
-            let (Some(seen), Some(facts)) = (self.configs.get(&name), self.ipam.config_facts(&name)) else {
+            let (Some(seen), Some(facts)) =
+                (self.configs.get(&name), self.ipam.config_facts(&name))
+            else {
                 continue;
             };
             for (family, f) in [("ipv4", facts.ipv4), ("ipv6", facts.ipv6)] {
                 if let Some(f) = f {
-                    let label = ConfigFamily { config: name.clone(), family: family.into() };
-                    self.ctx.metrics.blocks_allocated.get_or_create(&label).set(i64::try_from(f.allocated).unwrap_or(i64::MAX));
-                    self.ctx.metrics.blocks_capacity.get_or_create(&label).set(i64::try_from(f.capacity).unwrap_or(i64::MAX));
+                    let label = ConfigFamily {
+                        config: name.clone(),
+                        family: family.into(),
+                    };
+                    self.ctx
+                        .metrics
+                        .blocks_allocated
+                        .get_or_create(&label)
+                        .set(i64::try_from(f.allocated).unwrap_or(i64::MAX));
+                    self.ctx
+                        .metrics
+                        .blocks_capacity
+                        .get_or_create(&label)
+                        .set(i64::try_from(f.capacity).unwrap_or(i64::MAX));
                 }
             }
             let previous: &[Condition] = self
@@ -573,26 +696,44 @@ impl Session {
                 .map_or(&[], |s| s.conditions.as_slice());
             let (status, transitions) = desired_status(&facts, seen.generation, previous, &now);
             let unchanged = self.written.get(&name).or(seen.status.as_ref()) == Some(&status);
-            let (uid, deleting, has_finalizer) = (seen.uid.clone(), seen.deleting, seen.has_finalizer);
+            let (uid, deleting, has_finalizer) =
+                (seen.uid.clone(), seen.deleting, seen.has_finalizer);
             for t in transitions.iter().filter(|t| t.status == "True") {
                 match t.type_ {
                     nodeipam_crd::CONDITION_DRAINED => {
                         info!(config = %name, "drained");
-                        self.note(Note::config(&name, uid.as_deref(), false, events::DRAINED, t.message.clone()));
+                        self.note(Note::config(
+                            &name,
+                            uid.as_deref(),
+                            false,
+                            events::DRAINED,
+                            t.message.clone(),
+                        ));
                     }
                     nodeipam_crd::CONDITION_EXHAUSTED => {
-                        self.note(Note::config(&name, uid.as_deref(), true, events::EXHAUSTED, t.message.clone()));
+                        self.note(Note::config(
+                            &name,
+                            uid.as_deref(),
+                            true,
+                            events::EXHAUSTED,
+                            t.message.clone(),
+                        ));
                     }
                     _ => {}
                 }
             }
             if !unchanged {
-                let _ = self.config_jobs.send(ConfigJob::Status { name: name.clone(), status: status.clone() });
+                let _ = self.config_jobs.send(ConfigJob::Status {
+                    name: name.clone(),
+                    status: status.clone(),
+                });
                 self.written.insert(name.clone(), status);
             }
             // The finalizer goes only when nothing holds or is being given a block.
             if deleting && has_finalizer && facts.nodes == 0 && facts.writing == 0 {
-                let _ = self.config_jobs.send(ConfigJob::RemoveFinalizer { name: name.clone() });
+                let _ = self
+                    .config_jobs
+                    .send(ConfigJob::RemoveFinalizer { name: name.clone() });
             }
         }
     }
@@ -607,13 +748,28 @@ impl Session {
 pub fn config_input(obj: &NodeIPAMConfig, has_finalizer: bool) -> ConfigInput {
     let spec = &obj.spec;
     let errors = nodeipam_crd::validation::validate_spec(spec);
-    let invalid = (!errors.is_empty()).then(|| errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "));
+    let invalid = (!errors.is_empty()).then(|| {
+        errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
     let family = |f: &Option<nodeipam_crd::FamilySpec>| {
-        f.as_ref().and_then(|f| f.cidr.parse::<IpNet>().ok().map(|c| (c, f.per_node_mask_size)))
+        f.as_ref().and_then(|f| {
+            f.cidr
+                .parse::<IpNet>()
+                .ok()
+                .map(|c| (c, f.per_node_mask_size))
+        })
     };
     ConfigInput {
         name: obj.name_any(),
-        created: obj.meta().creation_timestamp.as_ref().map_or(i64::MAX, |t| t.0.as_second()),
+        created: obj
+            .meta()
+            .creation_timestamp
+            .as_ref()
+            .map_or(i64::MAX, |t| t.0.as_second()),
         ipv4: family(&spec.ipv4),
         ipv6: family(&spec.ipv6),
         selector: spec.node_selector.clone(),

@@ -17,16 +17,25 @@ use super::{Context, MANAGER};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum ConfigJob {
-    Status { name: String, status: NodeIPAMConfigStatus },
-    AddFinalizer { name: String },
-    RemoveFinalizer { name: String },
+    Status {
+        name: String,
+        status: NodeIPAMConfigStatus,
+    },
+    AddFinalizer {
+        name: String,
+    },
+    RemoveFinalizer {
+        name: String,
+    },
 }
 
 impl ConfigJob {
     fn key(&self) -> (String, u8) {
         match self {
             ConfigJob::Status { name, .. } => (name.clone(), 0),
-            ConfigJob::AddFinalizer { name } | ConfigJob::RemoveFinalizer { name } => (name.clone(), 1),
+            ConfigJob::AddFinalizer { name } | ConfigJob::RemoveFinalizer { name } => {
+                (name.clone(), 1)
+            }
         }
     }
 }
@@ -38,7 +47,11 @@ pub enum ConfigWritten {
     FinalizerRemoved(String),
 }
 
-pub async fn run(ctx: Arc<Context>, mut jobs: mpsc::UnboundedReceiver<ConfigJob>, done: mpsc::UnboundedSender<ConfigWritten>) {
+pub async fn run(
+    ctx: Arc<Context>,
+    mut jobs: mpsc::UnboundedReceiver<ConfigJob>,
+    done: mpsc::UnboundedSender<ConfigWritten>,
+) {
     let mut pending: BTreeMap<(String, u8), (ConfigJob, u32)> = BTreeMap::new();
     loop {
         if pending.is_empty() {
@@ -82,6 +95,7 @@ pub async fn run(ctx: Arc<Context>, mut jobs: mpsc::UnboundedReceiver<ConfigJob>
 
 async fn execute(ctx: &Context, job: &ConfigJob) -> Result<Option<ConfigWritten>, kube::Error> {
     let api: Api<NodeIPAMConfig> = Api::all(ctx.client.clone());
+    ctx.limiter.acquire().await;
     let result = match job {
         ConfigJob::Status { name, status } => {
             let body = json!({
@@ -90,23 +104,33 @@ async fn execute(ctx: &Context, job: &ConfigJob) -> Result<Option<ConfigWritten>
                 "metadata": { "name": name },
                 "status": status,
             });
-            api.patch_status(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-                .await
-                .map(|_| None)
+            api.patch_status(
+                name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map(|_| None)
         }
-        ConfigJob::AddFinalizer { name } => edit_finalizers(&api, name, true).await.map(|changed| {
-            debug!(config = %name, changed, "finalizer present");
-            Some(ConfigWritten::FinalizerAdded(name.clone()))
-        }),
-        ConfigJob::RemoveFinalizer { name } => edit_finalizers(&api, name, false).await.map(|changed| {
-            debug!(config = %name, changed, "finalizer removed");
-            Some(ConfigWritten::FinalizerRemoved(name.clone()))
-        }),
+        ConfigJob::AddFinalizer { name } => {
+            edit_finalizers(&api, name, true).await.map(|changed| {
+                debug!(config = %name, changed, "finalizer present");
+                Some(ConfigWritten::FinalizerAdded(name.clone()))
+            })
+        }
+        ConfigJob::RemoveFinalizer { name } => {
+            edit_finalizers(&api, name, false).await.map(|changed| {
+                debug!(config = %name, changed, "finalizer removed");
+                Some(ConfigWritten::FinalizerRemoved(name.clone()))
+            })
+        }
     };
     match result {
         // The config is gone: nothing left to write.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(match job {
-            ConfigJob::RemoveFinalizer { name } => Some(ConfigWritten::FinalizerRemoved(name.clone())),
+            ConfigJob::RemoveFinalizer { name } => {
+                Some(ConfigWritten::FinalizerRemoved(name.clone()))
+            }
             _ => None,
         }),
         other => other,
@@ -115,7 +139,11 @@ async fn execute(ctx: &Context, job: &ConfigJob) -> Result<Option<ConfigWritten>
 
 /// Adds or removes only our finalizer; other finalizers (a CNI's, a proxy's) are left alone.
 /// The resourceVersion test makes a concurrent change fail instead of being overwritten.
-async fn edit_finalizers(api: &Api<NodeIPAMConfig>, name: &str, add: bool) -> Result<bool, kube::Error> {
+async fn edit_finalizers(
+    api: &Api<NodeIPAMConfig>,
+    name: &str,
+    add: bool,
+) -> Result<bool, kube::Error> {
     let current = api.get(name).await?;
     let finalizers = current.finalizers();
     let index = finalizers.iter().position(|f| f == FINALIZER);
@@ -130,10 +158,13 @@ async fn edit_finalizers(api: &Api<NodeIPAMConfig>, name: &str, add: bool) -> Re
         }
         (true, None) => json!([{ "op": "test", "path": "/metadata/resourceVersion", "value": rv },
                                { "op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER }]),
-        (false, Some(i)) => json!([{ "op": "test", "path": "/metadata/resourceVersion", "value": rv },
-                                   { "op": "remove", "path": format!("/metadata/finalizers/{i}") }]),
+        (false, Some(i)) => {
+            json!([{ "op": "test", "path": "/metadata/resourceVersion", "value": rv },
+                                   { "op": "remove", "path": format!("/metadata/finalizers/{i}") }])
+        }
     };
     let patch: json_patch::Patch = serde_json::from_value(ops).map_err(kube::Error::SerdeError)?;
-    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await?;
+    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await?;
     Ok(true)
 }

@@ -29,7 +29,13 @@ pub struct Note {
 }
 
 impl Note {
-    pub fn node(name: &str, uid: Option<&str>, warning: bool, reason: &'static str, message: String) -> Self {
+    pub fn node(
+        name: &str,
+        uid: Option<&str>,
+        warning: bool,
+        reason: &'static str,
+        message: String,
+    ) -> Self {
         Note {
             regarding: ObjectReference {
                 api_version: Some("v1".into()),
@@ -45,7 +51,13 @@ impl Note {
         }
     }
 
-    pub fn config(name: &str, uid: Option<&str>, warning: bool, reason: &'static str, message: String) -> Self {
+    pub fn config(
+        name: &str,
+        uid: Option<&str>,
+        warning: bool,
+        reason: &'static str,
+        message: String,
+    ) -> Self {
         Note {
             regarding: ObjectReference {
                 api_version: Some("nodeipam.io/v1alpha1".into()),
@@ -62,11 +74,25 @@ impl Note {
     }
 }
 
-pub async fn run(client: Client, instance: Option<String>, mut notes: mpsc::UnboundedReceiver<Note>) {
-    let recorder = Recorder::new(client, Reporter { controller: MANAGER.into(), instance });
+pub async fn run(
+    client: Client,
+    instance: Option<String>,
+    mut notes: mpsc::UnboundedReceiver<Note>,
+) {
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: MANAGER.into(),
+            instance,
+        },
+    );
     while let Some(note) = notes.recv().await {
         let event = Event {
-            type_: if note.warning { EventType::Warning } else { EventType::Normal },
+            type_: if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
             reason: note.reason.into(),
             // The events API caps the note at 1 kB.
             note: Some(truncate(&note.message, 1000)),

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
+use crate::ratelimit::RateLimiter;
 
 /// Name under which the controller writes (server-side apply field manager, event reporter).
 pub const MANAGER: &str = "nodeipam";
@@ -61,6 +62,9 @@ pub struct Options {
     pub status_interval: Duration,
     /// The reporting instance for events (the pod name).
     pub instance: Option<String>,
+    /// Sustained writes per second (0 = unlimited) and the burst above it.
+    pub qps: f64,
+    pub burst: u32,
 }
 
 impl Default for Options {
@@ -71,6 +75,8 @@ impl Default for Options {
             write_timeout: Duration::from_secs(10),
             status_interval: Duration::from_millis(200),
             instance: None,
+            qps: 0.0,
+            burst: 100,
         }
     }
 }
@@ -80,6 +86,19 @@ pub struct Context {
     pub client: Client,
     pub options: Options,
     pub metrics: Arc<Metrics>,
+    pub limiter: RateLimiter,
+}
+
+impl Context {
+    pub fn new(client: Client, options: Options, metrics: Arc<Metrics>) -> Self {
+        let limiter = RateLimiter::new(options.qps, options.burst);
+        Context {
+            client,
+            options,
+            metrics,
+            limiter,
+        }
+    }
 }
 
 /// Allocates while `leadership` says true; stops at once when it turns false, and starts over

@@ -35,7 +35,11 @@ pub struct WriteResult {
 }
 
 /// Runs jobs with bounded concurrency until the job channel closes.
-pub async fn run(ctx: Arc<Context>, mut jobs: mpsc::UnboundedReceiver<WriteJob>, results: mpsc::UnboundedSender<WriteResult>) {
+pub async fn run(
+    ctx: Arc<Context>,
+    mut jobs: mpsc::UnboundedReceiver<WriteJob>,
+    results: mpsc::UnboundedSender<WriteResult>,
+) {
     let permits = Arc::new(Semaphore::new(ctx.options.write_concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     while let Some(job) = jobs.recv().await {
@@ -76,18 +80,35 @@ async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
         "metadata": metadata,
         "spec": { "podCIDR": cidrs.first(), "podCIDRs": cidrs },
     });
-    let params = PatchParams { field_manager: Some(MANAGER.into()), ..PatchParams::default() };
-    let sent = tokio::time::timeout(ctx.options.write_timeout, api.patch(&job.node, &params, &Patch::Merge(&patch))).await;
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    ctx.limiter.acquire().await;
+    let sent = tokio::time::timeout(
+        ctx.options.write_timeout,
+        api.patch(&job.node, &params, &Patch::Merge(&patch)),
+    )
+    .await;
     match sent {
-        Ok(Ok(node)) => WriteOutcome::Applied { uid: node.metadata.uid.clone(), cidrs: pod_cidrs(&node).unwrap_or_default() },
+        Ok(Ok(node)) => WriteOutcome::Applied {
+            uid: node.metadata.uid.clone(),
+            cidrs: pod_cidrs(&node).unwrap_or_default(),
+        },
         Ok(Err(kube::Error::Api(status))) if status.code == 404 => WriteOutcome::Missing,
         Ok(Err(kube::Error::Api(status))) if status.code == 429 => WriteOutcome::Throttled,
         Ok(Err(kube::Error::Api(status))) if (400..500).contains(&status.code) => {
             let reason = format!("{} {}: {}", status.code, status.reason, status.message);
             debug!(node = %job.node, %reason, "podCIDR write rejected");
-            WriteOutcome::Rejected { reason, now: reread(ctx, &job.node).await }
+            WriteOutcome::Rejected {
+                reason,
+                now: reread(ctx, &job.node).await,
+            }
         }
-        Ok(Err(e)) => WriteOutcome::Ambiguous { reason: e.to_string(), now: reread(ctx, &job.node).await },
+        Ok(Err(e)) => WriteOutcome::Ambiguous {
+            reason: e.to_string(),
+            now: reread(ctx, &job.node).await,
+        },
         Err(_) => WriteOutcome::Ambiguous {
             reason: format!("no answer within {:?}", ctx.options.write_timeout),
             now: reread(ctx, &job.node).await,
@@ -98,10 +119,16 @@ async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
 /// A fresh GET, so that the decision never rests on a watch event that may lag.
 pub async fn reread(ctx: &Context, name: &str) -> NodeNow {
     let api: Api<Node> = Api::all(ctx.client.clone());
+    ctx.limiter.acquire().await;
     match tokio::time::timeout(ctx.options.write_timeout, api.get_opt(name)).await {
         Ok(Ok(Some(node))) => match pod_cidrs(&node) {
-            Ok(c) if c.is_empty() => NodeNow::Empty { uid: node.metadata.uid },
-            Ok(c) => NodeNow::Has { uid: node.metadata.uid, cidrs: c },
+            Ok(c) if c.is_empty() => NodeNow::Empty {
+                uid: node.metadata.uid,
+            },
+            Ok(c) => NodeNow::Has {
+                uid: node.metadata.uid,
+                cidrs: c,
+            },
             Err(e) => NodeNow::Unknown(e),
         },
         Ok(Ok(None)) => NodeNow::Gone,
@@ -113,12 +140,23 @@ pub async fn reread(ctx: &Context, name: &str) -> NodeNow {
 /// The node's podCIDRs, canonical; `spec.podCIDR` counts when `podCIDRs` is empty.
 pub fn pod_cidrs(node: &Node) -> Result<Vec<IpNet>, String> {
     let spec = node.spec.as_ref();
-    let list: Vec<String> = match spec.and_then(|s| s.pod_cidrs.clone()).filter(|l| !l.is_empty()) {
+    let list: Vec<String> = match spec
+        .and_then(|s| s.pod_cidrs.clone())
+        .filter(|l| !l.is_empty())
+    {
         Some(l) => l,
-        None => spec.and_then(|s| s.pod_cidr.clone()).filter(|c| !c.is_empty()).into_iter().collect(),
+        None => spec
+            .and_then(|s| s.pod_cidr.clone())
+            .filter(|c| !c.is_empty())
+            .into_iter()
+            .collect(),
     };
     list.iter()
-        .map(|c| c.parse::<IpNet>().map(|n| n.trunc()).map_err(|e| format!("spec.podCIDRs: {c:?} is not a CIDR: {e}")))
+        .map(|c| {
+            c.parse::<IpNet>()
+                .map(|n| n.trunc())
+                .map_err(|e| format!("spec.podCIDRs: {c:?} is not a CIDR: {e}"))
+        })
         .collect()
 }
 
@@ -138,13 +176,23 @@ mod tests {
             ..Node::default()
         };
         assert_eq!(pod_cidrs(&Node::default()), Ok(vec![]));
-        assert_eq!(pod_cidrs(&node(Some("10.0.0.0/24"), None)), Ok(vec!["10.0.0.0/24".parse().expect("cidr")]));
         assert_eq!(
-            pod_cidrs(&node(Some("10.0.0.0/24"), Some(vec!["10.0.0.0/24", "fd00::/64"]))).map(|v| v.len()),
+            pod_cidrs(&node(Some("10.0.0.0/24"), None)),
+            Ok(vec!["10.0.0.0/24".parse().expect("cidr")])
+        );
+        assert_eq!(
+            pod_cidrs(&node(
+                Some("10.0.0.0/24"),
+                Some(vec!["10.0.0.0/24", "fd00::/64"])
+            ))
+            .map(|v| v.len()),
             Ok(2)
         );
         let err = pod_cidrs(&node(None, Some(vec!["bogus"]))).expect_err("garbage");
-        assert!(err.contains("spec.podCIDRs") && err.contains("bogus"), "{err}");
+        assert!(
+            err.contains("spec.podCIDRs") && err.contains("bogus"),
+            "{err}"
+        );
     }
 
     #[test]

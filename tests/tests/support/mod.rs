@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, NodeSpec};
+use k8s_openapi::api::core::v1::{
+    Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, NodeSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -45,10 +47,14 @@ impl Drop for Controller {
 
 pub fn start_controller(client: Client, options: Options) -> Controller {
     let metrics = Arc::new(Metrics::new());
-    let ctx = Arc::new(Context { client, options, metrics: metrics.clone() });
+    let ctx = Arc::new(Context::new(client, options, metrics.clone()));
     let (tx, rx) = reconcile::always_leader();
     let handle = tokio::spawn(reconcile::run(ctx, rx));
-    Controller { handle, leadership: tx, metrics }
+    Controller {
+        handle,
+        leadership: tx,
+        metrics,
+    }
 }
 
 pub async fn stop_controller(c: Controller) {
@@ -57,11 +63,23 @@ pub async fn stop_controller(c: Controller) {
 }
 
 pub fn family(cidr: &str, mask: u8) -> Option<FamilySpec> {
-    Some(FamilySpec { cidr: cidr.into(), per_node_mask_size: mask })
+    Some(FamilySpec {
+        cidr: cidr.into(),
+        per_node_mask_size: mask,
+    })
 }
 
-pub fn spec(ipv4: Option<FamilySpec>, ipv6: Option<FamilySpec>, selector: Option<NodeSelector>) -> NodeIPAMConfigSpec {
-    NodeIPAMConfigSpec { ipv4, ipv6, node_selector: selector, allocation: Allocation::Enabled }
+pub fn spec(
+    ipv4: Option<FamilySpec>,
+    ipv6: Option<FamilySpec>,
+    selector: Option<NodeSelector>,
+) -> NodeIPAMConfigSpec {
+    NodeIPAMConfigSpec {
+        ipv4,
+        ipv6,
+        node_selector: selector,
+        allocation: Allocation::Enabled,
+    }
 }
 
 /// A selector with one term of `key In values` requirements.
@@ -73,7 +91,8 @@ pub fn selector(reqs: &[(&str, &str, &[&str])]) -> Option<NodeSelector> {
                     .map(|(k, op, vals)| NodeSelectorRequirement {
                         key: (*k).into(),
                         operator: (*op).into(),
-                        values: (!vals.is_empty()).then(|| vals.iter().map(|v| v.to_string()).collect()),
+                        values: (!vals.is_empty())
+                            .then(|| vals.iter().map(|v| v.to_string()).collect()),
                     })
                     .collect(),
             ),
@@ -82,7 +101,11 @@ pub fn selector(reqs: &[(&str, &str, &[&str])]) -> Option<NodeSelector> {
     })
 }
 
-pub async fn create_config(client: &Client, name: &str, spec: NodeIPAMConfigSpec) -> NodeIPAMConfig {
+pub async fn create_config(
+    client: &Client,
+    name: &str,
+    spec: NodeIPAMConfigSpec,
+) -> NodeIPAMConfig {
     let api: Api<NodeIPAMConfig> = Api::all(client.clone());
     let obj = NodeIPAMConfig::new(name, spec);
     match api.create(&PostParams::default(), &obj).await {
@@ -93,7 +116,11 @@ pub async fn create_config(client: &Client, name: &str, spec: NodeIPAMConfigSpec
 
 /// Creates a config and waits until the controller accepts allocations from it, so nodes
 /// created next cannot race ahead to a catch-all config.
-pub async fn create_ready_config(client: &Client, name: &str, spec: NodeIPAMConfigSpec) -> NodeIPAMConfig {
+pub async fn create_ready_config(
+    client: &Client,
+    name: &str,
+    spec: NodeIPAMConfigSpec,
+) -> NodeIPAMConfig {
     create_config(client, name, spec).await;
     wait_condition(client, name, "Ready", "True", None).await
 }
@@ -108,14 +135,21 @@ pub async fn set_allocation(client: &Client, name: &str, allocation: Allocation)
 
 pub async fn delete_config(client: &Client, name: &str) {
     let api: Api<NodeIPAMConfig> = Api::all(client.clone());
-    api.delete(name, &DeleteParams::default()).await.unwrap_or_else(|e| panic!("delete NodeIPAMConfig {name}: {e}"));
+    api.delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete NodeIPAMConfig {name}: {e}"));
 }
 
 pub fn node(name: &str, labels: &[(&str, &str)], pod_cidrs: &[&str]) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(name.into()),
-            labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
             ..ObjectMeta::default()
         },
         spec: (!pod_cidrs.is_empty()).then(|| NodeSpec {
@@ -134,24 +168,37 @@ pub async fn create_node(client: &Client, name: &str, labels: &[(&str, &str)]) -
 pub async fn create_node_obj(client: &Client, n: Node) -> Node {
     let api: Api<Node> = Api::all(client.clone());
     let name = n.name_any();
-    api.create(&PostParams::default(), &n).await.unwrap_or_else(|e| panic!("create node {name}: {e}"))
+    api.create(&PostParams::default(), &n)
+        .await
+        .unwrap_or_else(|e| panic!("create node {name}: {e}"))
 }
 
 pub async fn delete_node(client: &Client, name: &str) {
     let api: Api<Node> = Api::all(client.clone());
-    api.delete(name, &DeleteParams::default()).await.unwrap_or_else(|e| panic!("delete node {name}: {e}"));
+    api.delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete node {name}: {e}"));
 }
 
 pub async fn get_node(client: &Client, name: &str) -> Option<Node> {
-    Api::<Node>::all(client.clone()).get_opt(name).await.unwrap_or_else(|e| panic!("get node {name}: {e}"))
+    Api::<Node>::all(client.clone())
+        .get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("get node {name}: {e}"))
 }
 
 pub async fn get_config(client: &Client, name: &str) -> Option<NodeIPAMConfig> {
-    Api::<NodeIPAMConfig>::all(client.clone()).get_opt(name).await.unwrap_or_else(|e| panic!("get config {name}: {e}"))
+    Api::<NodeIPAMConfig>::all(client.clone())
+        .get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("get config {name}: {e}"))
 }
 
 pub fn pod_cidrs(n: &Node) -> Vec<String> {
-    n.spec.as_ref().and_then(|s| s.pod_cidrs.clone()).unwrap_or_default()
+    n.spec
+        .as_ref()
+        .and_then(|s| s.pod_cidrs.clone())
+        .unwrap_or_default()
 }
 
 /// Polls `check` every 50 ms until it returns `Some`, or panics after [`WAIT`] saying `what`.
@@ -175,7 +222,10 @@ where
 /// Waits until the node has podCIDRs and returns them.
 pub async fn wait_cidrs(client: &Client, name: &str) -> Vec<String> {
     wait_for(&format!("podCIDRs on node {name}"), || async {
-        get_node(client, name).await.map(|n| pod_cidrs(&n)).filter(|c| !c.is_empty())
+        get_node(client, name)
+            .await
+            .map(|n| pod_cidrs(&n))
+            .filter(|c| !c.is_empty())
     })
     .await
 }
@@ -190,7 +240,13 @@ pub fn condition(cfg: &NodeIPAMConfig, type_: &str) -> Option<(String, String)> 
 }
 
 /// Waits until `type_` of config `name` has `status` (and `reason`, if given).
-pub async fn wait_condition(client: &Client, name: &str, type_: &str, status: &str, reason: Option<&str>) -> NodeIPAMConfig {
+pub async fn wait_condition(
+    client: &Client,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> NodeIPAMConfig {
     wait_for(&format!("{name} {type_}={status} {reason:?}"), || async {
         let cfg = get_config(client, name).await?;
         let (s, r) = condition(&cfg, type_)?;
@@ -200,26 +256,44 @@ pub async fn wait_condition(client: &Client, name: &str, type_: &str, status: &s
 }
 
 /// Warning events with `reason` about the object `name`.
-pub async fn events_for(client: &Client, name: &str, reason: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+pub async fn events_for(
+    client: &Client,
+    name: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
     api.list(&ListParams::default())
         .await
         .map(|l| l.items)
         .unwrap_or_default()
         .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) && e.reason.as_deref() == Some(reason))
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.reason.as_deref() == Some(reason)
+        })
         .collect()
 }
 
-pub async fn wait_event(client: &Client, name: &str, reason: &str) -> k8s_openapi::api::events::v1::Event {
-    wait_for(&format!("a {reason} event on {name}"), || async { events_for(client, name, reason).await.into_iter().next() }).await
+pub async fn wait_event(
+    client: &Client,
+    name: &str,
+    reason: &str,
+) -> k8s_openapi::api::events::v1::Event {
+    wait_for(&format!("a {reason} event on {name}"), || async {
+        events_for(client, name, reason).await.into_iter().next()
+    })
+    .await
 }
 
 /// The global invariant after every test: no two nodes hold overlapping podCIDRs (pairs that
 /// `allowed` names were created overlapping on purpose), and every podCIDR the controller
 /// wrote lies inside the config named by its annotation.
 pub async fn assert_invariant(client: &Client, allowed: &[(&str, &str)]) {
-    let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.expect("list nodes").items;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list nodes")
+        .items;
     let configs: BTreeMap<String, NodeIPAMConfig> = Api::<NodeIPAMConfig>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -230,40 +304,66 @@ pub async fn assert_invariant(client: &Client, allowed: &[(&str, &str)]) {
         .collect();
     let held: Vec<(String, IpNet)> = nodes
         .iter()
-        .flat_map(|n| pod_cidrs(n).into_iter().map(move |c| (n.name_any(), c.parse::<IpNet>().expect("podCIDR parses"))))
+        .flat_map(|n| {
+            pod_cidrs(n)
+                .into_iter()
+                .map(move |c| (n.name_any(), c.parse::<IpNet>().expect("podCIDR parses")))
+        })
         .collect();
     for (i, (na, a)) in held.iter().enumerate() {
         for (nb, b) in &held[i + 1..] {
             let overlap = na != nb && (a.contains(&b.network()) || b.contains(&a.network()));
-            let ok = allowed.iter().any(|(x, y)| (x == na && y == nb) || (x == nb && y == na));
-            assert!(!overlap || ok, "INVARIANT BROKEN: node {na} holds {a} and node {nb} holds {b}");
+            let ok = allowed
+                .iter()
+                .any(|(x, y)| (x == na && y == nb) || (x == nb && y == na));
+            assert!(
+                !overlap || ok,
+                "INVARIANT BROKEN: node {na} holds {a} and node {nb} holds {b}"
+            );
         }
     }
     for n in &nodes {
-        let Some(owner) = n.annotations().get("nodeipam.io/config") else { continue };
-        let Some(cfg) = configs.get(owner) else { continue };
+        let Some(owner) = n.annotations().get("nodeipam.io/config") else {
+            continue;
+        };
+        let Some(cfg) = configs.get(owner) else {
+            continue;
+        };
         for c in pod_cidrs(n) {
             let c: IpNet = c.parse().expect("podCIDR parses");
             let range = match c {
                 IpNet::V4(_) => cfg.spec.ipv4.as_ref(),
                 IpNet::V6(_) => cfg.spec.ipv6.as_ref(),
             };
-            let range: IpNet = range.map(|f| f.cidr.parse().expect("range parses")).unwrap_or_else(|| panic!("{owner} has no family for {c}"));
-            assert!(range.contains(&c), "node {} holds {c} outside its config {owner} ({range})", n.name_any());
+            let range: IpNet = range
+                .map(|f| f.cidr.parse().expect("range parses"))
+                .unwrap_or_else(|| panic!("{owner} has no family for {c}"));
+            assert!(
+                range.contains(&c),
+                "node {} holds {c} outside its config {owner} ({range})",
+                n.name_any()
+            );
         }
     }
 }
 
 /// Counts from the Nodes: (nodes overlapping the config, IPv4 blocks, IPv6 blocks).
 pub async fn recount(client: &Client, cfg: &NodeIPAMConfig) -> (u64, u64, u64) {
-    let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.expect("list nodes").items;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list nodes")
+        .items;
     let ranges: Vec<(IpNet, u8)> = [&cfg.spec.ipv4, &cfg.spec.ipv6]
         .into_iter()
         .flatten()
         .map(|f| (f.cidr.parse().expect("range parses"), f.per_node_mask_size))
         .collect();
     let mut count = 0;
-    let mut blocks = [std::collections::BTreeSet::new(), std::collections::BTreeSet::new()];
+    let mut blocks = [
+        std::collections::BTreeSet::new(),
+        std::collections::BTreeSet::new(),
+    ];
     for n in &nodes {
         let mut hit = false;
         for c in pod_cidrs(n) {
@@ -276,8 +376,13 @@ pub async fn recount(client: &Client, cfg: &NodeIPAMConfig) -> (u64, u64, u64) {
                 let fam = usize::from(matches!(r, IpNet::V6(_)));
                 let _ = i;
                 // Each block of the range the podCIDR touches.
-                let sub = if c.prefix_len() >= *mask { vec![IpNet::new(c.network(), *mask).expect("mask").trunc()] } else {
-                    c.subnets(*mask).expect("subnets").filter(|s| r.contains(s)).collect()
+                let sub = if c.prefix_len() >= *mask {
+                    vec![IpNet::new(c.network(), *mask).expect("mask").trunc()]
+                } else {
+                    c.subnets(*mask)
+                        .expect("subnets")
+                        .filter(|s| r.contains(s))
+                        .collect()
                 };
                 blocks[fam].extend(sub);
             }
@@ -289,15 +394,18 @@ pub async fn recount(client: &Client, cfg: &NodeIPAMConfig) -> (u64, u64, u64) {
 
 /// Waits until the config's status counts equal a recount from the Nodes.
 pub async fn assert_status_matches(client: &Client, name: &str) {
-    wait_for(&format!("status of {name} to match a recount from the Nodes"), || async {
-        let cfg = get_config(client, name).await?;
-        let (nodes, v4, v6) = recount(client, &cfg).await;
-        let st = cfg.status.as_ref()?;
-        let ok = st.nodes == Some(nodes)
-            && st.ipv4.map(|f| f.allocated) == cfg.spec.ipv4.as_ref().map(|_| v4)
-            && st.ipv6.map(|f| f.allocated) == cfg.spec.ipv6.as_ref().map(|_| v6)
-            && st.observed_generation == cfg.metadata.generation;
-        ok.then_some(())
-    })
+    wait_for(
+        &format!("status of {name} to match a recount from the Nodes"),
+        || async {
+            let cfg = get_config(client, name).await?;
+            let (nodes, v4, v6) = recount(client, &cfg).await;
+            let st = cfg.status.as_ref()?;
+            let ok = st.nodes == Some(nodes)
+                && st.ipv4.map(|f| f.allocated) == cfg.spec.ipv4.as_ref().map(|_| v4)
+                && st.ipv6.map(|f| f.allocated) == cfg.spec.ipv6.as_ref().map(|_| v6)
+                && st.observed_generation == cfg.metadata.generation;
+            ok.then_some(())
+        },
+    )
     .await
 }

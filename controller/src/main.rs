@@ -1,0 +1,34 @@
+//! `nodeipam`: a thin entry point; everything it runs lives in the library.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use nodeipam_controller::app;
+use nodeipam_controller::cli::{Cli, Command};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Version => {
+            println!("nodeipam {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Command::Crdgen => {
+            print!("{}", nodeipam_crd::crd_yaml());
+            ExitCode::SUCCESS
+        }
+        Command::Run(args) => {
+            app::init_logging(args.log_format, &args.log_level);
+            match app::run(*args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("nodeipam: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
