@@ -5,8 +5,8 @@
 mod support;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
 use kube::Api;
+use kube::api::{Patch, PatchParams};
 use nodeipam_controller::reconcile::Options;
 use nodeipam_crd::Allocation;
 use support::*;
@@ -16,32 +16,80 @@ async fn families_dual_stack_ipv4_only_ipv6_only() {
     let cp = control_plane().await;
     let c = cp.client();
     let _ctl = start_controller(c.clone(), Options::default());
-    create_ready_config(&c, "dual", spec(family("10.100.0.0/16", 24), family("fd00:100::/48", 64), None)).await;
-    create_ready_config(&c, "v4only", spec(family("10.200.0.0/16", 26), None, selector(&[("stack", "In", &["v4"])]))).await;
-    create_ready_config(&c, "v6only", spec(None, family("fd00:200::/104", 120), selector(&[("stack", "In", &["v6"])]))).await;
+    create_ready_config(
+        &c,
+        "dual",
+        spec(
+            family("10.100.0.0/16", 24),
+            family("fd00:100::/48", 64),
+            None,
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "v4only",
+        spec(
+            family("10.200.0.0/16", 26),
+            None,
+            selector(&[("stack", "In", &["v4"])]),
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "v6only",
+        spec(
+            None,
+            family("fd00:200::/104", 120),
+            selector(&[("stack", "In", &["v6"])]),
+        ),
+    )
+    .await;
     create_node(&c, "dual-a", &[]).await;
     create_node(&c, "four-a", &[("stack", "v4")]).await;
     create_node(&c, "six-a", &[("stack", "v6")]).await;
 
     let dual = wait_cidrs(&c, "dual-a").await;
     assert_eq!(dual.len(), 2, "{dual:?}");
-    assert!(dual[0].starts_with("10.100.") && dual[0].ends_with("/24"), "IPv4 first: {dual:?}");
-    assert!(dual[1].starts_with("fd00:100:") && dual[1].ends_with("/64"), "{dual:?}");
+    assert!(
+        dual[0].starts_with("10.100.") && dual[0].ends_with("/24"),
+        "IPv4 first: {dual:?}"
+    );
+    assert!(
+        dual[1].starts_with("fd00:100:") && dual[1].ends_with("/64"),
+        "{dual:?}"
+    );
     let node = get_node(&c, "dual-a").await.expect("node");
-    assert_eq!(node.spec.as_ref().and_then(|s| s.pod_cidr.clone()), Some(dual[0].clone()), "spec.podCIDR is the first block");
+    assert_eq!(
+        node.spec.as_ref().and_then(|s| s.pod_cidr.clone()),
+        Some(dual[0].clone()),
+        "spec.podCIDR is the first block"
+    );
 
     let four = wait_cidrs(&c, "four-a").await;
     assert_eq!(four.len(), 1);
-    assert!(four[0].starts_with("10.200.") && four[0].ends_with("/26"), "{four:?}");
+    assert!(
+        four[0].starts_with("10.200.") && four[0].ends_with("/26"),
+        "{four:?}"
+    );
     let six = wait_cidrs(&c, "six-a").await;
     assert_eq!(six.len(), 1);
-    assert!(six[0].starts_with("fd00:200:") && six[0].ends_with("/120"), "{six:?}");
+    assert!(
+        six[0].starts_with("fd00:200:") && six[0].ends_with("/120"),
+        "{six:?}"
+    );
 
     for name in ["dual", "v4only", "v6only"] {
         wait_condition(&c, name, "Ready", "True", Some("Accepting")).await;
         assert_status_matches(&c, name).await;
         let cfg = get_config(&c, name).await.expect("config");
-        assert!(cfg.metadata.finalizers.unwrap_or_default().contains(&nodeipam_crd::FINALIZER.to_string()));
+        assert!(
+            cfg.metadata
+                .finalizers
+                .unwrap_or_default()
+                .contains(&nodeipam_crd::FINALIZER.to_string())
+        );
     }
     let dual_cfg = get_config(&c, "dual").await.expect("config");
     let st = dual_cfg.status.expect("status");
@@ -83,7 +131,10 @@ async fn release_and_reuse_in_a_slash_23() {
     wait_condition(&c, "tiny", "Exhausted", "True", Some("Exhausted")).await;
     create_node(&c, "c", &[]).await;
     wait_event(&c, "c", "CIDRNotAvailable").await;
-    assert!(pod_cidrs(&get_node(&c, "c").await.expect("node")).is_empty(), "c must stay pending");
+    assert!(
+        pod_cidrs(&get_node(&c, "c").await.expect("node")).is_empty(),
+        "c must stay pending"
+    );
     delete_node(&c, "a").await;
     let got = wait_cidrs(&c, "c").await;
     assert_eq!(got, a, "c takes a's block");
@@ -105,13 +156,22 @@ async fn a_node_held_by_a_finalizer_keeps_its_block() {
     create_node(&c, "next", &[]).await;
     wait_event(&c, "next", "CIDRNotAvailable").await;
     // The node is terminating but still exists: its block must not move.
-    let n = get_node(&c, "held").await.expect("still there while the finalizer holds it");
-    assert!(n.metadata.deletion_timestamp.is_some());
-    assert!(pod_cidrs(&get_node(&c, "next").await.expect("node")).is_empty(), "block released too early (kubernetes#127792)");
-    let api: Api<Node> = Api::all(c.clone());
-    api.patch("held", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})))
+    let n = get_node(&c, "held")
         .await
-        .expect("remove finalizer");
+        .expect("still there while the finalizer holds it");
+    assert!(n.metadata.deletion_timestamp.is_some());
+    assert!(
+        pod_cidrs(&get_node(&c, "next").await.expect("node")).is_empty(),
+        "block released too early (kubernetes#127792)"
+    );
+    let api: Api<Node> = Api::all(c.clone());
+    api.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("remove finalizer");
     assert_eq!(wait_cidrs(&c, "next").await, block);
     assert_invariant(&c, &[]).await;
 }
@@ -123,16 +183,106 @@ async fn selection_precedence() {
     let _ctl = start_controller(c.clone(), Options::default());
     // Each row: configs created, then a node with labels; the node must land in `want`.
     create_ready_config(&c, "catchall", spec(family("10.0.0.0/16", 24), None, None)).await;
-    create_ready_config(&c, "zone-a", spec(family("10.1.0.0/16", 24), None, selector(&[("zone", "In", &["a"])]))).await;
-    create_ready_config(&c, "zone-a-gpu", spec(family("10.2.0.0/16", 24), None, selector(&[("zone", "In", &["a"]), ("gpu", "Exists", &[])]))).await;
-    create_ready_config(&c, "rack-small", spec(family("10.3.0.0/22", 24), None, selector(&[("rack", "In", &["r1", "r2"])]))).await;
-    create_ready_config(&c, "rack-big", spec(family("10.4.0.0/16", 24), None, selector(&[("rack", "In", &["r1"])]))).await;
-    create_ready_config(&c, "mask-24", spec(family("10.5.0.0/16", 24), None, selector(&[("tier", "In", &["x"])]))).await;
-    create_ready_config(&c, "mask-25", spec(family("10.6.0.0/17", 25), None, selector(&[("tier", "In", &["x"])]))).await;
-    create_ready_config(&c, "sel-b", spec(family("10.7.0.0/16", 24), None, selector(&[("pool", "In", &["p", "q"])]))).await;
-    create_ready_config(&c, "sel-a", spec(family("10.8.0.0/16", 24), None, selector(&[("pool", "In", &["p"])]))).await;
-    create_ready_config(&c, "cidr-high", spec(family("10.10.0.0/16", 24), None, selector(&[("cidr", "In", &["t"])]))).await;
-    create_ready_config(&c, "cidr-low", spec(family("10.9.0.0/16", 24), None, selector(&[("cidr", "In", &["t"])]))).await;
+    create_ready_config(
+        &c,
+        "zone-a",
+        spec(
+            family("10.1.0.0/16", 24),
+            None,
+            selector(&[("zone", "In", &["a"])]),
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "zone-a-gpu",
+        spec(
+            family("10.2.0.0/16", 24),
+            None,
+            selector(&[("zone", "In", &["a"]), ("gpu", "Exists", &[])]),
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "rack-small",
+        spec(
+            family("10.3.0.0/22", 24),
+            None,
+            selector(&[("rack", "In", &["r1", "r2"])]),
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "rack-big",
+        spec(
+            family("10.4.0.0/16", 24),
+            None,
+            selector(&[("rack", "In", &["r1"])]),
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "mask-24",
+        spec(
+            family("10.5.0.0/16", 24),
+            None,
+            selector(&[("tier", "In", &["x"])]),
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "mask-25",
+        spec(
+            family("10.6.0.0/17", 25),
+            None,
+            selector(&[("tier", "In", &["x"])]),
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "sel-b",
+        spec(
+            family("10.7.0.0/16", 24),
+            None,
+            selector(&[("pool", "In", &["p", "q"])]),
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "sel-a",
+        spec(
+            family("10.8.0.0/16", 24),
+            None,
+            selector(&[("pool", "In", &["p"])]),
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "cidr-high",
+        spec(
+            family("10.10.0.0/16", 24),
+            None,
+            selector(&[("cidr", "In", &["t"])]),
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "cidr-low",
+        spec(
+            family("10.9.0.0/16", 24),
+            None,
+            selector(&[("cidr", "In", &["t"])]),
+        ),
+    )
+    .await;
     let rows: &[(&str, &[(&str, &str)], &str)] = &[
         ("plain", &[], "10.0."),
         ("zone", &[("zone", "a")], "10.1."),
@@ -148,12 +298,33 @@ async fn selection_precedence() {
     }
     for (name, _, want) in rows {
         let got = wait_cidrs(&c, name).await;
-        assert!(got[0].starts_with(want), "{name}: got {got:?}, want {want}*");
+        assert!(
+            got[0].starts_with(want),
+            "{name}: got {got:?}, want {want}*"
+        );
     }
     // Identical configs but the name overlap each other: the older one (then the smaller
     // name, when created in the same second) wins and the other is marked Overlap.
-    create_ready_config(&c, "tie-b", spec(family("10.11.0.0/16", 24), None, selector(&[("tie", "In", &["1"])]))).await;
-    create_config(&c, "tie-a", spec(family("10.11.0.0/16", 24), None, selector(&[("tie", "In", &["1"])]))).await;
+    create_ready_config(
+        &c,
+        "tie-b",
+        spec(
+            family("10.11.0.0/16", 24),
+            None,
+            selector(&[("tie", "In", &["1"])]),
+        ),
+    )
+    .await;
+    create_config(
+        &c,
+        "tie-a",
+        spec(
+            family("10.11.0.0/16", 24),
+            None,
+            selector(&[("tie", "In", &["1"])]),
+        ),
+    )
+    .await;
     let (winner, loser) = wait_for("one tie config marked Overlap", || async {
         for (w, l) in [("tie-a", "tie-b"), ("tie-b", "tie-a")] {
             let cfg = get_config(&c, l).await?;
@@ -164,13 +335,31 @@ async fn selection_precedence() {
         None
     })
     .await;
-    let (a, b) = (get_config(&c, winner).await.expect("winner"), get_config(&c, loser).await.expect("loser"));
-    let key = |x: &nodeipam_crd::NodeIPAMConfig| (x.metadata.creation_timestamp.clone().map(|t| t.0), x.metadata.name.clone());
-    assert!(key(&a) < key(&b), "the older (then smaller-named) config must win the overlap");
+    let (a, b) = (
+        get_config(&c, winner).await.expect("winner"),
+        get_config(&c, loser).await.expect("loser"),
+    );
+    let key = |x: &nodeipam_crd::NodeIPAMConfig| {
+        (
+            x.metadata.creation_timestamp.clone().map(|t| t.0),
+            x.metadata.name.clone(),
+        )
+    };
+    assert!(
+        key(&a) < key(&b),
+        "the older (then smaller-named) config must win the overlap"
+    );
     create_node(&c, "tie-node", &[("tie", "1")]).await;
     assert!(wait_cidrs(&c, "tie-node").await[0].starts_with("10.11."));
     let n = get_node(&c, "tie-node").await.expect("node");
-    assert_eq!(n.metadata.annotations.unwrap_or_default().get("nodeipam.io/config").map(String::as_str), Some(winner));
+    assert_eq!(
+        n.metadata
+            .annotations
+            .unwrap_or_default()
+            .get("nodeipam.io/config")
+            .map(String::as_str),
+        Some(winner)
+    );
     assert_invariant(&c, &[]).await;
 }
 
@@ -179,7 +368,16 @@ async fn deleting_a_config_with_nodes_drains_it() {
     let cp = control_plane().await;
     let c = cp.client();
     let _ctl = start_controller(c.clone(), Options::default());
-    create_ready_config(&c, "first", spec(family("10.1.0.0/16", 24), None, selector(&[("pool", "In", &["x"])]))).await;
+    create_ready_config(
+        &c,
+        "first",
+        spec(
+            family("10.1.0.0/16", 24),
+            None,
+            selector(&[("pool", "In", &["x"])]),
+        ),
+    )
+    .await;
     create_config(&c, "second", spec(family("10.2.0.0/16", 24), None, None)).await;
     create_node(&c, "n1", &[("pool", "x")]).await;
     create_node(&c, "n2", &[("pool", "x")]).await;
@@ -194,8 +392,16 @@ async fn deleting_a_config_with_nodes_drains_it() {
     .expect("add consumer finalizer");
     delete_config(&c, "first").await;
     let cfg = wait_condition(&c, "first", "Drained", "False", Some("NodesRemaining")).await;
-    let msg = cfg.status.as_ref().and_then(|s| s.conditions.iter().find(|x| x.type_ == "Drained")).map(|x| x.message.clone()).unwrap_or_default();
-    assert!(msg.contains("2 node(s)") && msg.contains("n1") && msg.contains("n2"), "{msg}");
+    let msg = cfg
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|x| x.type_ == "Drained"))
+        .map(|x| x.message.clone())
+        .unwrap_or_default();
+    assert!(
+        msg.contains("2 node(s)") && msg.contains("n1") && msg.contains("n2"),
+        "{msg}"
+    );
     wait_condition(&c, "first", "Ready", "False", Some("Terminating")).await;
     // New nodes go to the next matching config.
     create_node(&c, "n3", &[("pool", "x")]).await;
@@ -206,15 +412,26 @@ async fn deleting_a_config_with_nodes_drains_it() {
     wait_event(&c, "first", "Drained").await;
     // Ours is gone, the consumer's stays: the object stays, Drained=True, until it lets go.
     wait_for("our finalizer to go", || async {
-        let f = get_config(&c, "first").await?.metadata.finalizers.unwrap_or_default();
+        let f = get_config(&c, "first")
+            .await?
+            .metadata
+            .finalizers
+            .unwrap_or_default();
         (f == vec!["cni.example.com/reconfigured".to_string()]).then_some(())
     })
     .await;
     assert!(cfg.metadata.deletion_timestamp.is_some());
-    api.patch("first", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})))
-        .await
-        .expect("consumer lets go");
-    wait_for("the config to be gone", || async { get_config(&c, "first").await.is_none().then_some(()) }).await;
+    api.patch(
+        "first",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("consumer lets go");
+    wait_for("the config to be gone", || async {
+        get_config(&c, "first").await.is_none().then_some(())
+    })
+    .await;
     assert_status_matches(&c, "second").await;
     assert_invariant(&c, &[]).await;
 }
@@ -226,11 +443,19 @@ async fn deleting_an_empty_config_goes_away() {
     let _ctl = start_controller(c.clone(), Options::default());
     create_config(&c, "empty", spec(family("10.1.0.0/16", 24), None, None)).await;
     wait_for("finalizer", || async {
-        get_config(&c, "empty").await?.metadata.finalizers.filter(|f| !f.is_empty()).map(|_| ())
+        get_config(&c, "empty")
+            .await?
+            .metadata
+            .finalizers
+            .filter(|f| !f.is_empty())
+            .map(|_| ())
     })
     .await;
     delete_config(&c, "empty").await;
-    wait_for("the config to be gone", || async { get_config(&c, "empty").await.is_none().then_some(()) }).await;
+    wait_for("the config to be gone", || async {
+        get_config(&c, "empty").await.is_none().then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -247,7 +472,11 @@ async fn disabled_config_stops_and_resumes() {
     create_node(&c, "b", &[]).await;
     wait_event(&c, "b", "CIDRNotAvailable").await;
     assert!(pod_cidrs(&get_node(&c, "b").await.expect("node")).is_empty());
-    assert_eq!(pod_cidrs(&get_node(&c, "a").await.expect("node")), a, "existing blocks stay");
+    assert_eq!(
+        pod_cidrs(&get_node(&c, "a").await.expect("node")),
+        a,
+        "existing blocks stay"
+    );
     delete_node(&c, "a").await;
     wait_condition(&c, "cfg", "Drained", "True", Some("NoNodes")).await;
     set_allocation(&c, "cfg", Allocation::Enabled).await;
@@ -262,7 +491,12 @@ async fn restart_rebuilds_state_without_duplicates() {
     let cp = control_plane().await;
     let c = cp.client();
     let ctl = start_controller(c.clone(), Options::default());
-    create_config(&c, "cfg", spec(family("10.4.0.0/24", 28), family("fd00:4::/64", 80), None)).await;
+    create_config(
+        &c,
+        "cfg",
+        spec(family("10.4.0.0/24", 28), family("fd00:4::/64", 80), None),
+    )
+    .await;
     for i in 0..8 {
         create_node(&c, &format!("n{i}"), &[]).await;
     }
@@ -308,11 +542,26 @@ async fn migration_adopts_existing_pod_cidrs() {
     }
     for i in 0..10 {
         let got = wait_cidrs(&c, &format!("new-{i}")).await;
-        assert!(!["10.20.0.0/24", "10.20.5.0/24", "10.20.8.0/24", "10.20.9.0/24"].contains(&got[0].as_str()), "{got:?}");
+        assert!(
+            ![
+                "10.20.0.0/24",
+                "10.20.5.0/24",
+                "10.20.8.0/24",
+                "10.20.9.0/24"
+            ]
+            .contains(&got[0].as_str()),
+            "{got:?}"
+        );
     }
     // Nothing pre-existing was changed.
-    assert_eq!(pod_cidrs(&get_node(&c, "outside").await.expect("node")), vec!["192.168.50.0/24"]);
-    assert_eq!(pod_cidrs(&get_node(&c, "dup-a").await.expect("node")), vec!["10.20.8.0/23"]);
+    assert_eq!(
+        pod_cidrs(&get_node(&c, "outside").await.expect("node")),
+        vec!["192.168.50.0/24"]
+    );
+    assert_eq!(
+        pod_cidrs(&get_node(&c, "dup-a").await.expect("node")),
+        vec!["10.20.8.0/23"]
+    );
     // Releasing one of the overlapping pair keeps the other's block occupied.
     delete_node(&c, "dup-a").await;
     for i in 10..14 {
@@ -322,7 +571,10 @@ async fn migration_adopts_existing_pod_cidrs() {
     }
     assert_status_matches(&c, "cfg").await;
     let metrics = _ctl.metrics.encode();
-    assert!(metrics.contains("nodeipam_unmanaged_pod_cidrs 1"), "{metrics}");
+    assert!(
+        metrics.contains("nodeipam_unmanaged_pod_cidrs 1"),
+        "{metrics}"
+    );
     assert_invariant(&c, &[("dup-a", "dup-b")]).await;
 }
 
@@ -331,19 +583,36 @@ async fn a_label_change_after_allocation_does_not_break_release() {
     let cp = control_plane().await;
     let c = cp.client();
     let _ctl = start_controller(c.clone(), Options::default());
-    create_config(&c, "gpu", spec(family("10.30.0.0/23", 24), None, selector(&[("gpu", "Exists", &[])]))).await;
+    create_config(
+        &c,
+        "gpu",
+        spec(
+            family("10.30.0.0/23", 24),
+            None,
+            selector(&[("gpu", "Exists", &[])]),
+        ),
+    )
+    .await;
     create_node(&c, "g1", &[("gpu", "1")]).await;
     let block = wait_cidrs(&c, "g1").await;
     let api: Api<Node> = Api::all(c.clone());
-    api.patch("g1", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"labels": {"gpu": null, "other": "x"}}})))
-        .await
-        .expect("relabel");
+    api.patch(
+        "g1",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"labels": {"gpu": null, "other": "x"}}})),
+    )
+    .await
+    .expect("relabel");
     create_node(&c, "g2", &[("gpu", "1")]).await;
     wait_cidrs(&c, "g2").await;
     create_node(&c, "g3", &[("gpu", "1")]).await;
     wait_event(&c, "g3", "CIDRNotAvailable").await;
     delete_node(&c, "g1").await;
-    assert_eq!(wait_cidrs(&c, "g3").await, block, "g1's block was released despite its new labels");
+    assert_eq!(
+        wait_cidrs(&c, "g3").await,
+        block,
+        "g1's block was released despite its new labels"
+    );
     assert_status_matches(&c, "gpu").await;
     assert_invariant(&c, &[]).await;
 }
@@ -354,7 +623,10 @@ async fn service_cidrs_are_never_handed_out() {
     let c = cp.client();
     // The harness's apiserver has --service-cluster-ip-range=10.96.0.0/16, published as the
     // "kubernetes" ServiceCIDR; the flag adds another.
-    let options = Options { service_cidrs: vec!["10.97.2.0/24".parse().expect("cidr")], ..Options::default() };
+    let options = Options {
+        service_cidrs: vec!["10.97.2.0/24".parse().expect("cidr")],
+        ..Options::default()
+    };
     let _ctl = start_controller(c.clone(), options);
     create_config(&c, "wide", spec(family("10.96.0.0/14", 16), None, None)).await;
     for i in 0..3 {
@@ -371,7 +643,10 @@ async fn service_cidrs_are_never_handed_out() {
     })
     .await;
     got.sort();
-    assert_eq!(got, vec!["10.98.0.0/16".to_string(), "10.99.0.0/16".to_string()]);
+    assert_eq!(
+        got,
+        vec!["10.98.0.0/16".to_string(), "10.99.0.0/16".to_string()]
+    );
     wait_condition(&c, "wide", "Exhausted", "True", None).await;
     let mut waiting = 0;
     for i in 0..3 {
