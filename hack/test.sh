@@ -8,6 +8,8 @@ cd "$NODEIPAM_ROOT"
 timed "control-plane binaries" "$NODEIPAM_ROOT/hack/control-plane.sh" build
 timed "cargo fmt --check" cargo fmt --all -- --check
 timed "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
+# The end-to-end tests run the real `nodeipam` binary as a process (failover, RBAC).
+timed "cargo build binaries" cargo build --workspace --locked --bins
 timed "cargo build tests" cargo test --workspace --locked --no-run
 # The end-to-end tests each start their own control plane; two at a time fits a 2-core machine.
 timed "cargo test" cargo test --workspace --locked -- --test-threads="${NODEIPAM_TEST_THREADS:-2}"
