@@ -6,8 +6,8 @@ pub mod validation;
 
 pub use types::*;
 pub use validation::{
-    Family, FamilyRange, FieldError, FieldErrorKind, Overlap, Ranges, find_overlaps, format_errors,
-    overlaps, validate_node_selector, validate_spec, validate_update,
+    CidrError, Family, FamilyRange, FieldError, FieldErrorKind, Overlap, Ranges, find_overlaps,
+    format_errors, overlaps, validate_node_selector, validate_spec, validate_update,
 };
 
 use kube::CustomResourceExt;

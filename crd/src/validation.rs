@@ -412,19 +412,33 @@ fn check_cidr(cidr: &str, family: Family, path: &str) -> Result<IpNet, FieldErro
     Ok(net)
 }
 
+/// Why a string is not a CIDR.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum CidrError {
+    #[error("no '/' before the prefix length")]
+    NoPrefixLength,
+    #[error("{0:?} is not an IP address")]
+    BadAddress(String),
+    #[error("IPv4-mapped IPv6 addresses are not allowed")]
+    Ipv4MappedIpv6,
+    #[error("bad prefix length {0:?}")]
+    BadPrefixLength(String),
+    #[error("prefix length {prefix} out of range for {family} (at most {})", family.bits())]
+    PrefixOutOfRange { prefix: u8, family: Family },
+}
+
 /// Parses a CIDR exactly as the Kubernetes CEL `cidr()` function does (Go `netip.ParsePrefix`
 /// without IPv4-mapped IPv6): no leading zeros in IPv4 octets or in the prefix length, no zone.
 /// Host bits may be set; canonical form is a separate check.
-pub fn parse_cidr(s: &str) -> Result<IpNet, String> {
-    let Some((addr, bits)) = s.rsplit_once('/') else {
-        return Err("no '/' before the prefix length".to_owned());
-    };
-    let addr = IpAddr::from_str(addr).map_err(|_| format!("{addr:?} is not an IP address"))?;
+pub fn parse_cidr(s: &str) -> Result<IpNet, CidrError> {
+    let (addr, bits) = s.rsplit_once('/').ok_or(CidrError::NoPrefixLength)?;
+    let addr = IpAddr::from_str(addr).map_err(|_| CidrError::BadAddress(addr.to_owned()))?;
     if let IpAddr::V6(v6) = addr
         && v6.to_ipv4_mapped().is_some()
     {
-        return Err("IPv4-mapped IPv6 addresses are not allowed".to_owned());
+        return Err(CidrError::Ipv4MappedIpv6);
     }
+    // Go rejects a sign and leading zeros, which `u8::from_str` would accept.
     let well_formed = !bits.is_empty()
         && bits.bytes().all(|b| b.is_ascii_digit())
         && (bits.len() == 1 || !bits.starts_with('0'));
@@ -432,13 +446,10 @@ pub fn parse_cidr(s: &str) -> Result<IpNet, String> {
         .parse::<u8>()
         .ok()
         .filter(|_| well_formed)
-        .ok_or_else(|| format!("bad prefix length {bits:?}"))?;
-    IpNet::new(addr, prefix).map_err(|_| {
-        format!(
-            "prefix length {prefix} out of range for {} (at most {})",
-            Family::of(&addr),
-            Family::of(&addr).bits()
-        )
+        .ok_or_else(|| CidrError::BadPrefixLength(bits.to_owned()))?;
+    IpNet::new(addr, prefix).map_err(|_| CidrError::PrefixOutOfRange {
+        prefix,
+        family: Family::of(&addr),
     })
 }
 
