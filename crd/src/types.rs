@@ -165,6 +165,12 @@ pub struct NodeIPAMConfigSpec {
     /// Nodes this config serves; when absent it serves every node. Same rules as a Pod's
     /// required node affinity. Immutable: create a new NodeIPAMConfig and delete this one to
     /// drain it.
+    ///
+    /// A node that several configs match gets its blocks from the first that can allocate, in
+    /// this order: more matching requirements (a config without a selector comes after every
+    /// selector match); fewer free blocks; larger `perNodeMaskSize` (smaller blocks); lexically
+    /// smaller selector; numerically lower CIDR; name. Configs that are `Disabled`, being
+    /// deleted, exhausted, overlapping an older config, or invalid are skipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = schema::node_selector_rules)]
     pub node_selector: Option<NodeSelector>,
