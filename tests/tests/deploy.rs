@@ -1,0 +1,989 @@
+//! End-to-end tests of nodeipam as it is deployed: the `config/` manifests against the real
+//! API server's schema, and the `nodeipam` binary run as child processes with exactly the
+//! ServiceAccount identity of `config/rbac`. Every feature works with those rights and nothing
+//! more is allowed; a leader SIGKILLed during a burst of node creations is replaced with no
+//! duplicate podCIDRs; the metrics match the cluster; SIGTERM releases the lease.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use nodeipam_crd::{FINALIZER, NodeIPAMConfig};
+use nodeipam_testenv::{ControlPlane, workspace_root};
+use rustix::process::{Pid, Signal, kill_process};
+use serde_json::{Value, json};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Names fixed by the manifests and the binary's defaults; RBAC names them.
+const NAMESPACE: &str = "nodeipam-system";
+const SA_USER: &str = "system:serviceaccount:nodeipam-system:nodeipam-controller";
+const SA_GROUPS: &[&str] = &[
+    "system:serviceaccounts",
+    "system:serviceaccounts:nodeipam-system",
+    "system:authenticated",
+];
+const LEASE: &str = "nodeipam-controller";
+const SECRET: &str = "nodeipam-webhook-tls";
+const VWC: &str = "nodeipam-webhook";
+/// A short lease so that a killed leader is replaced within seconds.
+const FAST_LEASE: &[&str] = &["--lease-duration=4", "--lease-grace=2"];
+
+// ----- helpers -----
+
+/// The `nodeipam` binary: `$NODEIPAM_BIN`, else next to this test binary's folder
+/// (`<target>/debug/deps/deploy-*` → `<target>/debug/nodeipam`).
+fn nodeipam_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("NODEIPAM_BIN").filter(|v| !v.is_empty()) {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "step=locate-nodeipam: NODEIPAM_BIN={} is not a file",
+            path.display()
+        );
+        return path;
+    }
+    let exe = std::env::current_exe().expect("step=locate-nodeipam: path of the test binary");
+    let candidate = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|debug| debug.join("nodeipam"));
+    match candidate {
+        Some(path) if path.is_file() => path,
+        _ => panic!(
+            "step=locate-nodeipam: no nodeipam binary at {:?} (next to {}): run `cargo build -p \
+             nodeipam-controller --bin nodeipam` first (hack/test.sh does), or set NODEIPAM_BIN",
+            candidate,
+            exe.display()
+        ),
+    }
+}
+
+fn config_path(rel: &str) -> String {
+    workspace_root()
+        .join("config")
+        .join(rel)
+        .display()
+        .to_string()
+}
+
+/// Runs kubectl (admin) and returns (success, stdout, stderr). Async so that a webhook served
+/// on this runtime could answer the API server meanwhile.
+async fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = tokio::process::Command::from(cp.kubectl());
+    cmd.args(args).stdin(Stdio::null());
+    let out = cmd
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("step=kubectl: cannot run kubectl {args:?}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// kubectl that must succeed; returns stdout.
+async fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> String {
+    let (ok, out, err) = kubectl(cp, args).await;
+    assert!(ok, "kubectl {args:?} failed:\n{err}\n{out}");
+    out
+}
+
+/// The objects of a multi-document YAML stream.
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .filter_map(|doc| {
+            let v: Value = serde::Deserialize::deserialize(doc).expect("YAML document");
+            (!v.is_null()).then_some(v)
+        })
+        .collect()
+}
+
+fn find_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in the rendered manifests"))
+}
+
+/// Applies the namespace and `config/rbac` for real.
+async fn install_rbac(cp: &ControlPlane) {
+    kubectl_ok(cp, &["apply", "-f", &config_path("manager/namespace.yaml")]).await;
+    kubectl_ok(cp, &["apply", "-k", &config_path("rbac")]).await;
+}
+
+/// Writes a kubeconfig for exactly the controller's ServiceAccount identity.
+fn sa_kubeconfig(cp: &ControlPlane, dir: &Path) -> PathBuf {
+    let path = dir.join("nodeipam-controller.kubeconfig");
+    cp.write_kubeconfig_for(SA_USER, SA_GROUPS, &path)
+        .unwrap_or_else(|e| panic!("step=write-kubeconfig: {e}"));
+    path
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("step=pick-port: bind 127.0.0.1:0")
+}
+
+/// One plain HTTP/1.0 GET on loopback: (status, body).
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        stream.write_all(req.as_bytes()).await?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&raw).into_owned())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .ok()?
+        .ok()?;
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+/// The value of the series `name` whose labels include `labels`, from Prometheus text.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (n, set) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.strip_suffix('}')?),
+                None => (series, ""),
+            };
+            let all = labels.iter().all(|(k, v)| {
+                let want = format!("{k}=\"{v}\"");
+                set.split(',').any(|kv| kv == want)
+            });
+            (n == name && all).then(|| value.parse().ok()).flatten()
+        })
+}
+
+/// `nodeipam run` as a child process with its own ports and log file.
+struct Replica {
+    name: String,
+    child: tokio::process::Child,
+    metrics_port: u16,
+    webhook_port: u16,
+    log: PathBuf,
+}
+
+impl Replica {
+    /// Starts `nodeipam run` as `kubeconfig`'s identity, with leader election and the webhook
+    /// on (managed TLS, certificate for 127.0.0.1), and waits until /healthz answers.
+    async fn start(dir: &Path, kubeconfig: &Path, name: &str, extra: &[&str]) -> Replica {
+        let bin = nodeipam_bin();
+        let (metrics_port, webhook_port) = (free_port(), free_port());
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log)
+            .unwrap_or_else(|e| panic!("step=spawn-nodeipam: create {}: {e}", log.display()));
+        let err = out
+            .try_clone()
+            .expect("step=spawn-nodeipam: clone log handle");
+        let mut cmd = tokio::process::Command::new(&bin);
+        // A clean environment: no KUBECONFIG, POD_NAME or NODEIPAM_* of the caller leaks in.
+        cmd.env_clear()
+            .arg("run")
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--namespace={NAMESPACE}"))
+            .arg(format!("--identity={name}"))
+            .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
+            .arg(format!("--webhook-addr=127.0.0.1:{webhook_port}"))
+            .arg("--webhook-dns-names=127.0.0.1")
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("step=spawn-nodeipam: {}: {e}", bin.display()));
+        let mut replica = Replica {
+            name: name.to_string(),
+            child,
+            metrics_port,
+            webhook_port,
+            log,
+        };
+        replica.wait_healthy().await;
+        replica
+    }
+
+    async fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "step=start-nodeipam: {} exited early ({status}):\n{}",
+                    self.name,
+                    self.log_tail()
+                );
+            }
+            if let Some((200, _)) = http_get(self.metrics_port, "/healthz").await {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "step=start-nodeipam: {} did not answer /healthz:\n{}",
+                self.name,
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        match http_get(self.metrics_port, "/metrics").await {
+            Some((200, body)) => body,
+            other => panic!("{}: /metrics answered {other:?}", self.name),
+        }
+    }
+
+    async fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        metric(&self.metrics().await, name, labels)
+    }
+
+    /// Waits until `nodeipam_leader` is `want`.
+    async fn wait_leader_metric(&self, want: f64) {
+        wait_for(
+            &format!("nodeipam_leader {want} on {}", self.name),
+            || async { (self.gauge("nodeipam_leader", &[]).await == Some(want)).then_some(()) },
+        )
+        .await;
+    }
+
+    fn signal(&self, signal: Signal) {
+        let pid = self
+            .child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .and_then(Pid::from_raw)
+            .unwrap_or_else(|| panic!("{} has already exited", self.name));
+        kill_process(pid, signal).unwrap_or_else(|e| panic!("signal {}: {e}", self.name));
+    }
+
+    /// Waits for the process to exit, which it must within [`WAIT`].
+    async fn wait_exit(&mut self) -> ExitStatus {
+        match tokio::time::timeout(WAIT, self.child.wait()).await {
+            Ok(Ok(status)) => status,
+            Ok(Err(e)) => panic!("waiting for {}: {e}", self.name),
+            Err(_) => panic!("{} did not exit:\n{}", self.name, self.log_tail()),
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn log_tail(&self) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// No API call of this replica was refused by RBAC.
+    fn assert_never_forbidden(&self) {
+        let log = self.log_text();
+        let refused: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "{} was refused by RBAC:\n{}",
+            self.name,
+            refused.join("\n")
+        );
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        // kill_on_drop ends the process; a failing test shows what it logged.
+        if std::thread::panicking() {
+            eprintln!("--- {} log tail ---\n{}", self.name, self.log_tail());
+        }
+    }
+}
+
+async fn lease_holder(client: &Client) -> Option<String> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    api.get_opt(LEASE)
+        .await
+        .expect("get lease")
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+async fn wait_holder(client: &Client, want: &str) {
+    wait_for(&format!("lease holder {want}"), || async {
+        (lease_holder(client).await.as_deref() == Some(want)).then_some(())
+    })
+    .await;
+}
+
+/// Creates the webhook configuration of `config/webhook`, reaching the replica by URL instead
+/// of the in-cluster Service (rules, failure policy and the rest as in the manifest).
+async fn register_webhook_by_url(client: &Client, webhook_port: u16) {
+    let text = std::fs::read_to_string(config_path("webhook/manifests.yaml"))
+        .expect("read config/webhook/manifests.yaml");
+    let mut vwc: ValidatingWebhookConfiguration =
+        serde_yaml::from_str(&text).expect("config/webhook/manifests.yaml parses");
+    for hook in vwc.webhooks.iter_mut().flatten() {
+        let path = hook
+            .client_config
+            .service
+            .take()
+            .and_then(|s| s.path)
+            .expect("the manifest names the webhook path");
+        hook.client_config.url = Some(format!("https://127.0.0.1:{webhook_port}{path}"));
+        assert!(
+            hook.client_config.ca_bundle.is_none(),
+            "caBundle is patched at runtime"
+        );
+    }
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &vwc)
+        .await
+        .expect("create the webhook configuration");
+}
+
+fn dual_stack(v4: &str, v6: &str) -> nodeipam_crd::NodeIPAMConfigSpec {
+    spec(family(v4, 24), family(v6, 64), None)
+}
+
+/// Creates `names` nodes, at most `parallel` requests at a time, calling `midway` once half
+/// of them have been sent.
+async fn create_nodes(
+    client: &Client,
+    names: Vec<String>,
+    parallel: usize,
+    midway: impl FnOnce(usize),
+) -> usize {
+    let total = names.len();
+    let gate = Arc::new(tokio::sync::Semaphore::new(parallel));
+    let created = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut midway = Some(midway);
+    for (i, name) in names.into_iter().enumerate() {
+        if i == total / 2
+            && let Some(f) = midway.take()
+        {
+            f(created.load(Ordering::SeqCst));
+        }
+        let permit = gate.clone().acquire_owned().await.expect("semaphore");
+        let (client, created) = (client.clone(), created.clone());
+        tasks.spawn(async move {
+            create_node(&client, &name, &[]).await;
+            created.fetch_add(1, Ordering::SeqCst);
+            drop(permit);
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("node creation task");
+    }
+    created.load(Ordering::SeqCst)
+}
+
+/// Waits until every node has `families` podCIDRs; returns how many nodes there are.
+async fn wait_all_allocated(client: &Client, families: usize) -> usize {
+    wait_for("every node to have its podCIDRs", || async {
+        let nodes = Api::<Node>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items;
+        nodes
+            .iter()
+            .all(|n| pod_cidrs(n).len() == families)
+            .then_some(nodes.len())
+    })
+    .await
+}
+
+async fn allocated_count(client: &Client) -> usize {
+    Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list nodes")
+        .items
+        .iter()
+        .filter(|n| !pod_cidrs(n).is_empty())
+        .count()
+}
+
+fn forbidden<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => panic!("{what}: expected 403 Forbidden for the controller, got {other:?}"),
+    }
+}
+
+// ----- tests -----
+
+/// The manifests are valid for the real API server (strict field validation, the CRD
+/// installs, samples pass the CRD's schema and CEL rules), their flags parse in the real
+/// binary, and the registered webhook fails closed while no replica answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifests_apply_to_the_real_api_server() {
+    // No CRD installed: config/default must bring its own.
+    let cp = ControlPlane::builder()
+        .install_crds(false)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("the control plane did not start: {e}"));
+    let client = cp.client();
+
+    // A server-side dry run of everything: admission and schema, nothing persisted. The
+    // namespace must exist for the namespaced objects to pass admission in a dry run.
+    kubectl_ok(
+        &cp,
+        &["apply", "-f", &config_path("manager/namespace.yaml")],
+    )
+    .await;
+    let out = kubectl_ok(
+        &cp,
+        &["apply", "-k", &config_path("default"), "--dry-run=server"],
+    )
+    .await;
+    for object in [
+        "customresourcedefinition.apiextensions.k8s.io/nodeipamconfigs.nodeipam.io",
+        "serviceaccount/nodeipam-controller",
+        "role.rbac.authorization.k8s.io/nodeipam-controller",
+        "clusterrole.rbac.authorization.k8s.io/nodeipam-controller",
+        "rolebinding.rbac.authorization.k8s.io/nodeipam-controller",
+        "clusterrolebinding.rbac.authorization.k8s.io/nodeipam-controller",
+        "service/nodeipam-webhook",
+        "deployment.apps/nodeipam-controller",
+        "poddisruptionbudget.policy/nodeipam-controller",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/nodeipam-webhook",
+    ] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(object) && l.contains("(server dry run)")),
+            "{object} missing from the dry run:\n{out}"
+        );
+    }
+
+    // The CRD for real, then the samples against its schema and CEL rules (no webhook yet).
+    kubectl_ok(&cp, &["apply", "-k", &config_path("crd")]).await;
+    kubectl_ok(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/nodeipamconfigs.nodeipam.io",
+            "--timeout=60s",
+        ],
+    )
+    .await;
+    let out = kubectl_ok(&cp, &["apply", "-k", &config_path("samples")]).await;
+    for name in ["dual-stack", "gpu-pool", "wide-ipv6"] {
+        assert!(
+            out.contains(&format!("nodeipamconfig.nodeipam.io/{name} created")),
+            "sample {name} not created:\n{out}"
+        );
+    }
+
+    // Everything for real. No scheduler runs here, so the Deployment never starts a pod; the
+    // webhook configuration is live, though.
+    kubectl_ok(&cp, &["apply", "-k", &config_path("default")]).await;
+    let rendered = kubectl_ok(&cp, &["kustomize", &config_path("default")]).await;
+    let docs = yaml_docs(&rendered);
+    let deploy = find_kind(&docs, "Deployment");
+    let pod = &deploy["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(
+        container["securityContext"]["allowPrivilegeEscalation"],
+        false
+    );
+    assert_eq!(
+        container["securityContext"]["capabilities"]["drop"],
+        json!(["ALL"])
+    );
+
+    // The ports the probes and the Service use are the ones the flags open.
+    let args: Vec<String> = serde_json::from_value(container["args"].clone()).expect("args");
+    let port_of = |flag: &str| -> u16 {
+        args.iter()
+            .find_map(|a| a.strip_prefix(flag))
+            .and_then(|addr| addr.rsplit_once(':'))
+            .and_then(|(_, p)| p.parse().ok())
+            .unwrap_or_else(|| panic!("no {flag} in {args:?}"))
+    };
+    let named = |name: &str| -> u16 {
+        container["ports"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+            .and_then(|p| p["containerPort"].as_u64())
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or_else(|| panic!("no container port named {name}"))
+    };
+    assert_eq!(named("metrics"), port_of("--metrics-addr="));
+    assert_eq!(named("webhook"), port_of("--webhook-addr="));
+    assert_eq!(container["livenessProbe"]["httpGet"]["port"], "metrics");
+    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
+    let service = find_kind(&docs, "Service");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "webhook");
+    let env: Vec<&str> = container["env"]
+        .as_array()
+        .map(|e| e.iter().filter_map(|v| v["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(env.contains(&"POD_NAME") && env.contains(&"POD_NAMESPACE"));
+    assert_flags_parse(&args).await;
+
+    // failurePolicy Fail: with no replica behind the Service, creates are refused...
+    let err = Api::<NodeIPAMConfig>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &NodeIPAMConfig::new("refused", dual_stack("10.40.0.0/16", "fd00:40::/48")),
+        )
+        .await
+        .expect_err("the webhook fails closed");
+    assert!(
+        err.to_string().contains("failed calling webhook"),
+        "unexpected error: {err}"
+    );
+    // ...but deletes are not intercepted: a config can always drain.
+    kubectl_ok(
+        &cp,
+        &["delete", "nodeipamconfig", "gpu-pool", "--wait=false"],
+    )
+    .await;
+
+    // The cert-manager overlay against stand-in cert-manager CRDs (any fields accepted).
+    for (plural, kind) in [("certificates", "Certificate"), ("issuers", "Issuer")] {
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.cert-manager.io")},
+            "spec": {
+                "group": "cert-manager.io",
+                "scope": "Namespaced",
+                "names": {"plural": plural, "kind": kind},
+                "versions": [{"name": "v1", "served": true, "storage": true, "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+                }}],
+            },
+        });
+        let path = cp.dir().join(format!("{plural}.json"));
+        std::fs::write(&path, crd.to_string()).expect("write stand-in CRD");
+        kubectl_ok(&cp, &["apply", "-f", &path.display().to_string()]).await;
+        kubectl_ok(
+            &cp,
+            &[
+                "wait",
+                "--for=condition=Established",
+                &format!("crd/{plural}.cert-manager.io"),
+                "--timeout=60s",
+            ],
+        )
+        .await;
+    }
+    let out = kubectl_ok(
+        &cp,
+        &[
+            "apply",
+            "-k",
+            &config_path("certmanager"),
+            "--dry-run=server",
+        ],
+    )
+    .await;
+    assert!(
+        out.contains("certificate.cert-manager.io/nodeipam-webhook-cert"),
+        "{out}"
+    );
+    let docs = yaml_docs(&kubectl_ok(&cp, &["kustomize", &config_path("certmanager")]).await);
+    let vwc = find_kind(&docs, "ValidatingWebhookConfiguration");
+    assert_eq!(
+        vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "nodeipam-system/nodeipam-webhook-cert"
+    );
+    let container = &find_kind(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<String> = serde_json::from_value(container["args"].clone()).expect("args");
+    assert!(args.iter().any(|a| a == "--cert-mode=files"), "{args:?}");
+    let cert_dir = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--cert-dir="))
+        .expect("--cert-dir");
+    assert_eq!(container["volumeMounts"][0]["mountPath"], cert_dir);
+    assert_flags_parse(&args).await;
+
+    cp.stop().await;
+}
+
+/// The Deployment's arguments are flags the binary knows: with them it gets as far as
+/// reading the (missing) kubeconfig instead of failing to parse.
+async fn assert_flags_parse(args: &[String]) {
+    let out = tokio::process::Command::new(nodeipam_bin())
+        .env_clear()
+        .args(args)
+        .arg("--kubeconfig=/nonexistent/kubeconfig")
+        .output()
+        .await
+        .expect("run nodeipam");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("/nonexistent/kubeconfig"),
+        "nodeipam {args:?} did not get to reading its kubeconfig:\n{stderr}"
+    );
+}
+
+/// `nodeipam run` as the ServiceAccount of `config/rbac` does everything (allocation,
+/// finalizers, status, events, leader election, managed TLS with caBundle patching, the
+/// webhook) without one refusal, and cannot do what it was not granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_allows_every_feature_and_nothing_more() {
+    let cp = control_plane().await;
+    let admin = cp.client();
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    let kubeconfig = sa_kubeconfig(&cp, dir.path());
+    let mut replica = Replica::start(dir.path(), &kubeconfig, "rbac-0", &[]).await;
+    register_webhook_by_url(&admin, replica.webhook_port).await;
+
+    // Leader election: the lease is created and held.
+    wait_holder(&admin, "rbac-0").await;
+    replica.wait_leader_metric(1.0).await;
+
+    // Managed TLS: the Secret is written and its CA patched into the webhook configuration.
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
+    let ca = wait_for("the webhook Secret", || async {
+        secrets
+            .get_opt(SECRET)
+            .await
+            .ok()??
+            .data?
+            .get("ca.crt")
+            .map(|b| b.0.clone())
+    })
+    .await;
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
+    wait_for("caBundle patched with the Secret's CA", || async {
+        let vwc = vwcs.get(VWC).await.ok()?;
+        vwc.webhooks?
+            .iter()
+            .all(|h| h.client_config.ca_bundle.as_ref().map(|b| &b.0) == Some(&ca))
+            .then_some(())
+    })
+    .await;
+
+    // The webhook answers through the API server: a range only it can refuse is refused.
+    let configs: Api<NodeIPAMConfig> = Api::all(admin.clone());
+    wait_for("the API server to call the webhook", || async {
+        let probe = NodeIPAMConfig::new("probe", spec(family("10.96.0.0/16", 24), None, None));
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        match configs.create(&dry, &probe).await {
+            Err(kube::Error::Api(s)) if s.message.contains("overlaps the Service range") => {
+                Some(())
+            }
+            _ => None,
+        }
+    })
+    .await;
+
+    // Allocation, finalizer and status.
+    // Not a catch-all: a node the tiny config cannot serve must find no other config.
+    let not_tiny = selector(&[("pool", "NotIn", &["tiny"])]);
+    create_ready_config(
+        &admin,
+        "main",
+        spec(
+            family("10.128.0.0/16", 24),
+            family("fd00:128::/48", 64),
+            not_tiny,
+        ),
+    )
+    .await;
+    let tiny = selector(&[("pool", "In", &["tiny"])]);
+    create_ready_config(
+        &admin,
+        "tiny",
+        spec(family("10.200.0.0/30", 30), None, tiny),
+    )
+    .await;
+    for i in 0..5 {
+        create_node(&admin, &format!("node-{i}"), &[]).await;
+    }
+    for i in 0..2 {
+        create_node(&admin, &format!("tiny-{i}"), &[("pool", "tiny")]).await;
+    }
+    for i in 0..5 {
+        assert_eq!(wait_cidrs(&admin, &format!("node-{i}")).await.len(), 2);
+    }
+    let main = get_config(&admin, "main").await.expect("config main");
+    assert!(main.finalizers().iter().any(|f| f == FINALIZER));
+    assert_status_matches(&admin, "main").await;
+
+    // Events: one tiny node got the only block; the other is pending with a warning and the
+    // config reports exhaustion.
+    let (held, pending) = wait_for("one tiny node allocated", || async {
+        let a = pod_cidrs(&get_node(&admin, "tiny-0").await?);
+        let b = pod_cidrs(&get_node(&admin, "tiny-1").await?);
+        match (a.is_empty(), b.is_empty()) {
+            (false, true) => Some(("tiny-0", "tiny-1")),
+            (true, false) => Some(("tiny-1", "tiny-0")),
+            _ => None,
+        }
+    })
+    .await;
+    wait_event(&admin, pending, "CIDRNotAvailable").await;
+    wait_event(&admin, "tiny", "Exhausted").await;
+
+    // Drain: the deleted config stays until its node is gone, then the finalizer is removed.
+    delete_config(&admin, "tiny").await;
+    wait_condition(&admin, "tiny", "Drained", "False", Some("NodesRemaining")).await;
+    delete_node(&admin, held).await;
+    delete_node(&admin, pending).await;
+    wait_for("config tiny gone", || async {
+        get_config(&admin, "tiny").await.is_none().then_some(())
+    })
+    .await;
+
+    // Nothing beyond the grant.
+    let sa = cp
+        .client_for(SA_USER, SA_GROUPS)
+        .await
+        .expect("client for the ServiceAccount");
+    let merge = PatchParams::default();
+    let label = json!({"metadata": {"labels": {"x": "y"}}});
+    forbidden(
+        "patch a Pod",
+        Api::<Pod>::namespaced(sa.clone(), "default")
+            .patch("any", &merge, &Patch::Merge(&label))
+            .await,
+    );
+    forbidden(
+        "read the same Secret name in another namespace",
+        Api::<Secret>::namespaced(sa.clone(), "default")
+            .get(SECRET)
+            .await,
+    );
+    forbidden(
+        "read another Secret in its own namespace",
+        Api::<Secret>::namespaced(sa.clone(), NAMESPACE)
+            .get("someone-else")
+            .await,
+    );
+    forbidden(
+        "list Secrets in its own namespace",
+        Api::<Secret>::namespaced(sa.clone(), NAMESPACE)
+            .list(&ListParams::default())
+            .await,
+    );
+    forbidden(
+        "delete a Node",
+        Api::<Node>::all(sa.clone())
+            .delete("node-0", &DeleteParams::default())
+            .await,
+    );
+    forbidden(
+        "delete a NodeIPAMConfig",
+        Api::<NodeIPAMConfig>::all(sa.clone())
+            .delete("main", &DeleteParams::default())
+            .await,
+    );
+    forbidden(
+        "read another webhook configuration",
+        Api::<ValidatingWebhookConfiguration>::all(sa.clone())
+            .get("someone-else")
+            .await,
+    );
+    forbidden(
+        "delete its lease",
+        Api::<Lease>::namespaced(sa.clone(), NAMESPACE)
+            .delete(LEASE, &DeleteParams::default())
+            .await,
+    );
+    forbidden(
+        "write a ConfigMap in kube-system",
+        Api::<ConfigMap>::namespaced(sa.clone(), "kube-system")
+            .patch("any", &merge, &Patch::Merge(&label))
+            .await,
+    );
+
+    replica.assert_never_forbidden();
+    assert_invariant(&admin, &[]).await;
+
+    // SIGTERM: a clean exit that releases the lease (nobody else could have taken it).
+    replica.signal(Signal::TERM);
+    let status = replica.wait_exit().await;
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    assert_eq!(lease_holder(&admin).await, None, "the lease was released");
+    replica.assert_never_forbidden();
+    cp.stop().await;
+}
+
+/// Two replicas, one allocating; the leader is SIGKILLed halfway through a burst of 500 node
+/// creations and the other takes over: every node ends up with podCIDRs, none overlap, and the
+/// status and the new leader's metrics match the cluster. Then a fresh third replica stands
+/// by, the leader gets SIGTERM, exits 0 and releases the lease to it, and the third one's
+/// metrics count exactly what it allocates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_during_a_node_burst() {
+    const BURST: usize = 500;
+    const WARMUP: usize = 10;
+    const AFTER: usize = 20;
+    let (v4, v6) = ("10.128.0.0/14", "fd00:128::/48");
+
+    let cp = control_plane().await;
+    let admin = cp.client();
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    let kubeconfig = sa_kubeconfig(&cp, dir.path());
+    let mut fast: Vec<&str> = FAST_LEASE.to_vec();
+    fast.extend(["--kube-api-qps=200", "--kube-api-burst=200"]);
+
+    let mut a = Replica::start(dir.path(), &kubeconfig, "replica-a", &fast).await;
+    wait_holder(&admin, "replica-a").await;
+    let mut b = Replica::start(dir.path(), &kubeconfig, "replica-b", &fast).await;
+    a.wait_leader_metric(1.0).await;
+
+    create_ready_config(&admin, "pool", dual_stack(v4, v6)).await;
+    for i in 0..WARMUP {
+        create_node(&admin, &format!("warm-{i}"), &[]).await;
+    }
+    wait_all_allocated(&admin, 2).await;
+
+    // Only the leader allocates.
+    let allocations = "node_ipam_controller_cidrset_cidrs_allocations_total";
+    let clusterv4 = [("clusterCIDR", v4)];
+    assert_eq!(a.gauge(allocations, &clusterv4).await, Some(WARMUP as f64));
+    assert_eq!(b.gauge("nodeipam_leader", &[]).await, Some(0.0));
+    assert_eq!(b.gauge(allocations, &clusterv4).await.unwrap_or(0.0), 0.0);
+
+    // The burst, with the leader killed halfway.
+    let names: Vec<String> = (0..BURST).map(|i| format!("burst-{i:03}")).collect();
+    let mut killed_at = None;
+    let mut done_before_kill = 0;
+    let burst_began = Instant::now();
+    let created = create_nodes(&admin, names, 32, |created| {
+        a.signal(Signal::KILL);
+        killed_at = Some(Instant::now());
+        done_before_kill = created;
+    })
+    .await;
+    let burst_took = burst_began.elapsed();
+    let killed_at = killed_at.expect("the leader was killed during the burst");
+    assert_eq!(created, BURST);
+    let a_status = a.wait_exit().await;
+    assert!(!a_status.success(), "replica-a was killed: {a_status}");
+    let allocated_at_kill_plus = allocated_count(&admin).await;
+
+    wait_holder(&admin, "replica-b").await;
+    let takeover = killed_at.elapsed();
+    b.wait_leader_metric(1.0).await;
+    let nodes = wait_all_allocated(&admin, 2).await;
+    let all_allocated = killed_at.elapsed();
+    assert_eq!(nodes, WARMUP + BURST);
+    assert_invariant(&admin, &[]).await;
+    assert_status_matches(&admin, "pool").await;
+    eprintln!(
+        "failover: {BURST} nodes created in {:.1}s; replica-a SIGKILLed after {done_before_kill} \
+         creates ({allocated_at_kill_plus} nodes allocated right after); replica-b held the \
+         lease {:.1}s after the kill and all {nodes} nodes had podCIDRs {:.1}s after it",
+        burst_took.as_secs_f64(),
+        takeover.as_secs_f64(),
+        all_allocated.as_secs_f64()
+    );
+
+    // The new leader's gauges match the cluster (it rebuilt them from the Nodes).
+    let blocks = "nodeipam_config_blocks_allocated";
+    let status = get_config(&admin, "pool")
+        .await
+        .and_then(|c| c.status)
+        .expect("status of pool");
+    let metrics = b.metrics().await;
+    for (family, st) in [("ipv4", status.ipv4), ("ipv6", status.ipv6)] {
+        let labels = [("config", "pool"), ("family", family)];
+        assert_eq!(metric(&metrics, blocks, &labels), Some(nodes as f64));
+        assert_eq!(st.map(|f| f.allocated), Some(nodes as u64));
+    }
+    assert_eq!(metric(&metrics, "nodeipam_pending_nodes", &[]), Some(0.0));
+    // It handed out blocks (a block whose write lost to one of the dead leader's late writes
+    // is counted and then released, so there is no exact count to expect here).
+    let by_b = metric(&metrics, allocations, &clusterv4).unwrap_or(0.0);
+    let released_by_b = metric(
+        &metrics,
+        "node_ipam_controller_cidrset_cidrs_releases_total",
+        &clusterv4,
+    )
+    .unwrap_or(0.0);
+    assert!(by_b >= 1.0, "replica-b allocated nothing");
+    eprintln!(
+        "failover: replica-b handed out {by_b} IPv4 blocks and released {released_by_b}; \
+         {} were pending when replica-a died",
+        nodes - allocated_at_kill_plus
+    );
+
+    // A replacement stands by; SIGTERM hands the lease over without waiting for expiry.
+    let mut c = Replica::start(dir.path(), &kubeconfig, "replica-c", &fast).await;
+    assert_eq!(c.gauge("nodeipam_leader", &[]).await, Some(0.0));
+    let term_at = Instant::now();
+    b.signal(Signal::TERM);
+    let b_status = b.wait_exit().await;
+    assert!(b_status.success(), "replica-b after SIGTERM: {b_status}");
+    assert_ne!(
+        lease_holder(&admin).await.as_deref(),
+        Some("replica-b"),
+        "replica-b released the lease before exiting"
+    );
+    assert!(b.log_text().contains("lease released"), "{}", b.log_tail());
+    wait_holder(&admin, "replica-c").await;
+    eprintln!(
+        "handover: replica-b exited 0 after SIGTERM; replica-c held the lease {:.1}s after it",
+        term_at.elapsed().as_secs_f64()
+    );
+    c.wait_leader_metric(1.0).await;
+
+    // Metrics match the cluster exactly: replica-c allocates only what comes after.
+    for i in 0..AFTER {
+        create_node(&admin, &format!("after-{i}"), &[]).await;
+    }
+    let nodes = wait_all_allocated(&admin, 2).await;
+    assert_eq!(nodes, WARMUP + BURST + AFTER);
+    assert_status_matches(&admin, "pool").await;
+    let want: BTreeMap<&str, f64> = [("ipv4", nodes as f64), ("ipv6", nodes as f64)].into();
+    wait_for("replica-c's metrics to match the cluster", || async {
+        let m = c.metrics().await;
+        let ok = want.iter().all(|(family, n)| {
+            metric(&m, blocks, &[("config", "pool"), ("family", family)]) == Some(*n)
+        }) && metric(&m, allocations, &clusterv4) == Some(AFTER as f64)
+            && metric(&m, allocations, &[("clusterCIDR", v6)]) == Some(AFTER as f64)
+            && metric(&m, "nodeipam_pending_nodes", &[]) == Some(0.0);
+        ok.then_some(())
+    })
+    .await;
+    assert_invariant(&admin, &[]).await;
+
+    for r in [&a, &b, &c] {
+        r.assert_never_forbidden();
+    }
+    c.signal(Signal::TERM);
+    assert!(c.wait_exit().await.success());
+    cp.stop().await;
+}
