@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# The nodeipam demo, from a fresh clone: a local control plane (etcd + kube-apiserver, built on
+# first use), the NodeIPAMConfig CRD and samples, and `nodeipam run` in the background with
+# leader election, the validating webhook (registered by URL) and the least-privilege RBAC of
+# config/rbac. It creates a few dozen Nodes, shows their podCIDRs, drains a config two ways
+# (disable, delete) and stops everything it started.
+#   hack/demo.sh          run the demo, then stop the controller and the control plane
+#   hack/demo.sh --keep   leave both running (stop with: kill <pid>; hack/control-plane.sh down)
+# Ports: NODEIPAM_DEMO_METRICS_PORT (8085) and NODEIPAM_DEMO_WEBHOOK_PORT (9445), on 127.0.0.1.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$NODEIPAM_ROOT"
+
+KEEP=false
+case "${1:-}" in
+  --keep) KEEP=true ;;
+  "") ;;
+  *) echo "usage: $0 [--keep]" >&2; exit 2 ;;
+esac
+METRICS_PORT="${NODEIPAM_DEMO_METRICS_PORT:-8085}"
+WEBHOOK_PORT="${NODEIPAM_DEMO_WEBHOOK_PORT:-9445}"
+NS=nodeipam-system
+DEMO_DIR="$NODEIPAM_CACHE/demo"
+CONTROLLER_LOG="$DEMO_DIR/nodeipam.log"
+CP_PID_FILE="$NODEIPAM_CACHE/control-plane/pid"
+DEMO_LABEL=nodeipam.io/demo
+PLAIN_NODES=24 GPU_NODES=6 V6_NODES=4
+
+command -v curl >/dev/null || die "step=prerequisites: curl is needed to read the controller's /readyz and /metrics"
+mkdir -p "$DEMO_DIR"
+
+now_ms() { date +%s%3N; }
+since() { # since START_MS: seconds elapsed, one decimal
+  local d=$(( $(now_ms) - $1 ))
+  printf '%d.%d' $((d / 1000)) $(((d % 1000) / 100))
+}
+section() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
+show() { # show CMD...: print the command, then run it
+  printf '\033[2m$ %s\033[0m\n' "$*" >&2
+  "$@"
+}
+TIMINGS=()
+record() { TIMINGS+=("$(printf '%-44s %6ss' "$1" "$2")"); }
+
+# wait_until WHAT TIMEOUT_S CMD...: polls CMD every 0.2 s.
+wait_until() {
+  local what="$1" timeout="$2"; shift 2
+  local deadline=$(( $(now_ms) + timeout * 1000 ))
+  until "$@" >/dev/null 2>&1; do
+    controller_alive || die "step=$what: the controller exited; log: $CONTROLLER_LOG"$'\n'"$(tail -20 "$CONTROLLER_LOG")"
+    (( $(now_ms) < deadline )) || die "step=$what: not done within ${timeout}s; controller log: $CONTROLLER_LOG"
+    sleep 0.2
+  done
+}
+
+NODEIPAM_PID=""
+STARTED_CP=false
+controller_alive() { [[ -z "$NODEIPAM_PID" ]] || kill -0 "$NODEIPAM_PID" 2>/dev/null; }
+
+stop_controller() {
+  if [[ -n "$NODEIPAM_PID" ]] && kill -0 "$NODEIPAM_PID" 2>/dev/null; then
+    kill -TERM "$NODEIPAM_PID"
+    local rc=0
+    wait "$NODEIPAM_PID" || rc=$?
+    log "controller stopped (exit $rc)"
+  fi
+  NODEIPAM_PID=""
+}
+
+cleanup() {
+  local rc=$?
+  if [[ $rc -ne 0 && -n "$NODEIPAM_PID" ]]; then
+    log "demo failed; last controller log lines ($CONTROLLER_LOG):"
+    tail -15 "$CONTROLLER_LOG" >&2 || true
+  fi
+  if [[ "$KEEP" == true && $rc -eq 0 ]]; then
+    return
+  fi
+  stop_controller
+  if [[ "$STARTED_CP" == true ]]; then
+    "$NODEIPAM_ROOT/hack/control-plane.sh" down
+  fi
+}
+trap cleanup EXIT
+
+START=$(now_ms)
+
+# ---------------------------------------------------------------------------------------------
+section "1. Control plane"
+if [[ -f "$CP_PID_FILE" ]] && kill -0 "$(cat "$CP_PID_FILE")" 2>/dev/null; then
+  log "reusing the running control plane (left running: it is not stopped at the end)"
+else
+  STARTED_CP=true
+fi
+t=$(now_ms)
+eval "$("$NODEIPAM_ROOT/hack/control-plane.sh" up)"
+record "control plane up (builds on first use)" "$(since "$t")"
+log "KUBECONFIG=$KUBECONFIG"
+if [[ "$STARTED_CP" == false ]] && [[ -n "$(kubectl get nodes -l "$DEMO_LABEL" -o name 2>/dev/null)" ]]; then
+  die "step=control-plane: nodes of an earlier demo are still there; start afresh with: hack/control-plane.sh down"
+fi
+
+# ---------------------------------------------------------------------------------------------
+section "2. CRD, namespace, RBAC and the webhook registration"
+# Server-side: the control plane already installed the CRD from config/crd/bases.
+show kubectl apply --server-side --force-conflicts -k config/crd
+kubectl wait --for=condition=Established crd/nodeipamconfigs.nodeipam.io --timeout=60s >/dev/null
+show kubectl apply -f config/manager/namespace.yaml
+show kubectl apply -k config/rbac
+# The controller runs as its ServiceAccount, with a token: exactly the rights of config/rbac.
+CONTROLLER_KUBECONFIG="$DEMO_DIR/controller.kubeconfig"
+cp "$KUBECONFIG" "$CONTROLLER_KUBECONFIG"
+TOKEN="$(kubectl -n "$NS" create token nodeipam-controller --duration=12h)"
+kubectl --kubeconfig="$CONTROLLER_KUBECONFIG" config set-credentials nodeipam-controller --token="$TOKEN" >/dev/null
+kubectl --kubeconfig="$CONTROLLER_KUBECONFIG" config set-context --current --user=nodeipam-controller >/dev/null
+kubectl --kubeconfig="$CONTROLLER_KUBECONFIG" auth whoami -o jsonpath='{.status.userInfo.username}' | sed 's/^/controller identity: /' >&2; echo >&2
+# The webhook configuration of config/webhook, but reaching the local process by URL instead of
+# the in-cluster Service. caBundle stays empty: the controller patches it.
+show kubectl apply -f config/webhook/manifests.yaml
+show kubectl patch validatingwebhookconfiguration nodeipam-webhook --type=json -p \
+  "[{\"op\":\"replace\",\"path\":\"/webhooks/0/clientConfig\",\"value\":{\"url\":\"https://127.0.0.1:$WEBHOOK_PORT/validate-nodeipamconfig\"}}]"
+
+# ---------------------------------------------------------------------------------------------
+section "3. Build and start the controller"
+t=$(now_ms)
+timed "cargo build nodeipam" cargo build --quiet -p nodeipam-controller --bin nodeipam
+record "cargo build nodeipam" "$(since "$t")"
+t=$(now_ms)
+"$CARGO_TARGET_DIR/debug/nodeipam" run \
+  --kubeconfig="$CONTROLLER_KUBECONFIG" \
+  --namespace="$NS" \
+  --identity=demo-0 \
+  --metrics-addr="127.0.0.1:$METRICS_PORT" \
+  --webhook-addr="127.0.0.1:$WEBHOOK_PORT" \
+  --webhook-dns-names=127.0.0.1 \
+  >"$CONTROLLER_LOG" 2>&1 &
+NODEIPAM_PID=$!
+log "nodeipam run: pid $NODEIPAM_PID, log $CONTROLLER_LOG"
+wait_until "controller ready" 60 curl -fsS "http://127.0.0.1:$METRICS_PORT/readyz"
+wait_until "leadership" 60 bash -c "curl -fsS http://127.0.0.1:$METRICS_PORT/metrics | grep -qx 'nodeipam_leader 1'"
+ca_patched() { [[ -n "$(kubectl get validatingwebhookconfiguration nodeipam-webhook -o jsonpath='{.webhooks[0].clientConfig.caBundle}')" ]]; }
+wait_until "caBundle patched" 60 ca_patched
+# The API server picks the new caBundle up a moment later: wait for a verdict of the webhook.
+PROBE='{"apiVersion":"nodeipam.io/v1alpha1","kind":"NodeIPAMConfig","metadata":{"name":"overlaps-services"},"spec":{"ipv4":{"cidr":"10.96.0.0/16","perNodeMaskSize":24}}}'
+webhook_denies() {
+  echo "$PROBE" | kubectl apply --dry-run=server -f - >"$DEMO_DIR/probe.out" 2>&1 && return 1
+  grep -q "overlaps the Service range" "$DEMO_DIR/probe.out"
+}
+wait_until "webhook effective" 60 webhook_denies
+record "controller ready, leading, webhook live" "$(since "$t")"
+kubectl get lease -n "$NS" nodeipam-controller -o custom-columns=LEASE:.metadata.name,HOLDER:.spec.holderIdentity
+log "the webhook refuses a range that overlaps the Service range:"
+sed 's/^/    /' "$DEMO_DIR/probe.out" >&2
+
+# ---------------------------------------------------------------------------------------------
+section "4. Sample NodeIPAMConfigs (through the webhook)"
+show kubectl apply -k config/samples
+kubectl wait --for=condition=Ready nodeipamconfig --all --timeout=60s >/dev/null
+show kubectl get nodeipamconfigs
+log "the webhook refuses a config that overlaps another:"
+OVERLAP='{"apiVersion":"nodeipam.io/v1alpha1","kind":"NodeIPAMConfig","metadata":{"name":"overlapping"},"spec":{"ipv4":{"cidr":"10.65.0.0/16","perNodeMaskSize":24}}}'
+if echo "$OVERLAP" | kubectl apply -f - >"$DEMO_DIR/overlap.out" 2>&1; then
+  die "step=webhook: a config overlapping dual-stack was admitted"
+fi
+sed 's/^/    /' "$DEMO_DIR/overlap.out" >&2
+
+# ---------------------------------------------------------------------------------------------
+section "5. $((PLAIN_NODES + GPU_NODES + V6_NODES)) Nodes"
+node_doc() { # node_doc NAME [POOL]
+  printf -- '- apiVersion: v1\n  kind: Node\n  metadata:\n    name: %s\n    labels:\n      %s: "true"\n' "$1" "$DEMO_LABEL"
+  [[ -n "${2:-}" ]] && printf '      nodeipam.io/pool: %s\n' "$2"
+  return 0
+}
+{
+  printf 'apiVersion: v1\nkind: List\nitems:\n'
+  for i in $(seq -w 1 "$PLAIN_NODES"); do node_doc "worker-$i"; done
+  for i in $(seq -w 1 "$GPU_NODES"); do node_doc "gpu-$i" gpu; done
+  for i in $(seq -w 1 "$V6_NODES"); do node_doc "v6-$i" ipv6-only; done
+} >"$DEMO_DIR/nodes.yaml"
+TOTAL=$((PLAIN_NODES + GPU_NODES + V6_NODES))
+t=$(now_ms)
+kubectl create -f "$DEMO_DIR/nodes.yaml" >/dev/null
+all_allocated() {
+  [[ "$(kubectl get nodes -l "$DEMO_LABEL" -o jsonpath='{range .items[*]}{.spec.podCIDRs}{"\n"}{end}' | grep -c .)" -eq "$TOTAL" ]]
+}
+wait_until "allocation" 60 all_allocated
+record "$TOTAL nodes created and allocated" "$(since "$t")"
+show kubectl get nodeipamconfigs -o wide
+show kubectl get nodes -o 'custom-columns=NAME:.metadata.name,POOL:.metadata.labels.nodeipam\.io/pool,CONFIG:.metadata.annotations.nodeipam\.io/config,PODCIDRS:.spec.podCIDRs'
+log "metrics (http://127.0.0.1:$METRICS_PORT/metrics):"
+curl -fsS "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^nodeipam_(config_blocks_allocated|pending_nodes|leader)' | sed 's/^/    /' >&2
+
+# ---------------------------------------------------------------------------------------------
+section "6. Drain by disabling: wide-ipv6 hands out nothing more; its nodes keep their blocks"
+t=$(now_ms)
+show kubectl patch nodeipamconfig wide-ipv6 --type=merge -p '{"spec":{"allocation":"Disabled"}}'
+kubectl wait --for=jsonpath='{.status.conditions[?(@.type=="Drained")].reason}'=NodesRemaining nipc/wide-ipv6 --timeout=60s >/dev/null
+show kubectl get nipc wide-ipv6 -o 'custom-columns=NAME:.metadata.name,ALLOCATION:.spec.allocation,NODES:.status.nodes,DRAINED:.status.conditions[?(@.type=="Drained")].status,REASON:.status.conditions[?(@.type=="Drained")].reason'
+show kubectl delete nodes -l nodeipam.io/pool=ipv6-only
+kubectl wait --for=condition=Drained nipc/wide-ipv6 --timeout=60s >/dev/null
+show kubectl get nipc wide-ipv6 -o 'custom-columns=NAME:.metadata.name,ALLOCATION:.spec.allocation,NODES:.status.nodes,DRAINED:.status.conditions[?(@.type=="Drained")].status,REASON:.status.conditions[?(@.type=="Drained")].reason'
+record "wide-ipv6 disabled and drained" "$(since "$t")"
+
+# ---------------------------------------------------------------------------------------------
+section "7. Drain by deleting: gpu-pool stays (finalizer) until its nodes are gone"
+t=$(now_ms)
+show kubectl delete nipc gpu-pool --wait=false
+kubectl wait --for=jsonpath='{.status.conditions[?(@.type=="Drained")].reason}'=NodesRemaining nipc/gpu-pool --timeout=60s >/dev/null
+show kubectl get nipc gpu-pool -o 'custom-columns=NAME:.metadata.name,DELETING:.metadata.deletionTimestamp,NODES:.status.nodes,READY:.status.conditions[?(@.type=="Ready")].reason,DRAINED:.status.conditions[?(@.type=="Drained")].status,REASON:.status.conditions[?(@.type=="Drained")].reason'
+show kubectl delete nodes -l nodeipam.io/pool=gpu
+kubectl wait --for=delete nipc/gpu-pool --timeout=60s >/dev/null
+record "gpu-pool deleted and drained" "$(since "$t")"
+show kubectl get nodeipamconfigs
+log "its last events:"
+kubectl get events -n default --field-selector involvedObject.name=gpu-pool \
+  -o 'custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message' >&2
+
+# ---------------------------------------------------------------------------------------------
+if [[ "$KEEP" == false ]]; then
+  section "8. Stop: SIGTERM releases the lease"
+  t=$(now_ms)
+  stop_controller
+  record "controller stopped (SIGTERM)" "$(since "$t")"
+  show kubectl get lease -n "$NS" nodeipam-controller -o 'custom-columns=LEASE:.metadata.name,HOLDER:.spec.holderIdentity'
+fi
+
+section "Timings"
+printf '%s\n' "${TIMINGS[@]}" >&2
+printf '%-44s %6ss\n' "demo total" "$(since "$START")" >&2
+if [[ "$KEEP" == true ]]; then
+  log "--keep: still running: the controller (pid $NODEIPAM_PID, stop with: kill $NODEIPAM_PID) and"
+  log "the control plane (stop with: hack/control-plane.sh down). To use it:"
+  echo "export KUBECONFIG=$KUBECONFIG PATH=$NODEIPAM_ASSETS:\$PATH"
+fi
