@@ -20,6 +20,7 @@ use tracing::{error, info, warn};
 
 use crate::cli::{CertMode, ClientArgs, LogFormat, RunArgs};
 use crate::metrics::Metrics;
+use crate::reconcile::publisher::{ConfigMapRef, PublishOptions};
 use crate::reconcile::{self, Context, Options};
 
 pub fn init_logging(format: LogFormat, level: &str) {
@@ -125,6 +126,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         instance: Some(identity.clone()),
         qps: args.client.kube_api_qps,
         burst: args.client.kube_api_burst,
+        publish: PublishOptions {
+            pod_network: (!args.pod_network_configmap.is_empty()).then(|| ConfigMapRef {
+                namespace: args.namespace.clone(),
+                name: args.pod_network_configmap.clone(),
+            }),
+            ip_masq_agent: args.ip_masq_agent_configmap.clone(),
+            extra_non_masquerade: args.extra_non_masquerade_cidrs.clone(),
+        },
         ..Options::default()
     };
     let ctx = Arc::new(Context::new(client.clone(), options, metrics.clone()));

@@ -24,6 +24,8 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Print the NodeIPAMConfig CRD YAML.
     Crdgen,
+    /// Print the pod network (every range not yet drained, and unmanaged podCIDRs).
+    Ranges(RangesArgs),
     /// Print the version.
     Version,
 }
@@ -53,6 +55,15 @@ pub struct ClientArgs {
     /// Requests allowed in a burst above the QPS.
     #[arg(long, env = "NODEIPAM_KUBE_API_BURST", default_value_t = 100)]
     pub kube_api_burst: u32,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RangesArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = crate::ranges::Format::Table)]
+    pub format: crate::ranges::Format,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -123,6 +134,25 @@ pub struct RunArgs {
     /// How long before expiry the holder renews, in seconds.
     #[arg(long, env = "NODEIPAM_LEASE_GRACE", default_value_t = 5)]
     pub lease_grace: u64,
+
+    /// The ConfigMap (in --namespace) that publishes the pod network for consumers. Allocation
+    /// from a new range waits until it is written; empty turns publishing off.
+    #[arg(
+        long,
+        env = "NODEIPAM_POD_NETWORK_CONFIGMAP",
+        default_value = "nodeipam-pod-network"
+    )]
+    pub pod_network_configmap: String,
+    /// ip-masq-agent's ConfigMap (namespace/name) whose `config` key is kept in sync.
+    #[arg(long, env = "NODEIPAM_IP_MASQ_AGENT_CONFIGMAP")]
+    pub ip_masq_agent_configmap: Option<crate::reconcile::publisher::ConfigMapRef>,
+    /// More CIDRs for ip-masq-agent's nonMasqueradeCIDRs.
+    #[arg(
+        long = "extra-non-masquerade-cidr",
+        env = "NODEIPAM_EXTRA_NON_MASQUERADE_CIDRS",
+        value_delimiter = ','
+    )]
+    pub extra_non_masquerade_cidrs: Vec<IpNet>,
 
     /// How many podCIDR writes run at once.
     #[arg(long, env = "NODEIPAM_WRITE_CONCURRENCY", default_value_t = 16)]

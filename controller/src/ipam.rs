@@ -16,7 +16,7 @@ use crate::cidrset::CidrSet;
 use crate::selection::{self, Candidate, NodeView};
 
 /// What the state needs to know about one NodeIPAMConfig, prepared by the caller.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ConfigInput {
     pub name: String,
     /// Seconds since the epoch; the older config wins an overlap, then the smaller name.

@@ -6,6 +6,8 @@ pub mod cli;
 pub mod ipam;
 pub mod metrics;
 pub mod outcome;
+pub mod podnetwork;
+pub mod ranges;
 pub mod ratelimit;
 pub mod reconcile;
 pub mod selection;

@@ -19,6 +19,26 @@ async fn main() -> ExitCode {
             print!("{}", nodeipam_crd::crd_yaml());
             ExitCode::SUCCESS
         }
+        Command::Ranges(args) => {
+            let network = match app::client(&args.client).await {
+                Ok(client) => nodeipam_controller::ranges::read(&client)
+                    .await
+                    .map_err(anyhow::Error::from),
+                Err(e) => Err(e),
+            };
+            match network.and_then(|n| {
+                nodeipam_controller::ranges::render(&n, args.format).map_err(anyhow::Error::from)
+            }) {
+                Ok(out) => {
+                    print!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("nodeipam ranges: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run(args) => {
             app::init_logging(args.log_format, &args.log_level);
             match app::run(*args).await {

@@ -283,7 +283,8 @@ async fn selection_precedence() {
         ),
     )
     .await;
-    let rows: &[(&str, &[(&str, &str)], &str)] = &[
+    type Row<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let rows: &[Row<'_>] = &[
         ("plain", &[], "10.0."),
         ("zone", &[("zone", "a")], "10.1."),
         ("more-requirements", &[("zone", "a"), ("gpu", "1")], "10.2."),

@@ -25,10 +25,12 @@ use tracing::{debug, error, info, warn};
 use super::config_writer::{self, ConfigJob};
 use super::events::{self, Note};
 use super::node_writer::{self, WriteJob, WriteResult, pod_cidrs};
+use super::publisher;
 use super::{Context, Error};
 use crate::ipam::{ConfigInput, Ipam, Phase};
 use crate::metrics::{ConfigFamily, cidr_label};
 use crate::outcome::{Decision, WriteOutcome, decide};
+use crate::podnetwork::{ConfigRanges, PodNetwork};
 use crate::status::desired_status;
 
 const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
@@ -36,6 +38,8 @@ const RESYNC: Duration = Duration::from_secs(30);
 
 /// What the loop remembers of a config object besides the allocation state.
 struct ConfigSeen {
+    /// The allocation state's view, before gates.
+    base: ConfigInput,
     uid: Option<String>,
     generation: Option<i64>,
     has_finalizer: bool,
@@ -64,6 +68,11 @@ pub struct Session {
     unmanaged_dirty: bool,
     reported: HashSet<(String, IpNet)>,
     invalid_reported: HashSet<String>,
+    /// Ordered add: what consumers were last told, when publishing is on.
+    published: Option<BTreeSet<IpNet>>,
+    network_sent: Option<PodNetwork>,
+    network_dirty: bool,
+    network_jobs: mpsc::UnboundedSender<PodNetwork>,
     writes: mpsc::UnboundedSender<WriteJob>,
     config_jobs: mpsc::UnboundedSender<ConfigJob>,
     notes: mpsc::UnboundedSender<Note>,
@@ -88,6 +97,8 @@ impl Session {
         let (config_tx, config_rx) = mpsc::unbounded_channel();
         let (note_tx, note_rx) = mpsc::unbounded_channel();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+        let (network_tx, network_rx) = mpsc::unbounded_channel();
+        let (published_tx, mut published_rx) = mpsc::unbounded_channel();
         tasks.spawn(node_writer::run(ctx.clone(), write_rx, result_tx));
         tasks.spawn(config_writer::run(ctx.clone(), config_rx, done_tx));
         tasks.spawn(events::run(
@@ -95,6 +106,16 @@ impl Session {
             ctx.options.instance.clone(),
             note_rx,
         ));
+        tasks.spawn(publisher::run(
+            ctx.clone(),
+            ctx.options.publish.clone(),
+            network_rx,
+            published_tx,
+        ));
+        let published = match &ctx.options.publish.pod_network {
+            Some(target) => Some(publisher::read_published(&ctx, target).await),
+            None => None,
+        };
 
         let mut session = Session {
             ctx: ctx.clone(),
@@ -107,6 +128,10 @@ impl Session {
             unmanaged_dirty: false,
             reported: HashSet::new(),
             invalid_reported: HashSet::new(),
+            published,
+            network_sent: None,
+            network_dirty: true,
+            network_jobs: network_tx,
             writes: write_tx,
             config_jobs: config_tx,
             notes: note_tx,
@@ -146,7 +171,11 @@ impl Session {
                 }
                 Some(result) = results.recv() => session.on_write_result(result),
                 Some(written) = done_rx.recv() => debug!(?written, "config write done"),
-                _ = status_tick.tick() => session.flush_status(),
+                Some(cidrs) = published_rx.recv() => session.on_published(cidrs),
+                _ = status_tick.tick() => {
+                    session.flush_status();
+                    session.publish_network();
+                }
                 _ = resync.tick() => if session.synced { session.retry_pending() },
             }
         }
@@ -576,12 +605,13 @@ impl Session {
         let name = obj.name_any();
         let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
         let deleting = obj.meta().deletion_timestamp.is_some();
-        let input = config_input(&obj, has_finalizer);
+        let base = config_input(&obj);
         let previous = self.configs.remove(&name);
         let finalizer_requested = previous
             .as_ref()
             .is_some_and(|p| p.finalizer_requested && !has_finalizer);
         let mut seen = ConfigSeen {
+            base,
             uid: obj.uid(),
             generation: obj.meta().generation,
             has_finalizer,
@@ -596,6 +626,7 @@ impl Session {
                 .send(ConfigJob::AddFinalizer { name: name.clone() });
         }
         self.configs.insert(name.clone(), seen);
+        let input = self.gated(&name);
         self.ipam.upsert_config(input);
         // Overlaps, and so every config's Ready, may change with any config.
         self.dirty.extend(self.configs.keys().cloned());
@@ -610,6 +641,7 @@ impl Session {
         self.configs.remove(name);
         self.written.remove(name);
         self.ipam.remove_config(name);
+        self.network_dirty = true;
         self.dirty.extend(self.configs.keys().cloned());
         self.unmanaged_dirty = true;
         if self.synced {
@@ -665,6 +697,9 @@ impl Session {
             }
         }
         let now = Time(k8s_openapi::jiff::Timestamp::now());
+        if !self.dirty.is_empty() || self.unmanaged_dirty {
+            self.network_dirty = true;
+        }
         for name in std::mem::take(&mut self.dirty) {
             let (Some(seen), Some(facts)) =
                 (self.configs.get(&name), self.ipam.config_facts(&name))
@@ -738,6 +773,94 @@ impl Session {
         }
     }
 
+    /// Sends the pod network to the publisher when it changed. Drained configs leave it here,
+    /// and only here, so a range leaves consumers' view only after its last node is gone.
+    fn publish_network(&mut self) {
+        if !self.synced || self.published.is_none() || !std::mem::take(&mut self.network_dirty) {
+            return;
+        }
+        let configs: Vec<ConfigRanges> = self
+            .configs
+            .iter()
+            .filter_map(|(name, seen)| {
+                let facts = self.ipam.config_facts(name)?;
+                let families = [(seen.base.ipv4, facts.ipv4), (seen.base.ipv6, facts.ipv6)]
+                    .into_iter()
+                    .filter_map(|(range, f)| {
+                        range.map(|(r, _)| {
+                            (r, f.map_or(0, |f| f.allocated), f.map_or(0, |f| f.capacity))
+                        })
+                    })
+                    .collect();
+                let stopped = facts.deleting || !facts.enabled;
+                Some(ConfigRanges {
+                    name: name.clone(),
+                    families,
+                    nodes: facts.nodes,
+                    deleting: facts.deleting,
+                    enabled: facts.enabled,
+                    drained: stopped && facts.nodes == 0 && facts.writing == 0,
+                })
+            })
+            .collect();
+        let network = PodNetwork::new(&configs, &self.ipam.unmanaged());
+        if self.network_sent.as_ref() != Some(&network) {
+            let _ = self.network_jobs.send(network.clone());
+            self.network_sent = Some(network);
+        }
+    }
+
+    /// Consumers now know `cidrs`: configs inside it may allocate.
+    fn on_published(&mut self, cidrs: BTreeSet<IpNet>) {
+        self.published = Some(cidrs);
+        let names: Vec<String> = self.configs.keys().cloned().collect();
+        for name in names {
+            let input = self.gated(&name);
+            self.ipam.upsert_config(input);
+            self.dirty.insert(name);
+        }
+        if self.synced {
+            self.retry_pending();
+        }
+    }
+
+    /// The config's input with the gates that hold back allocation: our finalizer must be on
+    /// it (so it cannot vanish while nodes hold blocks), and consumers must know its ranges.
+    fn gated(&self, name: &str) -> ConfigInput {
+        let Some(seen) = self.configs.get(name) else {
+            return ConfigInput {
+                name: name.to_string(),
+                ..ConfigInput::default()
+            };
+        };
+        let mut input = seen.base.clone();
+        if !seen.has_finalizer {
+            input.gate = Some(format!("waiting for the {FINALIZER} finalizer"));
+        } else if let Some(published) = &self.published {
+            let missing: Vec<String> = [input.ipv4, input.ipv6]
+                .into_iter()
+                .flatten()
+                .filter(|(r, _)| !published.contains(r))
+                .map(|(r, _)| r.to_string())
+                .collect();
+            if !missing.is_empty() {
+                let target = self
+                    .ctx
+                    .options
+                    .publish
+                    .pod_network
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                input.gate = Some(format!(
+                    "waiting until the pod network ConfigMap {target} includes {}",
+                    missing.join(", ")
+                ));
+            }
+        }
+        input
+    }
+
     fn note(&self, note: Note) {
         let _ = self.notes.send(note);
     }
@@ -745,7 +868,7 @@ impl Session {
 
 /// The allocation state's view of a config object. An unparsable spec becomes `invalid` with
 /// the validation errors, never a panic.
-pub fn config_input(obj: &NodeIPAMConfig, has_finalizer: bool) -> ConfigInput {
+pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
     let spec = &obj.spec;
     let errors = nodeipam_crd::validation::validate_spec(spec);
     let invalid = (!errors.is_empty()).then(|| {
@@ -776,6 +899,6 @@ pub fn config_input(obj: &NodeIPAMConfig, has_finalizer: bool) -> ConfigInput {
         enabled: spec.allocation == AllocationSwitch::Enabled,
         deleting: obj.meta().deletion_timestamp.is_some(),
         invalid,
-        gate: (!has_finalizer).then(|| format!("waiting for the {FINALIZER} finalizer")),
+        gate: None,
     }
 }

@@ -5,6 +5,7 @@ pub mod allocation;
 pub mod config_writer;
 pub mod events;
 pub mod node_writer;
+pub mod publisher;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +66,8 @@ pub struct Options {
     /// Sustained writes per second (0 = unlimited) and the burst above it.
     pub qps: f64,
     pub burst: u32,
+    /// The published pod network for consumers, and the ordering gate that comes with it.
+    pub publish: publisher::PublishOptions,
 }
 
 impl Default for Options {
@@ -77,6 +80,7 @@ impl Default for Options {
             instance: None,
             qps: 0.0,
             burst: 100,
+            publish: publisher::PublishOptions::default(),
         }
     }
 }

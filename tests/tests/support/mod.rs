@@ -209,7 +209,8 @@ where
 {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        if let Some(v) = check().await {
+        // A check stuck on an API call must not outlive the deadline either.
+        if let Ok(Some(v)) = tokio::time::timeout_at(deadline, check()).await {
             return v;
         }
         if tokio::time::Instant::now() > deadline {

@@ -1,0 +1,449 @@
+//! The pod network as consumers (kube-proxy, ip-masq-agent, CNIs) must see it, and its renderings.
+//! Pure: no client.
+//!
+//! The rule: the pod network is the union of the CIDRs of every NodeIPAMConfig whose `Drained`
+//! condition is not True, and the unmanaged podCIDRs that nodes already hold. A new range joins
+//! before its first block is handed out; a removed range leaves only once it is drained.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use ipnet::IpNet;
+use serde::Serialize;
+
+/// Where a range stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum RangeState {
+    /// Handing out blocks (or would, but for capacity, an overlap or a pending gate).
+    Active,
+    /// `allocation: Disabled`, nodes still hold blocks.
+    Disabled,
+    /// Being deleted, nodes still hold blocks.
+    Draining,
+    /// Held by a node but in no config.
+    Unmanaged,
+}
+
+impl RangeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RangeState::Active => "Active",
+            RangeState::Disabled => "Disabled",
+            RangeState::Draining => "Draining",
+            RangeState::Unmanaged => "Unmanaged",
+        }
+    }
+}
+
+/// One config as the pod network needs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigRanges {
+    pub name: String,
+    /// (range, allocated blocks, capacity in blocks), IPv4 first.
+    pub families: Vec<(IpNet, u64, u64)>,
+    pub nodes: u64,
+    pub deleting: bool,
+    pub enabled: bool,
+    pub drained: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Entry {
+    pub cidr: IpNet,
+    pub family: &'static str,
+    pub config: Option<String>,
+    pub state: RangeState,
+    pub nodes: u64,
+    pub allocated: Option<u64>,
+    pub capacity: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PodNetwork {
+    pub entries: Vec<Entry>,
+}
+
+fn family(c: &IpNet) -> &'static str {
+    match c {
+        IpNet::V4(_) => "IPv4",
+        IpNet::V6(_) => "IPv6",
+    }
+}
+
+fn join(cidrs: impl IntoIterator<Item = IpNet>) -> String {
+    cidrs
+        .into_iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl PodNetwork {
+    /// Builds the network from the configs (drained ones leave it) and the unmanaged podCIDRs
+    /// with the nodes holding them.
+    pub fn new(configs: &[ConfigRanges], unmanaged: &[(IpNet, String)]) -> Self {
+        let mut entries = Vec::new();
+        for c in configs.iter().filter(|c| !c.drained) {
+            let state = if c.deleting {
+                RangeState::Draining
+            } else if !c.enabled {
+                RangeState::Disabled
+            } else {
+                RangeState::Active
+            };
+            for (cidr, allocated, capacity) in &c.families {
+                entries.push(Entry {
+                    cidr: *cidr,
+                    family: family(cidr),
+                    config: Some(c.name.clone()),
+                    state,
+                    nodes: c.nodes,
+                    allocated: Some(*allocated),
+                    capacity: Some(*capacity),
+                });
+            }
+        }
+        let mut by_cidr: BTreeMap<IpNet, BTreeSet<&str>> = BTreeMap::new();
+        for (cidr, node) in unmanaged {
+            by_cidr.entry(*cidr).or_default().insert(node);
+        }
+        for (cidr, nodes) in by_cidr {
+            entries.push(Entry {
+                cidr,
+                family: family(&cidr),
+                config: None,
+                state: RangeState::Unmanaged,
+                nodes: nodes.len() as u64,
+                allocated: None,
+                capacity: None,
+            });
+        }
+        entries.sort_by(|a, b| (a.family, a.cidr, &a.config).cmp(&(b.family, b.cidr, &b.config)));
+        PodNetwork { entries }
+    }
+
+    /// Every CIDR of the network, sorted.
+    pub fn cidrs(&self) -> BTreeSet<IpNet> {
+        self.entries.iter().map(|e| e.cidr).collect()
+    }
+
+    /// Adjacent and nested CIDRs merged, for consumers with a limit (ip-masq-agent: 64).
+    pub fn aggregated(&self) -> Vec<IpNet> {
+        IpNet::aggregate(&self.cidrs().into_iter().collect())
+    }
+
+    fn in_states(&self, states: &[RangeState]) -> BTreeSet<IpNet> {
+        self.entries
+            .iter()
+            .filter(|e| states.contains(&e.state))
+            .map(|e| e.cidr)
+            .collect()
+    }
+
+    /// The keys of the published ConfigMap. `observed_at` is RFC 3339.
+    pub fn configmap_data(&self, observed_at: &str) -> BTreeMap<String, String> {
+        let all = self.cidrs();
+        let mut data = BTreeMap::new();
+        data.insert(
+            "ipv4".into(),
+            join(all.iter().copied().filter(|c| matches!(c, IpNet::V4(_)))),
+        );
+        data.insert(
+            "ipv6".into(),
+            join(all.iter().copied().filter(|c| matches!(c, IpNet::V6(_)))),
+        );
+        data.insert("active".into(), join(self.in_states(&[RangeState::Active])));
+        data.insert(
+            "draining".into(),
+            join(self.in_states(&[RangeState::Draining, RangeState::Disabled])),
+        );
+        data.insert(
+            "unmanaged".into(),
+            join(self.in_states(&[RangeState::Unmanaged])),
+        );
+        data.insert("aggregated".into(), join(self.aggregated()));
+        data.insert("observedAt".into(), observed_at.into());
+        data
+    }
+
+    /// A `--cluster-cidr` value for kube-proxy: one range per family at most. Otherwise an
+    /// explanation of why it cannot be expressed and what to use instead.
+    pub fn kube_proxy_cluster_cidr(&self) -> Result<String, String> {
+        let agg = self.aggregated();
+        let v4: Vec<&IpNet> = agg.iter().filter(|c| matches!(c, IpNet::V4(_))).collect();
+        let v6: Vec<&IpNet> = agg.iter().filter(|c| matches!(c, IpNet::V6(_))).collect();
+        if agg.is_empty() {
+            return Err("the pod network is empty: no NodeIPAMConfig holds a range yet".into());
+        }
+        if v4.len() > 1 || v6.len() > 1 {
+            return Err(format!(
+                "kube-proxy's --cluster-cidr takes at most one CIDR per family, but the pod network has {} IPv4 and {} IPv6 ranges that do not merge ({}).\n\
+                 Run kube-proxy with --detect-local-mode=NodeCIDR (it then uses each node's own podCIDRs), \
+                 and use `nodeipam ranges --format no-masquerade-cidrs` where KubeProxyConfiguration.noMasqueradeCIDRs is available.",
+                v4.len(),
+                v6.len(),
+                join(agg.iter().copied())
+            ));
+        }
+        Ok(format!(
+            "--cluster-cidr={}",
+            join(v4.into_iter().chain(v6).copied())
+        ))
+    }
+
+    /// A KubeProxyConfiguration snippet with `noMasqueradeCIDRs` (KEP-6246).
+    pub fn no_masquerade_snippet(&self) -> String {
+        let mut out = String::from(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nnoMasqueradeCIDRs:\n",
+        );
+        for c in self.aggregated() {
+            let _ = writeln!(out, "- {c}");
+        }
+        if self.entries.is_empty() {
+            out = out.replace("noMasqueradeCIDRs:\n", "noMasqueradeCIDRs: []\n");
+        }
+        out
+    }
+
+    /// The human table of `nodeipam ranges`.
+    pub fn table(&self) -> String {
+        let rows: Vec<[String; 6]> = self
+            .entries
+            .iter()
+            .map(|e| {
+                [
+                    e.cidr.to_string(),
+                    e.family.to_string(),
+                    e.config.clone().unwrap_or_else(|| "-".into()),
+                    e.state.as_str().to_string(),
+                    e.nodes.to_string(),
+                    match (e.allocated, e.capacity) {
+                        (Some(a), Some(c)) => format!("{a}/{c}"),
+                        _ => "-".into(),
+                    },
+                ]
+            })
+            .collect();
+        let header = ["CIDR", "FAMILY", "CONFIG", "STATE", "NODES", "ALLOCATED"].map(String::from);
+        let mut widths = header.clone().map(|h| h.len());
+        for r in &rows {
+            for (w, cell) in widths.iter_mut().zip(r) {
+                *w = (*w).max(cell.len());
+            }
+        }
+        let mut out = String::new();
+        for r in std::iter::once(&header).chain(rows.iter()) {
+            let line: Vec<String> = r
+                .iter()
+                .zip(widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect();
+            let _ = writeln!(out, "{}", line.join("   ").trim_end());
+        }
+        out
+    }
+}
+
+/// ip-masq-agent's `config` key with `nonMasqueradeCIDRs` set to the pod network plus
+/// `extra`, keeping every other setting of `existing` (`masqLinkLocal`, `masqLinkLocalIPv6`,
+/// `resyncInterval`, and any key this version does not know).
+pub fn ip_masq_agent_config(
+    existing: Option<&str>,
+    network: &PodNetwork,
+    extra: &[IpNet],
+) -> Result<String, String> {
+    let mut doc = match existing.map(str::trim).filter(|s| !s.is_empty()) {
+        // ip-masq-agent reads YAML or JSON; YAML parses both.
+        Some(text) => match serde_yaml::from_str::<serde_yaml::Value>(text) {
+            Ok(serde_yaml::Value::Mapping(m)) => m,
+            Ok(other) => {
+                return Err(format!(
+                    "ip-masq-agent config: expected a mapping, found {other:?}"
+                ));
+            }
+            Err(e) => return Err(format!("ip-masq-agent config is not valid YAML: {e}")),
+        },
+        None => serde_yaml::Mapping::new(),
+    };
+    let mut cidrs: Vec<IpNet> = network.aggregated();
+    for e in extra {
+        if !cidrs.contains(e) {
+            cidrs.push(*e);
+        }
+    }
+    let list = cidrs
+        .into_iter()
+        .map(|c| serde_yaml::Value::String(c.to_string()))
+        .collect();
+    doc.insert(
+        "nonMasqueradeCIDRs".into(),
+        serde_yaml::Value::Sequence(list),
+    );
+    serde_yaml::to_string(&serde_yaml::Value::Mapping(doc))
+        .map_err(|e| format!("rendering ip-masq-agent config: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(s: &str) -> IpNet {
+        s.parse().expect("test CIDR")
+    }
+
+    fn sample() -> PodNetwork {
+        let configs = vec![
+            ConfigRanges {
+                name: "a".into(),
+                families: vec![(n("10.0.0.0/17"), 3, 128), (n("fd00::/48"), 3, 65536)],
+                nodes: 3,
+                deleting: false,
+                enabled: true,
+                drained: false,
+            },
+            ConfigRanges {
+                name: "b".into(),
+                families: vec![(n("10.0.128.0/17"), 1, 128)],
+                nodes: 1,
+                deleting: true,
+                enabled: true,
+                drained: false,
+            },
+            ConfigRanges {
+                name: "gone".into(),
+                families: vec![(n("10.9.0.0/16"), 0, 256)],
+                nodes: 0,
+                deleting: true,
+                enabled: true,
+                drained: true,
+            },
+            ConfigRanges {
+                name: "off".into(),
+                families: vec![(n("10.7.0.0/16"), 2, 256)],
+                nodes: 2,
+                deleting: false,
+                enabled: false,
+                drained: false,
+            },
+        ];
+        PodNetwork::new(
+            &configs,
+            &[
+                (n("192.168.1.0/24"), "old-1".into()),
+                (n("192.168.1.0/24"), "old-2".into()),
+            ],
+        )
+    }
+
+    #[test]
+    fn drained_ranges_leave_and_states_are_kept() {
+        let net = sample();
+        assert!(
+            !net.cidrs().contains(&n("10.9.0.0/16")),
+            "drained config must leave the network"
+        );
+        let data = net.configmap_data("2026-01-01T00:00:00Z");
+        assert_eq!(
+            data["ipv4"],
+            "10.0.0.0/17,10.0.128.0/17,10.7.0.0/16,192.168.1.0/24"
+        );
+        assert_eq!(data["ipv6"], "fd00::/48");
+        assert_eq!(data["active"], "10.0.0.0/17,fd00::/48");
+        assert_eq!(data["draining"], "10.0.128.0/17,10.7.0.0/16");
+        assert_eq!(data["unmanaged"], "192.168.1.0/24");
+        assert_eq!(
+            data["aggregated"],
+            "10.0.0.0/16,10.7.0.0/16,192.168.1.0/24,fd00::/48"
+        );
+        assert_eq!(data["observedAt"], "2026-01-01T00:00:00Z");
+        let unmanaged = net
+            .entries
+            .iter()
+            .find(|e| e.state == RangeState::Unmanaged)
+            .expect("unmanaged");
+        assert_eq!(unmanaged.nodes, 2);
+    }
+
+    #[test]
+    fn kube_proxy_needs_one_range_per_family() {
+        let one = PodNetwork::new(
+            &[ConfigRanges {
+                name: "a".into(),
+                families: vec![(n("10.0.0.0/17"), 0, 1), (n("fd00::/48"), 0, 1)],
+                nodes: 0,
+                deleting: false,
+                enabled: true,
+                drained: false,
+            }],
+            &[],
+        );
+        assert_eq!(
+            one.kube_proxy_cluster_cidr(),
+            Ok("--cluster-cidr=10.0.0.0/17,fd00::/48".into())
+        );
+        let err = sample()
+            .kube_proxy_cluster_cidr()
+            .expect_err("three IPv4 ranges");
+        assert!(err.contains("--detect-local-mode=NodeCIDR"), "{err}");
+        assert!(PodNetwork::default().kube_proxy_cluster_cidr().is_err());
+    }
+
+    #[test]
+    fn ip_masq_agent_keeps_user_settings() {
+        let existing = "nonMasqueradeCIDRs: [1.2.3.0/24]\nmasqLinkLocal: true\nresyncInterval: 60s\nfutureKey: {a: 1}\n";
+        let out = ip_masq_agent_config(Some(existing), &sample(), &[n("169.254.0.0/16")])
+            .expect("renders");
+        let v: serde_yaml::Value = serde_yaml::from_str(&out).expect("valid YAML");
+        assert_eq!(v["masqLinkLocal"], serde_yaml::Value::Bool(true));
+        assert_eq!(v["resyncInterval"], serde_yaml::Value::String("60s".into()));
+        assert!(v["futureKey"].is_mapping());
+        let cidrs: Vec<String> = v["nonMasqueradeCIDRs"]
+            .as_sequence()
+            .expect("list")
+            .iter()
+            .filter_map(|x| x.as_str().map(String::from))
+            .collect();
+        assert_eq!(
+            cidrs,
+            vec![
+                "10.0.0.0/16",
+                "10.7.0.0/16",
+                "192.168.1.0/24",
+                "fd00::/48",
+                "169.254.0.0/16"
+            ]
+        );
+        // JSON input works too; garbage is an error, not a panic.
+        assert!(
+            ip_masq_agent_config(Some("{\"masqLinkLocalIPv6\": true}"), &sample(), &[])
+                .expect("json")
+                .contains("masqLinkLocalIPv6: true")
+        );
+        assert!(ip_masq_agent_config(Some("- a list"), &sample(), &[]).is_err());
+        assert!(ip_masq_agent_config(Some("{unclosed"), &sample(), &[]).is_err());
+    }
+
+    #[test]
+    fn table_and_snippet() {
+        let t = sample().table();
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("CIDR"), "{t}");
+        assert!(
+            t.contains("Draining")
+                && t.contains("Disabled")
+                && t.contains("Unmanaged")
+                && t.contains("3/128"),
+            "{t}"
+        );
+        let s = sample().no_masquerade_snippet();
+        assert!(
+            s.contains("kind: KubeProxyConfiguration") && s.contains("- 10.0.0.0/16"),
+            "{s}"
+        );
+        assert!(
+            PodNetwork::default()
+                .no_masquerade_snippet()
+                .contains("noMasqueradeCIDRs: []")
+        );
+    }
+}

@@ -1,0 +1,134 @@
+//! `nodeipam ranges`: reads the configs and nodes of a cluster and prints the pod network in a
+//! format a person or a consumer (ip-masq-agent, kube-proxy) can use.
+
+use clap::ValueEnum;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+use nodeipam_crd::{Allocation, CONDITION_DRAINED, NodeIPAMConfig};
+
+use crate::ipam::nets_overlap;
+use crate::podnetwork::{ConfigRanges, PodNetwork, ip_masq_agent_config};
+use crate::reconcile::node_writer::pod_cidrs;
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Format {
+    /// CIDR, family, config, state, nodes, allocated/capacity.
+    Table,
+    Json,
+    /// The `config` key of ip-masq-agent's ConfigMap.
+    IpMasqAgent,
+    /// A kube-proxy `--cluster-cidr` value, when one range per family covers it.
+    KubeProxy,
+    /// A KubeProxyConfiguration snippet with `noMasqueradeCIDRs`.
+    NoMasqueradeCidrs,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RangesError {
+    #[error("cannot reach the Kubernetes API server: {0}")]
+    Unreachable(#[source] kube::Error),
+    #[error(
+        "the NodeIPAMConfig CRD (nodeipamconfigs.nodeipam.io) is not installed in this cluster: \
+         apply config/crd first (kubectl apply -k config/crd)"
+    )]
+    CrdMissing,
+    #[error("listing {what}: {source}")]
+    List {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{0}")]
+    Render(String),
+}
+
+/// Reads the cluster into the pod network, as the controller publishes it.
+pub async fn read(client: &Client) -> Result<PodNetwork, RangesError> {
+    let configs = match Api::<NodeIPAMConfig>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Err(RangesError::CrdMissing),
+        Err(e @ kube::Error::Api(_)) => {
+            return Err(RangesError::List {
+                what: "NodeIPAMConfigs",
+                source: e,
+            });
+        }
+        Err(e) => return Err(RangesError::Unreachable(e)),
+    };
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| RangesError::List {
+            what: "Nodes",
+            source,
+        })?
+        .items;
+    let ranges: Vec<ConfigRanges> = configs.iter().map(config_ranges).collect();
+    let all: Vec<IpNet> = ranges
+        .iter()
+        .flat_map(|r| r.families.iter().map(|f| f.0))
+        .collect();
+    let mut unmanaged = Vec::new();
+    for n in &nodes {
+        // A node with unparsable podCIDRs has nothing to contribute.
+        for c in pod_cidrs(n).unwrap_or_default() {
+            if !all.iter().any(|r| nets_overlap(r, &c)) {
+                unmanaged.push((c, n.name_any()));
+            }
+        }
+    }
+    Ok(PodNetwork::new(&ranges, &unmanaged))
+}
+
+fn config_ranges(c: &NodeIPAMConfig) -> ConfigRanges {
+    let status = c.status.clone().unwrap_or_default();
+    let drained = status
+        .conditions
+        .iter()
+        .any(|x| x.type_ == CONDITION_DRAINED && x.status == "True");
+    let fam = |spec: &Option<nodeipam_crd::FamilySpec>, st: Option<nodeipam_crd::FamilyStatus>| {
+        let cidr: IpNet = spec.as_ref()?.cidr.parse().ok()?;
+        Some((
+            cidr,
+            st.map_or(0, |s| s.allocated),
+            st.map_or(0, |s| s.capacity),
+        ))
+    };
+    ConfigRanges {
+        name: c.name_any(),
+        families: [
+            fam(&c.spec.ipv4, status.ipv4),
+            fam(&c.spec.ipv6, status.ipv6),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+        nodes: status.nodes.unwrap_or(0),
+        deleting: c.metadata.deletion_timestamp.is_some(),
+        enabled: c.spec.allocation == Allocation::Enabled,
+        drained,
+    }
+}
+
+/// Renders `network` in `format`.
+pub fn render(network: &PodNetwork, format: Format) -> Result<String, RangesError> {
+    match format {
+        Format::Table => Ok(network.table()),
+        Format::Json => serde_json::to_string_pretty(network)
+            .map(|s| s + "\n")
+            .map_err(|e| RangesError::Render(e.to_string())),
+        Format::IpMasqAgent => {
+            ip_masq_agent_config(None, network, &[]).map_err(RangesError::Render)
+        }
+        Format::KubeProxy => network
+            .kube_proxy_cluster_cidr()
+            .map(|s| s + "\n")
+            .map_err(RangesError::Render),
+        Format::NoMasqueradeCidrs => Ok(network.no_masquerade_snippet()),
+    }
+}

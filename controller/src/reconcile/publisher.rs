@@ -1,0 +1,189 @@
+//! Writes the pod network for consumers: the aggregate ConfigMap and, when asked, the
+//! ip-masq-agent ConfigMap's `config` key. It tells the allocation loop which network was
+//! written, so allocation from a new range waits until consumers can know it.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::node_writer::backoff;
+use super::{Context, MANAGER};
+use crate::podnetwork::{PodNetwork, ip_masq_agent_config};
+
+/// A ConfigMap by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigMapRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::str::FromStr for ConfigMapRef {
+    type Err = String;
+    /// `namespace/name`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(ConfigMapRef {
+                    namespace: ns.into(),
+                    name: name.into(),
+                })
+            }
+            _ => Err(format!("{s:?} is not namespace/name")),
+        }
+    }
+}
+
+impl std::fmt::Display for ConfigMapRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Where and what to publish.
+#[derive(Clone, Debug, Default)]
+pub struct PublishOptions {
+    /// The aggregate ConfigMap; `None` turns publishing (and its ordering gate) off.
+    pub pod_network: Option<ConfigMapRef>,
+    /// ip-masq-agent's ConfigMap, kept in sync when set.
+    pub ip_masq_agent: Option<ConfigMapRef>,
+    /// Added to ip-masq-agent's `nonMasqueradeCIDRs`.
+    pub extra_non_masquerade: Vec<IpNet>,
+}
+
+/// Reads the CIDRs an earlier leader already published, so a restart does not hold back
+/// allocation from ranges consumers already know.
+pub async fn read_published(ctx: &Context, target: &ConfigMapRef) -> BTreeSet<IpNet> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &target.namespace);
+    match api.get_opt(&target.name).await {
+        Ok(Some(cm)) => {
+            let data = cm.data.unwrap_or_default();
+            ["ipv4", "ipv6"]
+                .iter()
+                .filter_map(|k| data.get(*k))
+                .flat_map(|v| v.split(',').filter_map(|c| c.trim().parse::<IpNet>().ok()))
+                .collect()
+        }
+        Ok(None) => BTreeSet::new(),
+        Err(e) => {
+            warn!(configmap = %target, error = %e, "reading the published pod network failed");
+            BTreeSet::new()
+        }
+    }
+}
+
+pub async fn run(
+    ctx: Arc<Context>,
+    options: PublishOptions,
+    mut jobs: mpsc::UnboundedReceiver<PodNetwork>,
+    published: mpsc::UnboundedSender<BTreeSet<IpNet>>,
+) {
+    let Some(target) = options.pod_network.clone() else {
+        return;
+    };
+    while let Some(mut network) = jobs.recv().await {
+        let mut attempt = 0;
+        loop {
+            // Only the newest network matters.
+            while let Ok(newer) = jobs.try_recv() {
+                network = newer;
+            }
+            match publish(&ctx, &options, &target, &network).await {
+                Ok(()) => {
+                    info!(configmap = %target, cidrs = network.cidrs().len(), "pod network published");
+                    let _ = published.send(network.cidrs());
+                    break;
+                }
+                Err(e) => {
+                    attempt += 1;
+                    ctx.metrics.reconcile_error("publish");
+                    warn!(configmap = %target, error = %e, attempt, "publishing the pod network failed; retrying");
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn publish(
+    ctx: &Context,
+    options: &PublishOptions,
+    target: &ConfigMapRef,
+    network: &PodNetwork,
+) -> Result<(), String> {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    apply_data(ctx, target, json!(network.configmap_data(&now))).await?;
+    if let Some(masq) = &options.ip_masq_agent {
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &masq.namespace);
+        ctx.limiter.acquire().await;
+        let existing = api
+            .get_opt(&masq.name)
+            .await
+            .map_err(|e| format!("reading {masq}: {e}"))?;
+        let current = existing
+            .as_ref()
+            .and_then(|c| c.data.as_ref())
+            .and_then(|d| d.get("config"))
+            .map(String::as_str);
+        let config = ip_masq_agent_config(current, network, &options.extra_non_masquerade)
+            .map_err(|e| format!("{masq}: {e}"))?;
+        let count = network.aggregated().len() + options.extra_non_masquerade.len();
+        if count > 64 {
+            warn!(configmap = %masq, count, "more nonMasqueradeCIDRs than ip-masq-agent's default cidrLimit of 64");
+        }
+        if current != Some(config.as_str()) {
+            // Only the `config` key is ours; server-side apply leaves the other keys alone.
+            apply_data(ctx, masq, json!({ "config": config })).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn apply_data(
+    ctx: &Context,
+    target: &ConfigMapRef,
+    data: serde_json::Value,
+) -> Result<(), String> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &target.namespace);
+    let body = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": target.name, "namespace": target.namespace,
+                      "labels": { "app.kubernetes.io/managed-by": "nodeipam" } },
+        "data": data,
+    });
+    ctx.limiter.acquire().await;
+    api.patch(
+        &target.name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("writing {target}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configmap_ref_parses() {
+        assert_eq!(
+            "kube-system/ip-masq-agent".parse::<ConfigMapRef>(),
+            Ok(ConfigMapRef {
+                namespace: "kube-system".into(),
+                name: "ip-masq-agent".into()
+            })
+        );
+        for bad in ["", "name", "/name", "ns/", "a/b/c"] {
+            assert!(bad.parse::<ConfigMapRef>().is_err(), "{bad}");
+        }
+    }
+}

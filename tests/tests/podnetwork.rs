@@ -1,0 +1,462 @@
+//! End-to-end tests of the published pod network: ordered add and remove proven by
+//! resourceVersions, ip-masq-agent sync keeping user settings, and `nodeipam ranges` golden
+//! output and errors.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use kube::api::PostParams;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, ResourceExt};
+use nodeipam_controller::reconcile::Options;
+use nodeipam_controller::reconcile::publisher::{ConfigMapRef, PublishOptions};
+use support::*;
+
+const NS: &str = "nodeipam-system";
+const CM: &str = "nodeipam-pod-network";
+
+fn publishing(ip_masq: Option<&str>) -> Options {
+    Options {
+        publish: PublishOptions {
+            pod_network: Some(ConfigMapRef {
+                namespace: NS.into(),
+                name: CM.into(),
+            }),
+            ip_masq_agent: ip_masq.map(|s| s.parse().expect("ns/name")),
+            extra_non_masquerade: vec!["169.254.0.0/16".parse().expect("cidr")],
+        },
+        ..Options::default()
+    }
+}
+
+async fn namespace(client: &Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("create namespace {name}: {e}"),
+    }
+}
+
+fn rv<K: kube::Resource>(o: &K) -> u64 {
+    o.meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .expect("numeric resourceVersion")
+}
+
+/// Records every version of the watched objects with its resourceVersion, in arrival order.
+fn record<K>(api: Api<K>) -> Arc<Mutex<Vec<(u64, bool, K)>>>
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Clone + Eq + std::hash::Hash,
+{
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let out = log.clone();
+    tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = stream.next().await {
+            let mut log = out.lock().expect("log lock");
+            match ev {
+                Ok(Event::Apply(o) | Event::InitApply(o)) => log.push((rv(&o), false, o)),
+                Ok(Event::Delete(o)) => log.push((rv(&o), true, o)),
+                _ => {}
+            }
+        }
+    });
+    log
+}
+
+fn cm_has(cm: &ConfigMap, key: &str, cidr: &str) -> bool {
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .is_some_and(|v| v.split(',').any(|c| c == cidr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_add_publishes_a_range_before_its_first_block() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    let cms = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
+    let nodes = record(Api::<Node>::all(c.clone()));
+    let _ctl = start_controller(c.clone(), publishing(None));
+    // Nodes exist first, so allocation from the new config is immediately wanted.
+    for i in 0..5 {
+        create_node(&c, &format!("n{i}"), &[]).await;
+    }
+    create_config(
+        &c,
+        "fresh",
+        spec(family("10.60.0.0/16", 24), family("fd00:60::/48", 64), None),
+    )
+    .await;
+    for i in 0..5 {
+        wait_cidrs(&c, &format!("n{i}")).await;
+    }
+    let cms = cms.lock().expect("lock").clone();
+    let first_cm = cms
+        .iter()
+        .filter(|(_, _, cm)| {
+            cm.name_any() == CM
+                && cm_has(cm, "ipv4", "10.60.0.0/16")
+                && cm_has(cm, "ipv6", "fd00:60::/48")
+        })
+        .map(|(rv, _, _)| *rv)
+        .min()
+        .expect("a ConfigMap revision with the new range");
+    let first_node = nodes
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(_, _, n)| pod_cidrs(n).iter().any(|c| c.starts_with("10.60.")))
+        .map(|(rv, _, _)| *rv)
+        .min()
+        .expect("a node revision with a block");
+    assert!(
+        first_cm < first_node,
+        "the range was published at {first_cm}, after the first block at {first_node}"
+    );
+    let cm = Api::<ConfigMap>::namespaced(c.clone(), NS)
+        .get(CM)
+        .await
+        .expect("configmap");
+    let data = cm.data.unwrap_or_default();
+    assert_eq!(
+        data.get("active").map(String::as_str),
+        Some("10.60.0.0/16,fd00:60::/48")
+    );
+    assert_eq!(
+        data.get("aggregated").map(String::as_str),
+        Some("10.60.0.0/16,fd00:60::/48")
+    );
+    assert!(data.get("observedAt").is_some_and(|t| t.ends_with('Z')));
+    assert_invariant(&c, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_remove_keeps_a_range_until_drained() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    let _ctl = start_controller(c.clone(), publishing(None));
+    create_ready_config(
+        &c,
+        "old",
+        spec(
+            family("10.61.0.0/16", 24),
+            None,
+            selector(&[("pool", "In", &["old"])]),
+        ),
+    )
+    .await;
+    create_ready_config(&c, "keep", spec(family("10.62.0.0/16", 24), None, None)).await;
+    create_node(&c, "o1", &[("pool", "old")]).await;
+    wait_cidrs(&c, "o1").await;
+    let cms = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
+    let nodes = record(Api::<Node>::all(c.clone()));
+    delete_config(&c, "old").await;
+    wait_condition(&c, "old", "Drained", "False", Some("NodesRemaining")).await;
+    wait_for("old listed as draining", || async {
+        let cm = Api::<ConfigMap>::namespaced(c.clone(), NS)
+            .get(CM)
+            .await
+            .ok()?;
+        (cm_has(&cm, "draining", "10.61.0.0/16") && !cm_has(&cm, "active", "10.61.0.0/16"))
+            .then_some(())
+    })
+    .await;
+    delete_node(&c, "o1").await;
+    wait_for("old to leave the pod network", || async {
+        let cm = Api::<ConfigMap>::namespaced(c.clone(), NS)
+            .get(CM)
+            .await
+            .ok()?;
+        (!cm_has(&cm, "ipv4", "10.61.0.0/16") && cm_has(&cm, "ipv4", "10.62.0.0/16")).then_some(())
+    })
+    .await;
+    let node_gone = nodes
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(_, deleted, n)| *deleted && n.name_any() == "o1")
+        .map(|(rv, _, _)| *rv)
+        .min()
+        .expect("the node's delete event");
+    let cms = cms.lock().expect("lock").clone();
+    for (rv, _, cm) in &cms {
+        if !cm_has(cm, "ipv4", "10.61.0.0/16") {
+            assert!(
+                *rv > node_gone,
+                "the range left at {rv} while node o1 (gone at {node_gone}) still held a block"
+            );
+        }
+    }
+    wait_for("the config to be gone", || async {
+        get_config(&c, "old").await.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ip_masq_agent_is_kept_in_sync_with_user_settings() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    namespace(&c, "kube-system").await;
+    let masq: Api<ConfigMap> = Api::namespaced(c.clone(), "kube-system");
+    let user = ConfigMap {
+        metadata: kube::api::ObjectMeta { name: Some("ip-masq-agent".into()), ..Default::default() },
+        data: Some(BTreeMap::from([
+            ("config".to_string(), "nonMasqueradeCIDRs:\n- 1.2.3.0/24\nmasqLinkLocal: true\nmasqLinkLocalIPv6: false\nresyncInterval: 60s\n".to_string()),
+            ("notes".to_string(), "owned by the platform team".to_string()),
+        ])),
+        ..Default::default()
+    };
+    masq.create(&PostParams::default(), &user)
+        .await
+        .expect("create ip-masq-agent ConfigMap");
+    let _ctl = start_controller(c.clone(), publishing(Some("kube-system/ip-masq-agent")));
+    create_config(&c, "pods", spec(family("10.63.0.0/16", 24), None, None)).await;
+    let config = |cm: &ConfigMap| -> serde_yaml::Value {
+        serde_yaml::from_str(
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get("config"))
+                .map_or("", String::as_str),
+        )
+        .expect("config parses")
+    };
+    let list = |v: &serde_yaml::Value| -> Vec<String> {
+        v["nonMasqueradeCIDRs"]
+            .as_sequence()
+            .map(|s| {
+                s.iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let cm = wait_for("ip-masq-agent to list the pod range", || async {
+        let cm = masq.get("ip-masq-agent").await.ok()?;
+        list(&config(&cm))
+            .contains(&"10.63.0.0/16".to_string())
+            .then_some(cm)
+    })
+    .await;
+    let v = config(&cm);
+    assert_eq!(
+        list(&v),
+        vec!["10.63.0.0/16".to_string(), "169.254.0.0/16".to_string()]
+    );
+    assert_eq!(v["masqLinkLocal"], serde_yaml::Value::Bool(true));
+    assert_eq!(v["masqLinkLocalIPv6"], serde_yaml::Value::Bool(false));
+    assert_eq!(v["resyncInterval"], serde_yaml::Value::String("60s".into()));
+    assert_eq!(
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get("notes"))
+            .map(String::as_str),
+        Some("owned by the platform team")
+    );
+    // And back out once drained.
+    delete_config(&c, "pods").await;
+    wait_for("ip-masq-agent to drop the drained range", || async {
+        let cm = masq.get("ip-masq-agent").await.ok()?;
+        let v = config(&cm);
+        (list(&v) == vec!["169.254.0.0/16".to_string()]
+            && v["masqLinkLocal"] == serde_yaml::Value::Bool(true))
+        .then_some(())
+    })
+    .await;
+}
+
+/// The `nodeipam` binary next to this test's build (`<target>/debug/nodeipam`).
+fn nodeipam_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("NODEIPAM_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    let bin = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|d| d.join("nodeipam"))
+        .expect("target dir");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p nodeipam-controller --bin nodeipam` (hack/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+fn ranges(kubeconfig: &std::path::Path, format: &str) -> (bool, String, String) {
+    let out = std::process::Command::new(nodeipam_bin())
+        .args(["ranges", "--kubeconfig"])
+        .arg(kubeconfig)
+        .args(["--format", format])
+        .output()
+        .expect("run nodeipam ranges");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn golden(name: &str, got: &str) {
+    let path = nodeipam_testenv::workspace_root()
+        .join("tests/tests/golden")
+        .join(name);
+    if std::env::var("UPDATE_GOLDEN").is_ok() {
+        std::fs::write(&path, got).expect("write golden");
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (set UPDATE_GOLDEN=1 to create it)", path.display()));
+    assert_eq!(got, want, "{name} differs from {}", path.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_command_golden_output() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    let _ctl = start_controller(c.clone(), publishing(None));
+    create_ready_config(
+        &c,
+        "dual",
+        spec(
+            family("10.100.0.0/16", 24),
+            family("fd00:100::/48", 64),
+            None,
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "gpu",
+        spec(
+            family("10.101.0.0/20", 24),
+            None,
+            selector(&[("gpu", "Exists", &[])]),
+        ),
+    )
+    .await;
+    create_ready_config(
+        &c,
+        "retiring",
+        spec(
+            family("10.102.0.0/24", 26),
+            None,
+            selector(&[("old", "Exists", &[])]),
+        ),
+    )
+    .await;
+    create_node_obj(&c, node("legacy", &[], &["192.168.7.0/24"])).await;
+    for (n, l) in [
+        ("a", vec![]),
+        ("b", vec![]),
+        ("g", vec![("gpu", "1")]),
+        ("r", vec![("old", "1")]),
+    ] {
+        create_node(&c, n, &l).await;
+        wait_cidrs(&c, n).await;
+    }
+    delete_config(&c, "retiring").await;
+    wait_condition(&c, "retiring", "Drained", "False", Some("NodesRemaining")).await;
+    for name in ["dual", "gpu", "retiring"] {
+        assert_status_matches(&c, name).await;
+    }
+    let kc = cp.kubeconfig_path().to_path_buf();
+    for (format, file) in [
+        ("table", "ranges.table.txt"),
+        ("json", "ranges.json"),
+        ("ip-masq-agent", "ranges.ip-masq-agent.yaml"),
+        ("no-masquerade-cidrs", "ranges.no-masquerade-cidrs.yaml"),
+    ] {
+        let (ok, out, err) = ranges(&kc, format);
+        assert!(ok, "ranges --format {format} failed: {err}");
+        golden(file, &out);
+    }
+    let (ok, _, err) = ranges(&kc, "kube-proxy");
+    assert!(!ok, "several IPv4 ranges cannot be one --cluster-cidr");
+    assert!(err.contains("--detect-local-mode=NodeCIDR"), "{err}");
+    // One range per family can.
+    let api: Api<nodeipam_crd::NodeIPAMConfig> = Api::all(c.clone());
+    for n in ["g", "r", "legacy"] {
+        delete_node(&c, n).await;
+    }
+    api.delete("gpu", &Default::default())
+        .await
+        .expect("delete gpu");
+    wait_for("only dual left", || async {
+        let (ok, out, _) = ranges(&kc, "table");
+        (ok && !out.contains("10.101.") && !out.contains("10.102.") && !out.contains("192.168."))
+            .then_some(())
+    })
+    .await;
+    let (ok, out, err) = ranges(&kc, "kube-proxy");
+    assert!(ok, "{err}");
+    assert_eq!(out, "--cluster-cidr=10.100.0.0/16,fd00:100::/48\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_command_errors_are_clear() {
+    let cp = nodeipam_testenv::ControlPlane::builder()
+        .install_crds(false)
+        .start()
+        .await
+        .expect("control plane");
+    let (ok, _, err) = ranges(cp.kubeconfig_path(), "table");
+    assert!(!ok);
+    assert!(
+        err.contains("CRD") && err.contains("not installed"),
+        "{err}"
+    );
+    // A kubeconfig pointing at a port nobody listens on.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dead = dir.path().join("kubeconfig");
+    let text = std::fs::read_to_string(cp.kubeconfig_path()).expect("kubeconfig");
+    let port = cp
+        .server_url()
+        .rsplit(':')
+        .next()
+        .expect("port")
+        .to_string();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    std::fs::write(
+        &dead,
+        text.replace(&format!(":{port}"), &format!(":{closed}")),
+    )
+    .expect("write");
+    let (ok, _, err) = ranges(&dead, "table");
+    assert!(!ok);
+    assert!(
+        err.contains("cannot reach the Kubernetes API server"),
+        "{err}"
+    );
+}
