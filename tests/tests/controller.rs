@@ -659,3 +659,35 @@ async fn service_cidrs_are_never_handed_out() {
     assert_eq!(waiting, 1);
     assert_invariant(&c, &[]).await;
 }
+
+/// The safety of every podCIDR write rests on the API server refusing a patch whose UID is not
+/// the object's: a write can then never land on a node recreated under the same name.
+#[tokio::test]
+async fn a_write_with_a_stale_uid_is_refused_by_the_api_server() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    create_node(&c, "recreated", &[]).await;
+    let api: Api<Node> = Api::all(c.clone());
+    let patch = serde_json::json!({
+        "metadata": {"uid": "00000000-0000-0000-0000-000000000000"},
+        "spec": {"podCIDR": "10.1.0.0/24", "podCIDRs": ["10.1.0.0/24"]},
+    });
+    let err = api
+        .patch("recreated", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect_err("a patch carrying another object's UID must fail");
+    match err {
+        kube::Error::Api(s) => assert!(
+            s.code == 409 || s.code == 422,
+            "expected a conflict or invalid, got {} {}",
+            s.code,
+            s.message
+        ),
+        other => panic!("expected an API error, got {other}"),
+    }
+    let n = get_node(&c, "recreated").await.expect("node");
+    assert!(
+        pod_cidrs(&n).is_empty(),
+        "the refused write must leave no podCIDRs"
+    );
+}
