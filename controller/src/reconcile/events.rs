@@ -36,19 +36,14 @@ impl Note {
         reason: &'static str,
         message: String,
     ) -> Self {
-        Note {
-            regarding: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(name.into()),
-                uid: uid.map(str::to_string),
-                ..ObjectReference::default()
-            },
+        Self::about(
+            ("v1", "Node", "AllocatePodCIDR"),
+            name,
+            uid,
             warning,
             reason,
-            action: "AllocatePodCIDR",
             message,
-        }
+        )
     }
 
     pub fn config(
@@ -58,17 +53,36 @@ impl Note {
         reason: &'static str,
         message: String,
     ) -> Self {
+        Self::about(
+            ("nodeipam.io/v1alpha1", "NodeIPAMConfig", "Reconcile"),
+            name,
+            uid,
+            warning,
+            reason,
+            message,
+        )
+    }
+
+    /// `(apiVersion, kind, action)` name the object and what the controller was doing.
+    fn about(
+        (api_version, kind, action): (&str, &str, &'static str),
+        name: &str,
+        uid: Option<&str>,
+        warning: bool,
+        reason: &'static str,
+        message: String,
+    ) -> Self {
         Note {
             regarding: ObjectReference {
-                api_version: Some("nodeipam.io/v1alpha1".into()),
-                kind: Some("NodeIPAMConfig".into()),
+                api_version: Some(api_version.into()),
+                kind: Some(kind.into()),
                 name: Some(name.into()),
                 uid: uid.map(str::to_string),
                 ..ObjectReference::default()
             },
             warning,
             reason,
-            action: "Reconcile",
+            action,
             message,
         }
     }
