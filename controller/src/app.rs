@@ -56,6 +56,7 @@ pub async fn client(args: &ClientArgs) -> anyhow::Result<Client> {
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    check_lease_flags(args.lease_duration, args.lease_grace)?;
     let client = client(&args.client).await?;
     let metrics = Arc::new(Metrics::new());
     let identity = args
@@ -124,6 +125,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         service_cidrs: args.service_cidrs.clone(),
         write_concurrency: args.write_concurrency,
         instance: Some(identity.clone()),
+        // A write must finish (or count as ambiguous) before a deposed leader's lease can
+        // expire, so that no write of ours is still in flight when a new leader lists.
+        write_timeout: write_timeout(args.lease_grace),
         qps: args.client.kube_api_qps,
         burst: args.client.kube_api_burst,
         publish: PublishOptions {
@@ -184,6 +188,24 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The lease manager panics on these, so they are refused here with a clear message.
+pub fn check_lease_flags(duration: u64, grace: u64) -> anyhow::Result<()> {
+    if duration == 0 || grace == 0 {
+        anyhow::bail!(
+            "--lease-duration ({duration}) and --lease-grace ({grace}) must be greater than zero"
+        );
+    }
+    if grace >= duration {
+        anyhow::bail!("--lease-grace ({grace}s) must be less than --lease-duration ({duration}s)");
+    }
+    Ok(())
+}
+
+/// Shorter than the renewal grace period, at most 10 s.
+pub fn write_timeout(grace_secs: u64) -> Duration {
+    Duration::from_millis((grace_secs * 1000).saturating_sub(500).clamp(500, 10_000))
+}
+
 #[derive(Clone)]
 struct Health {
     metrics: Arc<Metrics>,
@@ -230,5 +252,32 @@ async fn shutdown_signal() {
     tokio::select! {
         () = term => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_flags_are_checked_not_panicked_on() {
+        assert!(check_lease_flags(15, 5).is_ok());
+        let e = check_lease_flags(5, 5)
+            .expect_err("grace must be below duration")
+            .to_string();
+        assert!(
+            e.contains("--lease-grace") && e.contains("--lease-duration"),
+            "{e}"
+        );
+        assert!(check_lease_flags(0, 1).is_err());
+        assert!(check_lease_flags(10, 0).is_err());
+    }
+
+    #[test]
+    fn writes_time_out_within_the_grace_period() {
+        assert_eq!(write_timeout(5), Duration::from_millis(4500));
+        assert_eq!(write_timeout(2), Duration::from_millis(1500));
+        assert_eq!(write_timeout(60), Duration::from_secs(10));
+        assert_eq!(write_timeout(0), Duration::from_millis(500));
     }
 }
