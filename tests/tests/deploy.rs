@@ -69,6 +69,13 @@ fn nodeipam_bin() -> PathBuf {
     }
 }
 
+fn setpriv() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("setpriv"))
+        .find(|p| p.is_file())
+}
+
 fn config_path(rel: &str) -> String {
     workspace_root()
         .join("config")
@@ -195,7 +202,16 @@ impl Replica {
         let err = out
             .try_clone()
             .expect("step=spawn-nodeipam: clone log handle");
-        let mut cmd = tokio::process::Command::new(&bin);
+        // setpriv (util-linux), when present, makes the kernel kill the child if this test
+        // process dies, so a killed test run leaks no controllers.
+        let mut cmd = match setpriv() {
+            Some(setpriv) => {
+                let mut cmd = tokio::process::Command::new(setpriv);
+                cmd.args(["--pdeathsig", "KILL", "--"]).arg(&bin);
+                cmd
+            }
+            None => tokio::process::Command::new(&bin),
+        };
         // A clean environment: no KUBECONFIG, POD_NAME or NODEIPAM_* of the caller leaks in.
         cmd.env_clear()
             .arg("run")
