@@ -128,6 +128,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         // A write must finish (or count as ambiguous) before a deposed leader's lease can
         // expire, so that no write of ours is still in flight when a new leader lists.
         write_timeout: write_timeout(args.lease_grace),
+        takeover_delay: if args.disable_leader_election {
+            Duration::ZERO
+        } else {
+            write_timeout(args.lease_grace)
+        },
         qps: args.client.kube_api_qps,
         burst: args.client.kube_api_burst,
         publish: PublishOptions {
@@ -171,8 +176,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     shutdown_signal().await;
     info!("stopping");
     let _ = stop_tx.send(true);
-    // Allocation stops with the tasks; the lease is released so another replica takes over at
-    // once instead of after the lease expires.
+    // Allocation stops with the tasks; the lease is released so that another replica can take
+    // over (it notices when its cached view of the lease expires, at most --lease-duration).
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     if let Some(task) = lease {

@@ -465,18 +465,11 @@ impl Session {
             Ok(a) => {
                 self.pending.remove(name);
                 debug!(node = %name, config = %a.config, cidrs = ?a.cidrs, "allocated");
-                self.ctx
-                    .metrics
-                    .tries
-                    .get_or_create(&cidr_label(&a.cidrs[0]))
-                    .observe(1.0);
                 for c in &a.cidrs {
                     if let Some(range) = self.range_of(&a.config, c) {
-                        self.ctx
-                            .metrics
-                            .allocations
-                            .get_or_create(&cidr_label(&range))
-                            .inc();
+                        let label = cidr_label(&range);
+                        self.ctx.metrics.tries.get_or_create(&label).observe(1.0);
+                        self.ctx.metrics.allocations.get_or_create(&label).inc();
                     }
                 }
                 self.touch(&a.cidrs);
@@ -706,7 +699,21 @@ impl Session {
             else {
                 continue;
             };
-            for (family, f) in [("ipv4", facts.ipv4), ("ipv6", facts.ipv6)] {
+            let ranges = [seen.base.ipv4, seen.base.ipv6];
+            for ((family, f), range) in [("ipv4", facts.ipv4), ("ipv6", facts.ipv6)]
+                .into_iter()
+                .zip(ranges)
+            {
+                if let (Some(f), Some((range, _))) = (f, range)
+                    && f.capacity > 0
+                {
+                    // kcm's usage gauge: the fraction of the range's blocks in use.
+                    self.ctx
+                        .metrics
+                        .usage
+                        .get_or_create(&cidr_label(&range))
+                        .set(f.allocated as f64 / f.capacity as f64);
+                }
                 if let Some(f) = f {
                     let label = ConfigFamily {
                         config: name.clone(),

@@ -68,6 +68,9 @@ pub struct Options {
     pub burst: u32,
     /// The published pod network for consumers, and the ordering gate that comes with it.
     pub publish: publisher::PublishOptions,
+    /// How long a new leader waits before it lists, so a previous leader's last writes land
+    /// first. Zero without leader election.
+    pub takeover_delay: Duration,
 }
 
 impl Default for Options {
@@ -81,6 +84,7 @@ impl Default for Options {
             qps: 0.0,
             burst: 100,
             publish: publisher::PublishOptions::default(),
+            takeover_delay: Duration::ZERO,
         }
     }
 }
@@ -111,6 +115,15 @@ pub async fn run(ctx: Arc<Context>, mut leadership: watch::Receiver<bool>) {
     loop {
         if leadership.wait_for(|leader| *leader).await.is_err() {
             return;
+        }
+        if !ctx.options.takeover_delay.is_zero() {
+            // Writes a deposed leader sent just before it lost the lease may still be landing;
+            // let them settle so the list below sees them as held blocks.
+            info!(delay = ?ctx.options.takeover_delay, "leadership gained: letting writes of a previous leader settle");
+            tokio::select! {
+                () = tokio::time::sleep(ctx.options.takeover_delay) => {}
+                _ = leadership.wait_for(|leader| !*leader) => continue,
+            }
         }
         info!("leadership held: rebuilding allocation state from the API");
         ctx.metrics.set_leader(true);
