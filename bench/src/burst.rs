@@ -1,0 +1,292 @@
+//! The burst: on a fresh control plane per run, N Nodes created as fast as the API server takes
+//! them while one contender allocates; the observer times each node from its creation to its
+//! podCIDRs.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{self, CommonArgs, ServerCpu, dec};
+use crate::contender::{self, Kind, Settings};
+use crate::limiter::Limiter;
+use crate::nodes::{self, BENCH_LABEL, LoadReport};
+use crate::observer::Observer;
+use crate::procstat::{self, Sample};
+use crate::stats::{self, Latency, Machine};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BurstArgs {
+    /// Burst sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
+    pub nodes: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "nodeipam,kcm,floor")]
+    pub contenders: Vec<Kind>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Node creates in flight at once.
+    #[arg(long, default_value_t = 32)]
+    pub load_concurrency: usize,
+    /// The loader's client QPS (0: no limit) and burst.
+    #[arg(long, default_value_t = 0.0)]
+    pub load_qps: f64,
+    #[arg(long, default_value_t = 1)]
+    pub load_burst: u32,
+    /// Runs of every (size, contender), interleaved.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Where the JSON goes.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BurstReport {
+    pub benchmark: String,
+    pub date: String,
+    pub machine: Machine,
+    pub settings: Settings,
+    pub load_concurrency: usize,
+    pub load_qps: f64,
+    pub runs: Vec<BurstRun>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BurstRun {
+    pub contender: Kind,
+    pub nodes: usize,
+    pub round: usize,
+    /// From the first create sent to the last node seen with podCIDRs.
+    pub total_s: f64,
+    pub assigned_per_s: f64,
+    /// Per node: first seen with podCIDRs minus first seen (both by the observer's watch).
+    pub latency: Latency,
+    pub load: LoadReport,
+    /// From the process start to its "synced" log line.
+    pub synced_s: f64,
+    /// The contender's CPU during the burst (from just before the first create to the end).
+    pub cpu_s: f64,
+    pub rss_end_mib: f64,
+    pub rss_peak_mib: f64,
+    pub servers_cpu_s: ServerCpu,
+    pub load1_before: f64,
+    pub load1_after: f64,
+    pub watch_errors: u64,
+}
+
+pub async fn run(args: BurstArgs) -> anyhow::Result<BurstReport> {
+    let settings = args.common.settings();
+    std::fs::create_dir_all(&args.common.work)?;
+    let mut report = BurstReport {
+        benchmark: "burst".into(),
+        date: k8s_openapi::jiff::Timestamp::now().to_string(),
+        machine: stats::machine(),
+        settings: settings.clone(),
+        load_concurrency: args.load_concurrency,
+        load_qps: args.load_qps,
+        runs: Vec::new(),
+    };
+    for round in 1..=args.rounds {
+        for &n in &args.nodes {
+            for &kind in &args.contenders {
+                eprintln!(
+                    "burst: {} nodes, {}, round {round} (load {:.2})",
+                    n,
+                    kind.name(),
+                    procstat::load1()?
+                );
+                let run = one(&args, &settings, kind, n, round)
+                    .await
+                    .with_context(|| format!("burst of {n} nodes with {}", kind.name()))?;
+                eprintln!(
+                    "burst:   total {:.2}s, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms, cpu {:.2}s, peak rss {:.0} MiB",
+                    run.total_s,
+                    run.latency.p50_ms,
+                    run.latency.p99_ms,
+                    run.latency.max_ms,
+                    run.cpu_s,
+                    run.rss_peak_mib
+                );
+                report.runs.push(run);
+                std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)?;
+            }
+        }
+    }
+    Ok(report)
+}
+
+async fn one(
+    args: &BurstArgs,
+    settings: &Settings,
+    kind: Kind,
+    n: usize,
+    round: usize,
+) -> anyhow::Result<BurstRun> {
+    let (cp, _) = args.common.control_plane().await?;
+    let admin = cp.client();
+    if kind == Kind::Nodeipam {
+        common::create_config(&admin, false).await?;
+    }
+    let log_name = format!("burst-{n}-{}-{round}.log", kind.name());
+    let mut proc = contender::spawn(
+        kind,
+        settings,
+        cp.kubeconfig_path(),
+        &args.common.work,
+        &log_name,
+    )?;
+    let synced = proc.wait_synced(Duration::from_secs(60)).await?;
+
+    // Warm-up: one node through the whole path, so every gate is open and every connection up.
+    let warm = Observer::start(&admin, &format!("{BENCH_LABEL}=warmup")).await?;
+    nodes::create_all(
+        &admin,
+        vec![nodes::node("warmup-0", "warmup", 0, None)],
+        1,
+        Arc::new(Limiter::new(0.0, 1)),
+    )
+    .await?;
+    warm.wait_assigned(1, Duration::from_secs(60), || proc.check_alive())
+        .await
+        .context("the warm-up node")?;
+    drop(warm);
+
+    // Separate clients (and connection pools) for the observer and the loader.
+    let observer_client = crate::client(cp.kubeconfig_path()).await?;
+    let loader_client = crate::client(cp.kubeconfig_path()).await?;
+    let observer = Observer::start(&observer_client, &format!("{BENCH_LABEL}=burst")).await?;
+    let batch: Vec<_> = (0..n)
+        .map(|i| nodes::node(&format!("burst-{i:06}"), "burst", i as u32, None))
+        .collect();
+
+    let load1_before = procstat::load1()?;
+    let before: Sample = proc.sample()?;
+    let servers_before = common::server_cpu()?;
+    let limiter = Arc::new(Limiter::new(args.load_qps, args.load_burst));
+    let concurrency = args.load_concurrency;
+    let loader = tokio::spawn(async move {
+        nodes::create_all(&loader_client, batch, concurrency, limiter).await
+    });
+    // Generous: a stuck contender fails the run instead of hanging it.
+    let timeout = Duration::from_secs(120 + (n as u64) / 10);
+    observer
+        .wait_assigned(n, timeout, || proc.check_alive())
+        .await?;
+    let load = loader.await.context("the loader task")??;
+    let after = proc.sample()?;
+    let servers_after = common::server_cpu()?;
+    let load1_after = procstat::load1()?;
+
+    let seen = observer.snapshot();
+    let first_sent = load.first_sent.context("the loader sent nothing")?;
+    let mut last = first_sent;
+    let mut latencies = Vec::with_capacity(n);
+    let mut blocks = HashSet::with_capacity(n);
+    let range: IpNet = common::CLUSTER_CIDR.parse()?;
+    for (name, s) in &seen {
+        let assigned = s
+            .assigned
+            .with_context(|| format!("{name} has no podCIDRs"))?;
+        last = last.max(assigned);
+        latencies.push(assigned.saturating_duration_since(s.added).as_secs_f64() * 1e3);
+        for c in &s.pod_cidrs {
+            let block: IpNet = c.parse().with_context(|| format!("{name}: podCIDR {c}"))?;
+            if !range.contains(&block) || !blocks.insert(block) {
+                bail!("{name}: podCIDR {c} is outside {range} or handed out twice");
+            }
+        }
+    }
+    if seen.len() != n {
+        bail!("the observer saw {} nodes, {n} created", seen.len());
+    }
+    let total_s = last.duration_since(first_sent).as_secs_f64();
+    let watch_errors = observer.watch_errors();
+    drop(observer);
+    proc.stop().await?;
+    cp.stop().await;
+    Ok(BurstRun {
+        contender: kind,
+        nodes: n,
+        round,
+        total_s: dec(total_s, 3),
+        assigned_per_s: dec(n as f64 / total_s, 1),
+        latency: rounded(stats::latency(latencies)),
+        load,
+        synced_s: dec(synced.as_secs_f64(), 3),
+        cpu_s: dec(after.cpu_s - before.cpu_s, 2),
+        rss_end_mib: dec(after.rss_mib, 1),
+        rss_peak_mib: dec(after.hwm_mib, 1),
+        servers_cpu_s: servers_after - servers_before,
+        load1_before,
+        load1_after,
+        watch_errors,
+    })
+}
+
+fn rounded(l: Latency) -> Latency {
+    Latency {
+        count: l.count,
+        p50_ms: dec(l.p50_ms, 1),
+        p90_ms: dec(l.p90_ms, 1),
+        p99_ms: dec(l.p99_ms, 1),
+        max_ms: dec(l.max_ms, 1),
+        mean_ms: dec(l.mean_ms, 1),
+    }
+}
+
+/// A Markdown table per size, with each contender's total against the floor's.
+pub fn table(report: &BurstReport) -> String {
+    let mut out = String::new();
+    let mut sizes: Vec<usize> = report.runs.iter().map(|r| r.nodes).collect();
+    sizes.dedup();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for n in sizes {
+        let runs: Vec<&BurstRun> = report.runs.iter().filter(|r| r.nodes == n).collect();
+        let best = |k: Kind| {
+            runs.iter()
+                .filter(|r| r.contender == k)
+                .map(|r| r.total_s)
+                .min_by(f64::total_cmp)
+        };
+        let floor = best(Kind::Floor);
+        out += &format!(
+            "\n{n} nodes\n\n| contender | round | total s | nodes/s | p50 ms | p99 ms | max ms | CPU s | peak RSS MiB | apiserver CPU s | etcd CPU s | × floor | load before→after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        );
+        for r in &runs {
+            let vs_floor = floor.map_or("–".into(), |f| format!("{:.2}", r.total_s / f));
+            out += &format!(
+                "| {} | {} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1} | {:.1} | {} | {:.2}→{:.2} |\n",
+                r.contender.name(),
+                r.round,
+                r.total_s,
+                r.assigned_per_s,
+                r.latency.p50_ms,
+                r.latency.p99_ms,
+                r.latency.max_ms,
+                r.cpu_s,
+                r.rss_peak_mib,
+                r.servers_cpu_s.apiserver_s,
+                r.servers_cpu_s.etcd_s,
+                vs_floor,
+                r.load1_before,
+                r.load1_after,
+            );
+        }
+        if let (Some(ours), Some(kcm)) = (best(Kind::Nodeipam), best(Kind::Kcm)) {
+            out += &format!(
+                "\nbest totals: kcm / nodeipam = {:.2}× (goal ≥ 2)",
+                kcm / ours
+            );
+            if let Some(f) = floor {
+                out += &format!("; nodeipam / floor = {:.2}× (goal ≤ 1.25)", ours / f);
+            }
+            out += "\n";
+        }
+    }
+    out
+}

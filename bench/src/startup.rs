@@ -1,0 +1,222 @@
+//! Start-up: N Nodes that already hold podCIDRs, then each contender started in turn on the same
+//! control plane; times from the process start to its first log line, to its "synced" line,
+//! and to the podCIDRs of a node created just before it started; and its memory then.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{self, CommonArgs, ServerCpu, dec};
+use crate::contender::{self, Kind, Settings};
+use crate::limiter::Limiter;
+use crate::nodes::{self, BENCH_LABEL, LoadReport};
+use crate::observer::Observer;
+use crate::procstat;
+use crate::stats::{self, Machine};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct StartupArgs {
+    /// Numbers of existing nodes.
+    #[arg(long, value_delimiter = ',', default_value = "5000,50000")]
+    pub nodes: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "nodeipam,kcm,floor")]
+    pub contenders: Vec<Kind>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Creates in flight while filling the cluster.
+    #[arg(long, default_value_t = 64)]
+    pub populate_concurrency: usize,
+    /// Starts of every contender per size, interleaved.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StartupReport {
+    pub benchmark: String,
+    pub date: String,
+    pub machine: Machine,
+    pub settings: Settings,
+    pub populations: Vec<Population>,
+    pub runs: Vec<StartupRun>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Population {
+    pub nodes: usize,
+    pub load: LoadReport,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StartupRun {
+    pub contender: Kind,
+    pub nodes: usize,
+    pub round: usize,
+    pub first_line_s: f64,
+    /// The "synced" log line: every node read, allocation may start.
+    pub synced_s: f64,
+    /// The new node's podCIDRs seen by the observer.
+    pub first_allocation_s: f64,
+    pub cpu_s: f64,
+    pub rss_mib: f64,
+    pub rss_peak_mib: f64,
+    /// What the start cost the API server and etcd (from spawn to the first allocation).
+    pub servers_cpu_s: ServerCpu,
+    pub load1: f64,
+}
+
+pub async fn run(args: StartupArgs) -> anyhow::Result<StartupReport> {
+    let settings = args.common.settings();
+    std::fs::create_dir_all(&args.common.work)?;
+    let mut report = StartupReport {
+        benchmark: "startup".into(),
+        date: k8s_openapi::jiff::Timestamp::now().to_string(),
+        machine: stats::machine(),
+        settings: settings.clone(),
+        populations: Vec::new(),
+        runs: Vec::new(),
+    };
+    for &n in &args.nodes {
+        let (cp, _) = args.common.control_plane().await?;
+        let admin = cp.client();
+        eprintln!(
+            "startup: creating {n} nodes with podCIDRs (load {:.2})",
+            procstat::load1()?
+        );
+        let range: IpNet = common::CLUSTER_CIDR.parse()?;
+        let service: IpNet = common::SERVICE_RANGE.parse()?;
+        let blocks = nodes::blocks(range, common::MASK, &[service], n)?;
+        let batch: Vec<_> = blocks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| nodes::node(&format!("existing-{i:06}"), "existing", i as u32, Some(b)))
+            .collect();
+        let loader = crate::client(cp.kubeconfig_path()).await?;
+        let load = nodes::create_all(
+            &loader,
+            batch,
+            args.populate_concurrency,
+            Arc::new(Limiter::new(0.0, 1)),
+        )
+        .await
+        .context("filling the cluster")?;
+        eprintln!(
+            "startup:   {n} nodes in {:.1}s ({:.0}/s)",
+            load.seconds, load.per_second
+        );
+        report.populations.push(Population { nodes: n, load });
+        // As a restarted nodeipam finds it: with its finalizer.
+        common::create_config(&admin, true).await?;
+        for round in 1..=args.rounds {
+            for &kind in &args.contenders {
+                let run = one(&args, &settings, &cp, kind, n, round)
+                    .await
+                    .with_context(|| format!("start-up of {} with {n} nodes", kind.name()))?;
+                eprintln!(
+                    "startup:   {}: first line {:.3}s, synced {:.3}s, first allocation {:.3}s, rss {:.0} MiB, cpu {:.2}s",
+                    kind.name(),
+                    run.first_line_s,
+                    run.synced_s,
+                    run.first_allocation_s,
+                    run.rss_mib,
+                    run.cpu_s
+                );
+                report.runs.push(run);
+                std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)?;
+            }
+        }
+        cp.stop().await;
+    }
+    Ok(report)
+}
+
+async fn one(
+    args: &StartupArgs,
+    settings: &Settings,
+    cp: &nodeipam_testenv::ControlPlane,
+    kind: Kind,
+    n: usize,
+    round: usize,
+) -> anyhow::Result<StartupRun> {
+    let admin = cp.client();
+    let group = format!("probe-{}-{round}", kind.name());
+    let observer = Observer::start(&admin, &format!("{BENCH_LABEL}={group}")).await?;
+    nodes::create_all(
+        &admin,
+        vec![nodes::node(&group, &group, 0, None)],
+        1,
+        Arc::new(Limiter::new(0.0, 1)),
+    )
+    .await?;
+    // Let the API server settle after the create before the clock starts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let load1 = procstat::load1()?;
+    let servers_before = common::server_cpu()?;
+    let log_name = format!("startup-{n}-{}-{round}.log", kind.name());
+    let mut proc = contender::spawn(
+        kind,
+        settings,
+        cp.kubeconfig_path(),
+        &args.common.work,
+        &log_name,
+    )?;
+    observer
+        .wait_assigned(1, Duration::from_secs(300), || proc.check_alive())
+        .await?;
+    let sample = proc.sample()?;
+    let servers_after = common::server_cpu()?;
+    let assigned = observer
+        .snapshot()
+        .get(&group)
+        .and_then(|s| s.assigned)
+        .context("the probe node has no podCIDRs")?;
+    let synced = proc.wait_synced(Duration::from_secs(10)).await?;
+    let first_line = proc.first_line().context("no output")?;
+    let first_allocation = assigned.duration_since(proc.started);
+    proc.stop().await?;
+    Ok(StartupRun {
+        contender: kind,
+        nodes: n,
+        round,
+        first_line_s: dec(first_line.as_secs_f64(), 3),
+        synced_s: dec(synced.as_secs_f64(), 3),
+        first_allocation_s: dec(first_allocation.as_secs_f64(), 3),
+        cpu_s: dec(sample.cpu_s, 2),
+        rss_mib: dec(sample.rss_mib, 1),
+        rss_peak_mib: dec(sample.hwm_mib, 1),
+        servers_cpu_s: servers_after - servers_before,
+        load1,
+    })
+}
+
+pub fn table(report: &StartupReport) -> String {
+    let mut out = String::new();
+    for p in &report.populations {
+        out += &format!(
+            "\n{} existing nodes (created in {:.1}s, {:.0}/s)\n\n| contender | round | first log line s | synced s | first new allocation s | CPU s | RSS MiB | peak RSS MiB | apiserver CPU s | load |\n|---|---|---|---|---|---|---|---|---|---|\n",
+            p.nodes, p.load.seconds, p.load.per_second
+        );
+        for r in report.runs.iter().filter(|r| r.nodes == p.nodes) {
+            out += &format!(
+                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.2} | {:.0} | {:.0} | {:.1} | {:.2} |\n",
+                r.contender.name(),
+                r.round,
+                r.first_line_s,
+                r.synced_s,
+                r.first_allocation_s,
+                r.cpu_s,
+                r.rss_mib,
+                r.rss_peak_mib,
+                r.servers_cpu_s.apiserver_s,
+                r.load1
+            );
+        }
+    }
+    out
+}
