@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
 use kube::api::PostParams;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use nodeipam_controller::reconcile::Options;
@@ -58,8 +59,19 @@ fn rv<K: kube::Resource>(o: &K) -> u64 {
         .expect("numeric resourceVersion")
 }
 
+/// Stops a recorder when the test ends, so no watch outlives its control plane.
+struct Recorder(tokio::task::JoinHandle<()>);
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+type Log<K> = Arc<Mutex<Vec<(u64, bool, K)>>>;
+
 /// Records every version of the watched objects with its resourceVersion, in arrival order.
-fn record<K>(api: Api<K>) -> Arc<Mutex<Vec<(u64, bool, K)>>>
+fn record<K>(api: Api<K>) -> (Log<K>, Recorder)
 where
     K: kube::Resource
         + Clone
@@ -72,8 +84,11 @@ where
 {
     let log = Arc::new(Mutex::new(Vec::new()));
     let out = log.clone();
-    tokio::spawn(async move {
-        let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+    // With backoff: a watch error must not turn into a busy retry loop.
+    let task = tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
         while let Some(ev) = stream.next().await {
             let mut log = out.lock().expect("log lock");
             match ev {
@@ -83,7 +98,7 @@ where
             }
         }
     });
-    log
+    (log, Recorder(task))
 }
 
 fn cm_has(cm: &ConfigMap, key: &str, cidr: &str) -> bool {
@@ -98,8 +113,8 @@ async fn ordered_add_publishes_a_range_before_its_first_block() {
     let cp = control_plane().await;
     let c = cp.client();
     namespace(&c, NS).await;
-    let cms = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
-    let nodes = record(Api::<Node>::all(c.clone()));
+    let (cms, _cms_recorder) = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
+    let (nodes, _nodes_recorder) = record(Api::<Node>::all(c.clone()));
     let _ctl = start_controller(c.clone(), publishing(None));
     // Nodes exist first, so allocation from the new config is immediately wanted.
     for i in 0..5 {
@@ -173,8 +188,8 @@ async fn ordered_remove_keeps_a_range_until_drained() {
     create_ready_config(&c, "keep", spec(family("10.62.0.0/16", 24), None, None)).await;
     create_node(&c, "o1", &[("pool", "old")]).await;
     wait_cidrs(&c, "o1").await;
-    let cms = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
-    let nodes = record(Api::<Node>::all(c.clone()));
+    let (cms, _cms_recorder) = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
+    let (nodes, _nodes_recorder) = record(Api::<Node>::all(c.clone()));
     delete_config(&c, "old").await;
     wait_condition(&c, "old", "Drained", "False", Some("NodesRemaining")).await;
     wait_for("old listed as draining", || async {
