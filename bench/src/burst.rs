@@ -36,12 +36,37 @@ pub struct BurstArgs {
     pub load_qps: f64,
     #[arg(long, default_value_t = 1)]
     pub load_burst: u32,
+    /// `burst`: nodes created while the contender runs; `backlog`: nodes created first, then
+    /// the contender started (its pure write throughput, start-up included).
+    #[arg(long, value_enum, default_value_t = Mode::Burst)]
+    pub mode: Mode,
+    /// Nodes that already hold podCIDRs (from the start of the range) before the contender
+    /// starts: a burst onto a big cluster.
+    #[arg(long, default_value_t = 0)]
+    pub existing: usize,
     /// Runs of every (size, contender), interleaved.
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
     /// Where the JSON goes.
     #[arg(long)]
     pub out: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    #[default]
+    Burst,
+    Backlog,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Burst => "burst",
+            Mode::Backlog => "backlog",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -52,23 +77,30 @@ pub struct BurstReport {
     pub settings: Settings,
     pub load_concurrency: usize,
     pub load_qps: f64,
+    #[serde(default)]
+    pub existing: usize,
     pub runs: Vec<BurstRun>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BurstRun {
     pub contender: Kind,
+    #[serde(default)]
+    pub mode: Mode,
     pub nodes: usize,
     pub round: usize,
-    /// From the first create sent to the last node seen with podCIDRs.
+    /// Burst: from the first create sent to the last node seen with podCIDRs. Backlog: from
+    /// the contender's start to the last node seen with podCIDRs.
     pub total_s: f64,
     pub assigned_per_s: f64,
-    /// Per node: first seen with podCIDRs minus first seen (both by the observer's watch).
+    /// Burst: per node, first seen with podCIDRs minus first seen (both by the observer's
+    /// watch). Backlog: per node, first seen with podCIDRs minus the contender's start.
     pub latency: Latency,
     pub load: LoadReport,
     /// From the process start to its "synced" log line.
     pub synced_s: f64,
-    /// The contender's CPU during the burst (from just before the first create to the end).
+    /// The contender's CPU during the burst (from just before the first create to the end);
+    /// in a backlog run, since its start.
     pub cpu_s: f64,
     pub rss_end_mib: f64,
     pub rss_peak_mib: f64,
@@ -88,6 +120,7 @@ pub async fn run(args: BurstArgs) -> anyhow::Result<BurstReport> {
         settings: settings.clone(),
         load_concurrency: args.load_concurrency,
         load_qps: args.load_qps,
+        existing: args.existing,
         runs: Vec::new(),
     };
     for round in 1..=args.rounds {
@@ -128,62 +161,114 @@ async fn one(
 ) -> anyhow::Result<BurstRun> {
     let (cp, _) = args.common.control_plane().await?;
     let admin = cp.client();
+    let backlog = args.mode == Mode::Backlog;
     if kind == Kind::Nodeipam {
-        common::create_config(&admin, false).await?;
+        // In a backlog run nodeipam starts as on a restart: its finalizer is on the config.
+        common::create_config(&admin, backlog).await?;
     }
-    let log_name = format!("burst-{n}-{}-{round}.log", kind.name());
-    let mut proc = contender::spawn(
-        kind,
-        settings,
-        cp.kubeconfig_path(),
-        &args.common.work,
-        &log_name,
-    )?;
-    let synced = proc.wait_synced(Duration::from_secs(60)).await?;
-
-    // Warm-up: one node through the whole path, so every gate is open and every connection up.
-    let warm = Observer::start(&admin, &format!("{BENCH_LABEL}=warmup")).await?;
-    nodes::create_all(
-        &admin,
-        vec![nodes::node("warmup-0", "warmup", 0, None)],
-        1,
-        Arc::new(Limiter::new(0.0, 1)),
-    )
-    .await?;
-    warm.wait_assigned(1, Duration::from_secs(60), || proc.check_alive())
-        .await
-        .context("the warm-up node")?;
-    drop(warm);
-
+    if args.existing > 0 {
+        let range: IpNet = common::CLUSTER_CIDR.parse()?;
+        let service: IpNet = common::SERVICE_RANGE.parse()?;
+        let blocks = nodes::blocks(range, common::MASK, &[service], args.existing)?;
+        let existing = blocks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| nodes::node(&format!("existing-{i:06}"), "existing", i as u32, Some(b)))
+            .collect();
+        let filler = crate::client(cp.kubeconfig_path()).await?;
+        let load = nodes::create_all(&filler, existing, 64, Arc::new(Limiter::new(0.0, 1)))
+            .await
+            .context("creating the existing nodes")?;
+        eprintln!(
+            "burst:   {} existing nodes in {:.1}s",
+            args.existing, load.seconds
+        );
+    }
+    let log_name = format!("{}-{n}-{}-{round}.log", args.mode.name(), kind.name());
     // Separate clients (and connection pools) for the observer and the loader.
     let observer_client = crate::client(cp.kubeconfig_path()).await?;
     let loader_client = crate::client(cp.kubeconfig_path()).await?;
-    let observer = Observer::start(&observer_client, &format!("{BENCH_LABEL}=burst")).await?;
     let batch: Vec<_> = (0..n)
         .map(|i| nodes::node(&format!("burst-{i:06}"), "burst", i as u32, None))
         .collect();
-
-    let load1_before = procstat::load1()?;
-    let before: Sample = proc.sample()?;
-    let servers_before = common::server_cpu()?;
     let limiter = Arc::new(Limiter::new(args.load_qps, args.load_burst));
     let concurrency = args.load_concurrency;
-    let loader = tokio::spawn(async move {
-        nodes::create_all(&loader_client, batch, concurrency, limiter).await
-    });
     // Generous: a stuck contender fails the run instead of hanging it.
     let timeout = Duration::from_secs(120 + (n as u64) / 10);
-    observer
-        .wait_assigned(n, timeout, || proc.check_alive())
+
+    let (mut proc, observer, load, before, servers_before, load1_before) = if backlog {
+        let observer = Observer::start(&observer_client, &format!("{BENCH_LABEL}=burst")).await?;
+        let load = nodes::create_all(&loader_client, batch, concurrency, limiter).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (load1_before, servers_before) = (procstat::load1()?, common::server_cpu()?);
+        let mut proc = contender::spawn(
+            kind,
+            settings,
+            cp.kubeconfig_path(),
+            &args.common.work,
+            &log_name,
+        )?;
+        observer
+            .wait_assigned(n, timeout, || proc.check_alive())
+            .await?;
+        (
+            proc,
+            observer,
+            load,
+            Sample::default(),
+            servers_before,
+            load1_before,
+        )
+    } else {
+        let mut proc = contender::spawn(
+            kind,
+            settings,
+            cp.kubeconfig_path(),
+            &args.common.work,
+            &log_name,
+        )?;
+        proc.wait_synced(Duration::from_secs(60)).await?;
+        // Warm-up: one node through the whole path, so every gate is open and every
+        // connection up.
+        let warm = Observer::start(&admin, &format!("{BENCH_LABEL}=warmup")).await?;
+        nodes::create_all(
+            &admin,
+            vec![nodes::node("warmup-0", "warmup", 0, None)],
+            1,
+            Arc::new(Limiter::new(0.0, 1)),
+        )
         .await?;
-    let load = loader.await.context("the loader task")??;
+        warm.wait_assigned(1, Duration::from_secs(60), || proc.check_alive())
+            .await
+            .context("the warm-up node")?;
+        drop(warm);
+        let observer = Observer::start(&observer_client, &format!("{BENCH_LABEL}=burst")).await?;
+        let load1_before = procstat::load1()?;
+        let before: Sample = proc.sample()?;
+        let servers_before = common::server_cpu()?;
+        let loader = tokio::spawn(async move {
+            nodes::create_all(&loader_client, batch, concurrency, limiter).await
+        });
+        observer
+            .wait_assigned(n, timeout, || proc.check_alive())
+            .await?;
+        let load = loader.await.context("the loader task")??;
+        (proc, observer, load, before, servers_before, load1_before)
+    };
+    proc.check_alive()?;
     let after = proc.sample()?;
     let servers_after = common::server_cpu()?;
     let load1_after = procstat::load1()?;
+    let synced = proc.wait_synced(Duration::from_secs(1)).await?;
 
+    // Burst: from the first create sent; backlog: from the contender's start.
+    let start = if backlog {
+        proc.started
+    } else {
+        load.first_sent.context("the loader sent nothing")?
+    };
     let seen = observer.snapshot();
-    let first_sent = load.first_sent.context("the loader sent nothing")?;
-    let mut last = first_sent;
+    let mut last = start;
     let mut latencies = Vec::with_capacity(n);
     let mut blocks = HashSet::with_capacity(n);
     let range: IpNet = common::CLUSTER_CIDR.parse()?;
@@ -192,7 +277,8 @@ async fn one(
             .assigned
             .with_context(|| format!("{name} has no podCIDRs"))?;
         last = last.max(assigned);
-        latencies.push(assigned.saturating_duration_since(s.added).as_secs_f64() * 1e3);
+        let since = if backlog { start } else { s.added };
+        latencies.push(assigned.saturating_duration_since(since).as_secs_f64() * 1e3);
         for c in &s.pod_cidrs {
             let block: IpNet = c.parse().with_context(|| format!("{name}: podCIDR {c}"))?;
             if !range.contains(&block) || !blocks.insert(block) {
@@ -203,13 +289,14 @@ async fn one(
     if seen.len() != n {
         bail!("the observer saw {} nodes, {n} created", seen.len());
     }
-    let total_s = last.duration_since(first_sent).as_secs_f64();
+    let total_s = last.duration_since(start).as_secs_f64();
     let watch_errors = observer.watch_errors();
     drop(observer);
     proc.stop().await?;
     cp.stop().await;
     Ok(BurstRun {
         contender: kind,
+        mode: args.mode,
         nodes: n,
         round,
         total_s: dec(total_s, 3),
@@ -238,29 +325,52 @@ fn rounded(l: Latency) -> Latency {
     }
 }
 
-/// A Markdown table per size, with each contender's total against the floor's.
+/// A Markdown table per mode and size, with each contender's total against the floor's, and
+/// the ratios of the medians over rounds.
 pub fn table(report: &BurstReport) -> String {
     let mut out = String::new();
-    let mut sizes: Vec<usize> = report.runs.iter().map(|r| r.nodes).collect();
-    sizes.dedup();
-    sizes.sort_unstable();
-    sizes.dedup();
-    for n in sizes {
-        let runs: Vec<&BurstRun> = report.runs.iter().filter(|r| r.nodes == n).collect();
-        let best = |k: Kind| {
-            runs.iter()
+    let mut groups: Vec<(Mode, usize)> = report.runs.iter().map(|r| (r.mode, r.nodes)).collect();
+    groups.sort_by_key(|(m, n)| (m.name(), *n));
+    groups.dedup();
+    for (mode, n) in groups {
+        let runs: Vec<&BurstRun> = report
+            .runs
+            .iter()
+            .filter(|r| r.nodes == n && r.mode == mode)
+            .collect();
+        let median = |k: Kind| {
+            let mut t: Vec<f64> = runs
+                .iter()
                 .filter(|r| r.contender == k)
                 .map(|r| r.total_s)
-                .min_by(f64::total_cmp)
+                .collect();
+            t.sort_by(f64::total_cmp);
+            (!t.is_empty()).then(|| t[(t.len() - 1) / 2])
         };
-        let floor = best(Kind::Floor);
+        let floor = median(Kind::Floor);
+        let what = match mode {
+            Mode::Burst => "created while the contender runs; latency from creation",
+            Mode::Backlog => "created before the contender starts; times from its start",
+        };
         out += &format!(
-            "\n{n} nodes\n\n| contender | round | total s | nodes/s | p50 ms | p99 ms | max ms | CPU s | peak RSS MiB | apiserver CPU s | etcd CPU s | × floor | load before→after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+            "\n{n} nodes, {} ({what}; loader {} in flight, {}{})\n\n| contender | round | total s | nodes/s | p50 ms | p99 ms | max ms | synced s | CPU s | peak RSS MiB | apiserver CPU s | etcd CPU s | × floor | load before→after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            mode.name(),
+            report.load_concurrency,
+            if report.load_qps > 0.0 {
+                format!("{}/s", report.load_qps)
+            } else {
+                "no rate limit".into()
+            },
+            if report.existing > 0 {
+                format!("; {} nodes with podCIDRs before", report.existing)
+            } else {
+                String::new()
+            }
         );
         for r in &runs {
             let vs_floor = floor.map_or("–".into(), |f| format!("{:.2}", r.total_s / f));
             out += &format!(
-                "| {} | {} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1} | {:.1} | {} | {:.2}→{:.2} |\n",
+                "| {} | {} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.1} | {:.1} | {} | {:.2}→{:.2} |\n",
                 r.contender.name(),
                 r.round,
                 r.total_s,
@@ -268,6 +378,7 @@ pub fn table(report: &BurstReport) -> String {
                 r.latency.p50_ms,
                 r.latency.p99_ms,
                 r.latency.max_ms,
+                r.synced_s,
                 r.cpu_s,
                 r.rss_peak_mib,
                 r.servers_cpu_s.apiserver_s,
@@ -277,14 +388,15 @@ pub fn table(report: &BurstReport) -> String {
                 r.load1_after,
             );
         }
-        if let (Some(ours), Some(kcm)) = (best(Kind::Nodeipam), best(Kind::Kcm)) {
-            out += &format!(
-                "\nbest totals: kcm / nodeipam = {:.2}× (goal ≥ 2)",
-                kcm / ours
-            );
-            if let Some(f) = floor {
-                out += &format!("; nodeipam / floor = {:.2}× (goal ≤ 1.25)", ours / f);
+        if let Some(ours) = median(Kind::Nodeipam) {
+            let mut line = String::from("\nmedian totals:");
+            if let Some(kcm) = median(Kind::Kcm) {
+                line += &format!(" kcm / nodeipam = {:.2}× (goal ≥ 2);", kcm / ours);
             }
+            if let Some(f) = floor {
+                line += &format!(" nodeipam / floor = {:.2}× (goal ≤ 1.25);", ours / f);
+            }
+            out += line.trim_end_matches(';');
             out += "\n";
         }
     }

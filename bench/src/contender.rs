@@ -31,6 +31,8 @@ pub enum Kind {
     FloorSlim,
     /// The same with a streaming list.
     FloorSlimStreaming,
+    /// The floor writing nodeipam's patch (annotation and UID precondition too).
+    FloorLikeNodeipam,
 }
 
 impl Kind {
@@ -43,6 +45,7 @@ impl Kind {
             Kind::FloorUnpaged => "floor-unpaged",
             Kind::FloorSlim => "floor-slim",
             Kind::FloorSlimStreaming => "floor-slim-streaming",
+            Kind::FloorLikeNodeipam => "floor-like-nodeipam",
         }
     }
 
@@ -145,6 +148,9 @@ pub fn command(kind: Kind, s: &Settings, kubeconfig: &Path) -> anyhow::Result<Ve
     };
     if matches!(kind, Kind::FloorSlim | Kind::FloorSlimStreaming) {
         argv.push("--slim".into());
+    }
+    if kind == Kind::FloorLikeNodeipam {
+        argv.push("--like-nodeipam".into());
     }
     Ok(argv)
 }

@@ -47,6 +47,9 @@ pub struct FloorArgs {
     /// Page size of a paged initial list.
     #[arg(long, default_value_t = 500)]
     pub page_size: u32,
+    /// Write what nodeipam writes: also its annotation, with the node's UID as a precondition.
+    #[arg(long)]
+    pub like_nodeipam: bool,
     /// Parse only name, uid, resourceVersion, labels and podCIDRs of each Node.
     #[arg(long)]
     pub slim: bool,
@@ -124,7 +127,7 @@ where
     // Blocks found on nodes (a restart): skipped when handing out.
     let mut taken: HashSet<IpNet> = HashSet::new();
     let mut asked: HashSet<String> = HashSet::new();
-    let mut waiting: Vec<String> = Vec::new();
+    let mut waiting: Vec<(String, Option<String>)> = Vec::new();
     let mut synced = false;
     let mut writes = JoinSet::new();
 
@@ -142,12 +145,13 @@ where
                     synced = true;
                     eprintln!("floor: synced");
                 }
-                for name in std::mem::take(&mut waiting) {
+                for (name, uid) in std::mem::take(&mut waiting) {
                     let block = next_free(&mut free, &taken)?;
+                    let body = body(&block, uid.as_deref(), args.like_nodeipam);
                     writes.spawn(patch(
                         api.clone(),
                         name,
-                        block,
+                        body,
                         permits.clone(),
                         limiter.clone(),
                     ));
@@ -169,17 +173,19 @@ where
         if !asked.insert(name.clone()) {
             continue;
         }
+        let uid = node.meta().uid.clone();
         if synced {
             let block = next_free(&mut free, &taken)?;
+            let body = body(&block, uid.as_deref(), args.like_nodeipam);
             writes.spawn(patch(
                 api.clone(),
                 name,
-                block,
+                body,
                 permits.clone(),
                 limiter.clone(),
             ));
         } else {
-            waiting.push(name);
+            waiting.push((name, uid));
         }
     }
     bail!("the node watch ended")
@@ -193,10 +199,20 @@ fn next_free(
         .context("no free block left")
 }
 
+/// The merge patch: the podCIDRs; like nodeipam's, also the UID precondition and annotation.
+fn body(block: &IpNet, uid: Option<&str>, like_nodeipam: bool) -> serde_json::Value {
+    let cidr = block.to_string();
+    let mut body = json!({ "spec": { "podCIDR": cidr, "podCIDRs": [cidr] } });
+    if like_nodeipam {
+        body["metadata"] = json!({ "uid": uid, "annotations": { "nodeipam.io/config": "bench" } });
+    }
+    body
+}
+
 async fn patch<K>(
     api: Api<K>,
     name: String,
-    block: IpNet,
+    body: serde_json::Value,
     permits: Arc<Semaphore>,
     limiter: Arc<Limiter>,
 ) -> anyhow::Result<()>
@@ -204,7 +220,6 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
 {
     let _permit = permits.acquire_owned().await?;
-    let body = json!({ "spec": { "podCIDR": block.to_string(), "podCIDRs": [block.to_string()] } });
     let params = PatchParams::default();
     let mut attempt = 0u32;
     loop {

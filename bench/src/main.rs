@@ -97,6 +97,9 @@ struct PopulateArgs {
     with_pod_cidrs: bool,
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    /// Creates per second (0: as fast as the API server takes them).
+    #[arg(long, default_value_t = 0.0)]
+    qps: f64,
 }
 
 async fn populate(args: PopulateArgs) -> anyhow::Result<()> {
@@ -121,7 +124,7 @@ async fn populate(args: PopulateArgs) -> anyhow::Result<()> {
         &client,
         batch,
         args.concurrency,
-        std::sync::Arc::new(limiter::Limiter::new(0.0, 1)),
+        std::sync::Arc::new(limiter::Limiter::new(args.qps, 1)),
     )
     .await?;
     eprintln!(

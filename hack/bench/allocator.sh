@@ -53,6 +53,7 @@ timed "go test -bench BenchmarkAllocateAll (kcm cidrset, k8s.io/kubernetes v1.37
     || { cat '$GO_OUT' >&2; exit 1; }"
 log "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-"$CARGO_TARGET_DIR/release/nodeipam-bench" allocator \
+cp "$CARGO_TARGET_DIR/release/nodeipam-bench" "$WORK/nodeipam-bench-$STAMP"
+"$WORK/nodeipam-bench-$STAMP" allocator \
   --criterion "$CRITERION_HOME" --go "$GO_OUT" --out "$OUT"
 log "results: $OUT"
