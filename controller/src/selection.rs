@@ -1,11 +1,13 @@
-//! Which NodeIPAMConfig serves a node: core/v1 NodeSelector matching and the precedence rules
-//! between the configs that match. Pure: no client.
+//! Which NodeIPAMConfig serves a node: how well each config's selector matches it and the
+//! precedence rules between the configs that match. Pure: no client. The core/v1 matching
+//! itself lives in `nodeipam_crd::selector`, shared with the webhook.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement};
+pub use nodeipam_crd::selector::{NodeView, selector_matches};
+use nodeipam_crd::selector::{requirement_count, term_matches};
 
 /// The facts about one config that selection needs, prepared by the caller.
 #[derive(Clone, Debug)]
@@ -17,13 +19,6 @@ pub struct Candidate<'a> {
     pub free_blocks: u64,
     pub ipv4: Option<(IpNet, u8)>,
     pub ipv6: Option<(IpNet, u8)>,
-}
-
-/// A node as selection sees it.
-#[derive(Clone, Copy, Debug)]
-pub struct NodeView<'a> {
-    pub name: &'a str,
-    pub labels: &'a BTreeMap<String, String>,
 }
 
 /// How well a config matches a node; `None` from [`match_score`] means it does not match.
@@ -48,62 +43,6 @@ pub fn match_score(selector: Option<&NodeSelector>, node: NodeView<'_>) -> Optio
         .map(requirement_count)
         .max()
         .map(MatchScore::Selector)
-}
-
-/// True when some term of `selector` matches `node`.
-pub fn selector_matches(selector: &NodeSelector, node: NodeView<'_>) -> bool {
-    selector
-        .node_selector_terms
-        .iter()
-        .any(|t| term_matches(t, node))
-}
-
-fn requirement_count(term: &NodeSelectorTerm) -> usize {
-    term.match_expressions.as_ref().map_or(0, Vec::len)
-        + term.match_fields.as_ref().map_or(0, Vec::len)
-}
-
-fn term_matches(term: &NodeSelectorTerm, node: NodeView<'_>) -> bool {
-    if requirement_count(term) == 0 {
-        return false;
-    }
-    let labels_ok = term
-        .match_expressions
-        .iter()
-        .flatten()
-        .all(|req| requirement_matches(req, node.labels.get(&req.key).map(String::as_str)));
-    let fields_ok = term.match_fields.iter().flatten().all(|req| {
-        // core/v1 supports only metadata.name here; any other field cannot match.
-        req.key == "metadata.name" && requirement_matches(req, Some(node.name))
-    });
-    labels_ok && fields_ok
-}
-
-fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = req.values.as_deref().unwrap_or_default();
-    match req.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| values.iter().all(|x| x != v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            // Both sides must be integers, and Gt/Lt take exactly one value.
-            let (Some(have), [want]) = (value.and_then(|v| v.parse::<i64>().ok()), values) else {
-                return false;
-            };
-            let Ok(want) = want.parse::<i64>() else {
-                return false;
-            };
-            if req.operator == "Gt" {
-                have > want
-            } else {
-                have < want
-            }
-        }
-        // An unknown operator never matches: validation rejects it, and a config that got
-        // past validation must not capture nodes by accident.
-        _ => false,
-    }
 }
 
 /// A stable text form of a selector, used only as the tie-break "lexically smaller selector".
@@ -206,6 +145,10 @@ fn numeric(net: IpNet) -> (u128, u8) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::NodeSelectorTerm;
+
     use super::*;
 
     fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
@@ -235,84 +178,6 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
-    }
-
-    fn matches(sel: &NodeSelector, name: &str, l: &[(&str, &str)]) -> bool {
-        let l = labels(l);
-        selector_matches(sel, NodeView { name, labels: &l })
-    }
-
-    #[test]
-    fn operators_follow_core_v1() {
-        type Case<'a> = (NodeSelectorRequirement, &'a [(&'a str, &'a str)], bool);
-        let cases: &[Case<'_>] = &[
-            (req("zone", "In", &["a", "b"]), &[("zone", "b")], true),
-            (req("zone", "In", &["a", "b"]), &[("zone", "c")], false),
-            (req("zone", "In", &["a"]), &[], false),
-            (req("zone", "NotIn", &["a"]), &[("zone", "b")], true),
-            (req("zone", "NotIn", &["a"]), &[], true),
-            (req("zone", "NotIn", &["a"]), &[("zone", "a")], false),
-            (req("gpu", "Exists", &[]), &[("gpu", "")], true),
-            (req("gpu", "Exists", &[]), &[], false),
-            (req("gpu", "DoesNotExist", &[]), &[], true),
-            (req("gpu", "DoesNotExist", &[]), &[("gpu", "x")], false),
-            (req("rack", "Gt", &["5"]), &[("rack", "6")], true),
-            (req("rack", "Gt", &["5"]), &[("rack", "5")], false),
-            (req("rack", "Gt", &["5"]), &[("rack", "x")], false),
-            (req("rack", "Gt", &["5"]), &[], false),
-            (req("rack", "Lt", &["5"]), &[("rack", "-3")], true),
-            (req("rack", "Lt", &["x"]), &[("rack", "1")], false),
-            (req("rack", "Lt", &["1", "2"]), &[("rack", "0")], false),
-            (req("zone", "Bogus", &["a"]), &[("zone", "a")], false),
-        ];
-        for (r, l, want) in cases {
-            let sel = selector(vec![(vec![r.clone()], vec![])]);
-            assert_eq!(matches(&sel, "n", l), *want, "{r:?} on {l:?}");
-        }
-    }
-
-    #[test]
-    fn terms_are_ored_and_requirements_anded() {
-        // node-ipam-controller #36 ANDed the terms; core/v1 ORs them.
-        let sel = selector(vec![
-            (
-                vec![req("zone", "In", &["a"]), req("gpu", "Exists", &[])],
-                vec![],
-            ),
-            (vec![req("zone", "In", &["b"])], vec![]),
-        ]);
-        assert!(matches(&sel, "n", &[("zone", "b")]));
-        assert!(matches(&sel, "n", &[("zone", "a"), ("gpu", "1")]));
-        assert!(
-            !matches(&sel, "n", &[("zone", "a")]),
-            "second requirement of term 1 unmet"
-        );
-        assert!(!matches(&sel, "n", &[("zone", "c"), ("gpu", "1")]));
-    }
-
-    #[test]
-    fn empty_terms_match_nothing() {
-        assert!(!matches(&selector(vec![]), "n", &[("a", "b")]));
-        assert!(!matches(
-            &selector(vec![(vec![], vec![])]),
-            "n",
-            &[("a", "b")]
-        ));
-    }
-
-    #[test]
-    fn match_fields_apply_to_the_node_name() {
-        let sel = selector(vec![(vec![], vec![req("metadata.name", "In", &["n1"])])]);
-        assert!(matches(&sel, "n1", &[]));
-        assert!(!matches(&sel, "n2", &[]));
-        let not = selector(vec![(vec![], vec![req("metadata.name", "NotIn", &["n1"])])]);
-        assert!(!matches(&not, "n1", &[]));
-        assert!(matches(&not, "n2", &[]));
-        let other = selector(vec![(vec![], vec![req("metadata.uid", "In", &["n1"])])]);
-        assert!(
-            !matches(&other, "n1", &[]),
-            "only metadata.name is a node field"
-        );
     }
 
     #[test]

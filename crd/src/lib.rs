@@ -1,6 +1,8 @@
-//! NodeIPAMConfig API types and pure validation. Nothing here talks to the API server.
+//! NodeIPAMConfig API types, pure validation and NodeSelector matching. Nothing here talks to
+//! the API server.
 
 pub mod schema;
+pub mod selector;
 pub mod types;
 pub mod validation;
 

@@ -522,11 +522,19 @@ async fn admission_through_the_api_server() {
     .await
     .expect("labels are mutable");
 
-    // Warnings reach kubectl: a tiny range, and one the current nodes would exhaust.
+    // Warnings reach kubectl: a tiny range, and one the current nodes would exhaust. Five
+    // nodes, three of them labelled pool=edge for the selector-aware count below.
     let nodes: Api<Node> = Api::all(client.clone());
-    for i in 0..3 {
-        let node: Node =
-            serde_json::from_value(json!({"metadata": {"name": format!("n{i}")}})).expect("node");
+    for i in 0..5 {
+        let labels = if i < 3 {
+            json!({"pool": "edge"})
+        } else {
+            json!({})
+        };
+        let node: Node = serde_json::from_value(
+            json!({"metadata": {"name": format!("n{i}"), "labels": labels}}),
+        )
+        .expect("node");
         nodes
             .create(&PostParams::default(), &node)
             .await
@@ -538,7 +546,7 @@ async fn admission_through_the_api_server() {
     let start = Instant::now();
     let stderr = loop {
         let (ok, err) = kubectl_apply(&cp, manifest, true).await;
-        if ok && err.contains("already has 3 nodes") {
+        if ok && err.contains("already has 5 nodes") {
             break err;
         }
         assert!(
@@ -552,7 +560,43 @@ async fn admission_through_the_api_server() {
     assert!(ok, "a warning does not block: {stderr}");
     assert!(stderr.contains("Warning:"), "{stderr}");
     assert!(stderr.contains("only 2 blocks"), "{stderr}");
-    assert!(stderr.contains("already has 3 nodes"), "{stderr}");
+    assert!(stderr.contains("already has 5 nodes"), "{stderr}");
+
+    // With a nodeSelector only the nodes it matches count: 3 edge nodes exhaust 2 blocks, the
+    // single node n3 does not (the 5 in the cluster would have). The cache has the labels
+    // already: they came with the nodes the count above saw.
+    let selected = |name: &str, cidr: &str, expression: &str| {
+        format!(
+            "apiVersion: nodeipam.io/v1alpha1\nkind: NodeIPAMConfig\nmetadata:\n  name: {name}\n\
+             spec:\n  ipv4:\n    cidr: {cidr}\n    perNodeMaskSize: 28\n  nodeSelector:\n    \
+             nodeSelectorTerms:\n    - {expression}\n"
+        )
+    };
+    let edge = selected(
+        "edge",
+        "10.250.1.0/27",
+        "matchExpressions: [{key: pool, operator: In, values: [edge]}]",
+    );
+    let (ok, stderr) = kubectl_apply(&cp, &edge, false).await;
+    assert!(ok, "a warning does not block: {stderr}");
+    assert!(stderr.contains("only 2 blocks"), "{stderr}");
+    assert!(
+        stderr.contains("has 2 blocks of /28 but 3 nodes match its nodeSelector"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("already has"), "{stderr}");
+    let solo = selected(
+        "solo",
+        "10.250.2.0/27",
+        "matchFields: [{key: metadata.name, operator: In, values: [n3]}]",
+    );
+    let (ok, stderr) = kubectl_apply(&cp, &solo, false).await;
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("only 2 blocks"), "{stderr}");
+    assert!(
+        !stderr.contains("run out"),
+        "one selected node cannot exhaust 2 blocks: {stderr}"
+    );
     assert!(
         configs(&client)
             .get_opt("tiny")

@@ -60,7 +60,7 @@ impl Caches {
         tasks.spawn(drive("nodeipamconfigs", stream));
 
         let (nodes, writer) = reflector::store();
-        // Metadata only: the count is all a review needs.
+        // Metadata only: names and labels are all a review needs (to count selected nodes).
         let api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
         let stream = watcher(api, watcher::Config::default())
             .default_backoff()
@@ -146,7 +146,8 @@ impl Caches {
         ClusterView {
             configs: self.configs.state(),
             service_cidrs,
-            node_count: self.nodes.len(),
+            // Arcs into the store: cheap to take per review; matching happens in the review.
+            nodes: self.nodes.state(),
         }
     }
 }

@@ -8,9 +8,10 @@
 //! (`nodeipam_crd::validation`) rejects, changes to immutable fields (with what to do
 //! instead), and ranges overlapping another NodeIPAMConfig's range or a Service range
 //! (`networking.k8s.io/v1` ServiceCIDRs and `--service-cidr`). It admits, with warnings, a
-//! family with fewer than 16 blocks or fewer blocks than the cluster has nodes. DELETE,
-//! CONNECT, status writes and updates that leave the spec alone (finalizers, labels) are always
-//! allowed, so a config can always be drained and deleted.
+//! family with fewer than 16 blocks or fewer blocks than there are nodes it can serve (those
+//! its nodeSelector matches, or every node). DELETE, CONNECT, status writes and updates that
+//! leave the spec alone (finalizers, labels) are always allowed, so a config can always be
+//! drained and deleted.
 //!
 //! # failurePolicy: `Fail`
 //!

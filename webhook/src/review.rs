@@ -2,12 +2,15 @@
 //! cluster in, an `AdmissionResponse` out. The HTTP layer only parses, snapshots the caches and
 //! serializes.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use kube::core::Status;
+use k8s_openapi::api::core::v1::Node;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
+use kube::core::{PartialObjectMeta, Status};
+use nodeipam_crd::selector::{NodeView, selector_matches};
 use nodeipam_crd::{FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec};
 
 use crate::checks::{self, Problem, describe, overlap};
@@ -38,8 +41,28 @@ pub struct ClusterView {
     pub configs: Vec<Arc<NodeIPAMConfig>>,
     /// Service ranges pod ranges must not overlap.
     pub service_cidrs: Vec<ServiceRange>,
-    /// How many Nodes the cluster has.
-    pub node_count: usize,
+    /// Every Node's metadata (name and labels are what the warnings read).
+    pub nodes: Vec<Arc<PartialObjectMeta<Node>>>,
+}
+
+impl ClusterView {
+    /// How many nodes `spec` can ever serve: those its nodeSelector matches, or all of them.
+    pub fn matching_nodes(&self, spec: &NodeIPAMConfigSpec) -> usize {
+        let Some(selector) = spec.node_selector.as_ref() else {
+            return self.nodes.len();
+        };
+        let no_labels = BTreeMap::new();
+        self.nodes
+            .iter()
+            .filter(|n| {
+                let node = NodeView {
+                    name: n.metadata.name.as_deref().unwrap_or_default(),
+                    labels: n.metadata.labels.as_ref().unwrap_or(&no_labels),
+                };
+                selector_matches(selector, node)
+            })
+            .count()
+    }
 }
 
 /// A Service range and where it comes from, for messages.
@@ -83,9 +106,10 @@ pub fn invalid_for<T: kube::Resource>(
 ///
 /// Denies: anything the shared validation rejects, a change to an immutable field, a range
 /// overlapping a range of another NodeIPAMConfig or a Service range. Warns (and admits): fewer
-/// than [`FEW_BLOCKS`] blocks in a family, or fewer blocks than the cluster has nodes. Allows
-/// DELETE and CONNECT, status writes, and updates that leave the spec alone (finalizers,
-/// labels), so a config admitted earlier can always be drained and deleted.
+/// than [`FEW_BLOCKS`] blocks in a family, or fewer blocks than there are nodes it can serve
+/// (those its nodeSelector matches, or every node). Allows DELETE and CONNECT, status writes,
+/// and updates that leave the spec alone (finalizers, labels), so a config admitted earlier can
+/// always be drained and deleted.
 pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) -> AdmissionResponse {
     if let Err(message) = check_target(request) {
         return invalid_for(request, message);
@@ -158,7 +182,7 @@ pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) ->
     }
     let mut response = AdmissionResponse::from(request);
     if spec_valid {
-        let warnings = warnings(&object.spec, view.node_count);
+        let warnings = warnings(&object.spec, view.matching_nodes(&object.spec));
         if !warnings.is_empty() {
             response.warnings = Some(warnings);
         }
@@ -306,7 +330,7 @@ fn blocks(range: &IpNet, mask: u8) -> Option<u128> {
     Some(1u128.checked_shl(u32::from(bits)).unwrap_or(u128::MAX))
 }
 
-/// Admission warnings for a valid spec.
+/// Admission warnings for a valid spec; `node_count` is how many nodes it can serve.
 fn warnings(spec: &NodeIPAMConfigSpec, node_count: usize) -> Vec<String> {
     let mut out = Vec::new();
     for (family, path) in families(spec) {
@@ -326,9 +350,15 @@ fn warnings(spec: &NodeIPAMConfigSpec, node_count: usize) -> Vec<String> {
         }
         let nodes = node_count as u128;
         if nodes > 0 && nodes >= n {
+            // Only the nodes the selector matches take blocks from it; say which count this is.
+            let who = if spec.node_selector.is_some() {
+                format!("{nodes} nodes match its nodeSelector")
+            } else {
+                format!("the cluster already has {nodes} nodes")
+            };
             out.push(format!(
-                "{path}: {range} has {n} blocks of /{mask} but the cluster already has {nodes} \
-                 nodes: this range alone would run out"
+                "{path}: {range} has {n} blocks of /{mask} but {who}: this range alone would \
+                 run out"
             ));
         }
     }
