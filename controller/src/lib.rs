@@ -5,6 +5,7 @@ pub mod cidrset;
 pub mod cli;
 pub mod ipam;
 pub mod metrics;
+pub mod node;
 pub mod outcome;
 pub mod podnetwork;
 pub mod ranges;

@@ -3,14 +3,13 @@
 
 use clap::ValueEnum;
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Node;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use nodeipam_crd::{Allocation, CONDITION_DRAINED, NodeIPAMConfig};
 
 use crate::ipam::nets_overlap;
+use crate::node::IpamNode;
 use crate::podnetwork::{ConfigRanges, PodNetwork, ip_masq_agent_config};
-use crate::reconcile::node_writer::pod_cidrs;
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum Format {
@@ -60,7 +59,7 @@ pub async fn read(client: &Client) -> Result<PodNetwork, RangesError> {
         }
         Err(e) => return Err(RangesError::Unreachable(e)),
     };
-    let nodes = Api::<Node>::all(client.clone())
+    let nodes = Api::<IpamNode>::all(client.clone())
         .list(&ListParams::default())
         .await
         .map_err(|source| RangesError::List {
@@ -76,7 +75,7 @@ pub async fn read(client: &Client) -> Result<PodNetwork, RangesError> {
     let mut unmanaged = Vec::new();
     for n in &nodes {
         // A node with unparsable podCIDRs has nothing to contribute.
-        for c in pod_cidrs(n).unwrap_or_default() {
+        for c in n.cidrs().unwrap_or_default() {
             if !all.iter().any(|r| nets_overlap(r, &c)) {
                 unmanaged.push((c, n.name_any()));
             }

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::ListParams;
@@ -24,11 +23,12 @@ use tracing::{debug, error, info, warn};
 
 use super::config_writer::{self, ConfigJob};
 use super::events::{self, Note};
-use super::node_writer::{self, WriteJob, WriteResult, pod_cidrs};
+use super::node_writer::{self, WriteJob, WriteResult};
 use super::publisher;
 use super::{Context, Error};
 use crate::ipam::{ConfigInput, Ipam, Phase};
 use crate::metrics::{ConfigFamily, cidr_label};
+use crate::node::IpamNode;
 use crate::outcome::{Decision, WriteOutcome, decide};
 use crate::podnetwork::{ConfigRanges, PodNetwork};
 use crate::status::desired_status;
@@ -82,7 +82,7 @@ pub struct Session {
 // Each event is moved once from the stream to its handler; boxing would only add allocations.
 #[allow(clippy::large_enum_variant)]
 enum Watched {
-    Node(Event<Node>),
+    Node(Event<IpamNode>),
     Config(Event<NodeIPAMConfig>),
     Service(Event<ServiceCIDR>),
 }
@@ -186,9 +186,13 @@ impl Session {
         &self,
     ) -> impl Stream<Item = (&'static str, Result<Watched, watcher::Error>)> + Unpin + use<> {
         let client = self.ctx.client.clone();
-        let nodes = watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .map(|e| ("nodes", e.map(Watched::Node)));
+        // Nodes are read slim: status and managedFields are most of a Node and none of our business.
+        let nodes = watcher::watcher(
+            Api::<IpamNode>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .map(|e| ("nodes", e.map(Watched::Node)));
         let configs = watcher::watcher(
             Api::<NodeIPAMConfig>::all(client.clone()),
             watcher::Config::default(),
@@ -331,10 +335,10 @@ impl Session {
 
     // ----- nodes -----
 
-    fn on_node(&mut self, node: Node) {
+    fn on_node(&mut self, node: IpamNode) {
         let name = node.name_any();
         let uid = node.uid();
-        let cidrs = match pod_cidrs(&node) {
+        let cidrs = match node.cidrs() {
             Ok(c) => c,
             Err(message) => {
                 // Immutable garbage: nothing we may change; say so once.

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -13,6 +12,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tracing::debug;
 
 use super::{CONFIG_ANNOTATION, Context, MANAGER};
+use crate::node::IpamNode;
 use crate::outcome::{NodeNow, WriteOutcome};
 
 /// One podCIDR write, as the allocation loop asks for it.
@@ -68,7 +68,8 @@ pub fn backoff(attempt: u32) -> Duration {
 }
 
 async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
-    let api: Api<Node> = Api::all(ctx.client.clone());
+    // The answer is read as an IpamNode: only uid and podCIDRs matter, not the whole object.
+    let api: Api<IpamNode> = Api::all(ctx.client.clone());
     let cidrs: Vec<String> = job.cidrs.iter().map(ToString::to_string).collect();
     // The UID makes the patch a precondition on this very object: it can never land on a
     // node recreated under the same name.
@@ -93,7 +94,7 @@ async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
     match sent {
         Ok(Ok(node)) => WriteOutcome::Applied {
             uid: node.metadata.uid.clone(),
-            cidrs: pod_cidrs(&node).unwrap_or_default(),
+            cidrs: node.cidrs().unwrap_or_default(),
         },
         Ok(Err(kube::Error::Api(status))) if status.code == 404 => WriteOutcome::Missing,
         Ok(Err(kube::Error::Api(status))) if status.code == 429 => WriteOutcome::Throttled,
@@ -118,10 +119,10 @@ async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
 
 /// A fresh GET, so that the decision never rests on a watch event that may lag.
 pub async fn reread(ctx: &Context, name: &str) -> NodeNow {
-    let api: Api<Node> = Api::all(ctx.client.clone());
+    let api: Api<IpamNode> = Api::all(ctx.client.clone());
     ctx.limiter.acquire().await;
     match tokio::time::timeout(ctx.options.write_timeout, api.get_opt(name)).await {
-        Ok(Ok(Some(node))) => match pod_cidrs(&node) {
+        Ok(Ok(Some(node))) => match node.cidrs() {
             Ok(c) if c.is_empty() => NodeNow::Empty {
                 uid: node.metadata.uid,
             },
@@ -137,63 +138,9 @@ pub async fn reread(ctx: &Context, name: &str) -> NodeNow {
     }
 }
 
-/// The node's podCIDRs, canonical; `spec.podCIDR` counts when `podCIDRs` is empty.
-pub fn pod_cidrs(node: &Node) -> Result<Vec<IpNet>, String> {
-    let spec = node.spec.as_ref();
-    let list: Vec<String> = match spec
-        .and_then(|s| s.pod_cidrs.clone())
-        .filter(|l| !l.is_empty())
-    {
-        Some(l) => l,
-        None => spec
-            .and_then(|s| s.pod_cidr.clone())
-            .filter(|c| !c.is_empty())
-            .into_iter()
-            .collect(),
-    };
-    list.iter()
-        .map(|c| {
-            c.parse::<IpNet>()
-                .map(|n| n.trunc())
-                .map_err(|e| format!("spec.podCIDRs: {c:?} is not a CIDR: {e}"))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::NodeSpec;
-
-    #[test]
-    fn pod_cidrs_prefers_the_list_and_reports_garbage() {
-        let node = |one: Option<&str>, many: Option<Vec<&str>>| Node {
-            spec: Some(NodeSpec {
-                pod_cidr: one.map(str::to_string),
-                pod_cidrs: many.map(|v| v.into_iter().map(str::to_string).collect()),
-                ..NodeSpec::default()
-            }),
-            ..Node::default()
-        };
-        assert_eq!(pod_cidrs(&Node::default()), Ok(vec![]));
-        assert_eq!(
-            pod_cidrs(&node(Some("10.0.0.0/24"), None)),
-            Ok(vec!["10.0.0.0/24".parse().expect("cidr")])
-        );
-        assert_eq!(
-            pod_cidrs(&node(
-                Some("10.0.0.0/24"),
-                Some(vec!["10.0.0.0/24", "fd00::/64"])
-            ))
-            .map(|v| v.len()),
-            Ok(2)
-        );
-        let err = pod_cidrs(&node(None, Some(vec!["bogus"]))).expect_err("garbage");
-        assert!(
-            err.contains("spec.podCIDRs") && err.contains("bogus"),
-            "{err}"
-        );
-    }
 
     #[test]
     fn backoff_is_capped() {
