@@ -13,11 +13,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{self, CommonArgs, ServerCpu, dec};
 use crate::contender::{self, Kind, Settings};
-use crate::limiter::Limiter;
 use crate::nodes::{self, BENCH_LABEL, LoadReport};
 use crate::observer::Observer;
 use crate::procstat::{self, Sample};
 use crate::stats::{self, Latency, Machine};
+use nodeipam_controller::ratelimit::RateLimiter as Limiter;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BurstArgs {

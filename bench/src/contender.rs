@@ -27,7 +27,7 @@ pub enum Kind {
     FloorStreaming,
     /// The floor reading the existing nodes with one unpaged list.
     FloorUnpaged,
-    /// The floor parsing only what it needs of each Node (see `slim.rs`).
+    /// The floor parsing only what it needs of each Node (nodeipam's `IpamNode`).
     FloorSlim,
     /// The same with a streaming list.
     FloorSlimStreaming,

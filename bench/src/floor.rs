@@ -19,8 +19,8 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::limiter::Limiter;
-use crate::slim::SlimNode;
+use nodeipam_controller::node::IpamNode;
+use nodeipam_controller::ratelimit::RateLimiter as Limiter;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct FloorArgs {
@@ -90,9 +90,9 @@ impl PodCidrs for Node {
     }
 }
 
-impl PodCidrs for SlimNode {
+impl PodCidrs for IpamNode {
     fn pod_cidrs(&self) -> Vec<String> {
-        self.pod_cidrs.clone()
+        self.pod_cidrs.clone().unwrap_or_default()
     }
 }
 
@@ -100,7 +100,7 @@ impl PodCidrs for SlimNode {
 pub async fn run(args: FloorArgs) -> anyhow::Result<()> {
     let client = crate::client(&args.kubeconfig).await?;
     if args.slim {
-        run_with(Api::<SlimNode>::all(client), args).await
+        run_with(Api::<IpamNode>::all(client), args).await
     } else {
         run_with(Api::<Node>::all(client), args).await
     }

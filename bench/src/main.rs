@@ -6,11 +6,9 @@ mod burst;
 mod common;
 mod contender;
 mod floor;
-mod limiter;
 mod nodes;
 mod observer;
 mod procstat;
-mod slim;
 mod startup;
 mod stats;
 
@@ -124,7 +122,9 @@ async fn populate(args: PopulateArgs) -> anyhow::Result<()> {
         &client,
         batch,
         args.concurrency,
-        std::sync::Arc::new(limiter::Limiter::new(args.qps, 1)),
+        std::sync::Arc::new(nodeipam_controller::ratelimit::RateLimiter::new(
+            args.qps, 1,
+        )),
     )
     .await?;
     eprintln!(

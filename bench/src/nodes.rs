@@ -15,7 +15,7 @@ use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use serde::{Deserialize, Serialize};
 
-use crate::limiter::Limiter;
+use nodeipam_controller::ratelimit::RateLimiter as Limiter;
 
 /// Label on every Node the benchmarks create; its value names the group (burst, existing, probe).
 pub const BENCH_LABEL: &str = "bench.nodeipam.io/group";
