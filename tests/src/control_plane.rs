@@ -17,6 +17,11 @@ use crate::{crds, kubeconfig, webhook};
 
 /// How often the whole start is tried when a picked port was taken by someone else meanwhile.
 const START_ATTEMPTS: usize = 3;
+/// How often `restart_apiserver` tries again while the old process's port is still taken.
+const RESTART_ATTEMPTS: usize = 5;
+const RESTART_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// How long kube-apiserver gets to exit after SIGTERM before it is killed.
+const APISERVER_GRACE: Duration = Duration::from_secs(10);
 /// The admin identity: in `system:masters`, so RBAC lets it do anything.
 const ADMIN_USER: &str = "nodeipam-testenv-admin";
 const ADMIN_GROUP: &str = "system:masters";
@@ -204,6 +209,7 @@ impl ControlPlaneBuilder {
             admin: running.admin,
             etcd: Some(running.etcd),
             apiserver: Some(running.apiserver),
+            apiserver_command: running.apiserver_command,
             timings: StartupTimings {
                 etcd: running.etcd_time,
                 apiserver: running.apiserver_time,
@@ -278,61 +284,37 @@ impl ControlPlaneBuilder {
         let etcd_time = etcd_began.elapsed();
 
         let server_url = format!("https://127.0.0.1:{api_port}");
-        let mut args = vec![
-            "--advertise-address=127.0.0.1".to_string(),
-            "--bind-address=127.0.0.1".to_string(),
-            format!("--secure-port={api_port}"),
-            format!("--etcd-servers={etcd_url}"),
-            format!("--cert-dir={}", root.join("apiserver").display()),
-            format!("--tls-cert-file={}", files.serving_cert.display()),
-            format!("--tls-private-key-file={}", files.serving_key.display()),
-            format!("--client-ca-file={}", files.client_ca.display()),
-            format!("--service-account-issuer={server_url}"),
-            format!("--service-account-key-file={}", files.sa_public.display()),
-            format!(
-                "--service-account-signing-key-file={}",
-                files.sa_private.display()
-            ),
-            format!(
-                "--service-cluster-ip-range={}",
-                self.service_cluster_ip_range
-            ),
-            // v1.37 refuses a loopback advertise address for the endpoints of the `kubernetes`
-            // Service; nothing here needs those endpoints.
-            "--endpoint-reconciler-type=none".to_string(),
-            "--authorization-mode=RBAC".to_string(),
-            "--allow-privileged=true".to_string(),
-            // No controller-manager creates the default ServiceAccount; without this every
-            // pod create would be refused.
-            "--disable-admission-plugins=ServiceAccount".to_string(),
-        ];
-        args.extend(self.apiserver_args.iter().cloned());
-        let api_log = log_dir.join("kube-apiserver.log");
-        let api_began = Instant::now();
-        let mut apiserver = Process::spawn(
-            "kube-apiserver",
-            &binaries.kube_apiserver,
-            &args,
-            &api_log,
+        let args = apiserver_args(&ApiserverFlags {
+            api_port,
+            etcd_url: &etcd_url,
+            server_url: &server_url,
             root,
-            Step::StartApiserver,
-        )?;
+            files,
+            service_cluster_ip_range: &self.service_cluster_ip_range,
+            extra: &self.apiserver_args,
+        });
+        let api_log = log_dir.join("kube-apiserver.log");
 
         let admin_yaml =
             kubeconfig::render(&server_url, &pki.serving_ca_pem, ADMIN_USER, admin_identity);
         let admin_config = kubeconfig::config(&admin_yaml)?;
-        let mut probe_config = admin_config.clone();
-        // /readyz answers 500 until ready; kube's retry policy must not hide that.
-        probe_config.default_retry = false;
-        probe_config.connect_timeout = Some(Duration::from_secs(2));
-        let probe = kubeconfig::client(probe_config)?;
-        wait_readyz(&mut apiserver, &probe, self.start_timeout).await?;
+        let apiserver = ApiserverCommand {
+            binary: binaries.kube_apiserver.clone(),
+            args,
+            port: api_port,
+            log: api_log,
+            cwd: root.to_path_buf(),
+            timeout: self.start_timeout,
+        };
+        let api_began = Instant::now();
+        let process = apiserver.start(&admin_config, Step::StartApiserver).await?;
         let apiserver_time = api_began.elapsed();
         let admin = kubeconfig::client(admin_config.clone())?;
 
         Ok(Running {
             etcd,
-            apiserver,
+            apiserver: process,
+            apiserver_command: apiserver,
             etcd_url,
             server_url,
             admin_yaml,
@@ -348,6 +330,7 @@ impl ControlPlaneBuilder {
 struct Running {
     etcd: Process,
     apiserver: Process,
+    apiserver_command: ApiserverCommand,
     etcd_url: String,
     server_url: String,
     admin_yaml: String,
@@ -355,6 +338,82 @@ struct Running {
     admin: kube::Client,
     etcd_time: Duration,
     apiserver_time: Duration,
+}
+
+/// What kube-apiserver's flags are made of.
+struct ApiserverFlags<'a> {
+    api_port: u16,
+    etcd_url: &'a str,
+    server_url: &'a str,
+    root: &'a Path,
+    files: &'a PkiFiles,
+    service_cluster_ip_range: &'a str,
+    extra: &'a [String],
+}
+
+/// kube-apiserver's flags: the defaults, then the builder's extra flags (which override them).
+fn apiserver_args(f: &ApiserverFlags<'_>) -> Vec<String> {
+    let mut args = vec![
+        "--advertise-address=127.0.0.1".to_string(),
+        "--bind-address=127.0.0.1".to_string(),
+        format!("--secure-port={}", f.api_port),
+        format!("--etcd-servers={}", f.etcd_url),
+        format!("--cert-dir={}", f.root.join("apiserver").display()),
+        format!("--tls-cert-file={}", f.files.serving_cert.display()),
+        format!("--tls-private-key-file={}", f.files.serving_key.display()),
+        format!("--client-ca-file={}", f.files.client_ca.display()),
+        format!("--service-account-issuer={}", f.server_url),
+        format!("--service-account-key-file={}", f.files.sa_public.display()),
+        format!(
+            "--service-account-signing-key-file={}",
+            f.files.sa_private.display()
+        ),
+        format!("--service-cluster-ip-range={}", f.service_cluster_ip_range),
+        // v1.37 refuses a loopback advertise address for the endpoints of the `kubernetes`
+        // Service; nothing here needs those endpoints.
+        "--endpoint-reconciler-type=none".to_string(),
+        "--authorization-mode=RBAC".to_string(),
+        "--allow-privileged=true".to_string(),
+        // No controller-manager creates the default ServiceAccount; without this every
+        // pod create would be refused.
+        "--disable-admission-plugins=ServiceAccount".to_string(),
+    ];
+    args.extend(f.extra.iter().cloned());
+    args
+}
+
+/// How kube-apiserver is started, kept so that a restart uses the same binary, flags (port,
+/// certificates, etcd) and log file.
+#[derive(Debug, Clone)]
+struct ApiserverCommand {
+    binary: PathBuf,
+    args: Vec<String>,
+    port: u16,
+    log: PathBuf,
+    cwd: PathBuf,
+    timeout: Duration,
+}
+
+impl ApiserverCommand {
+    /// Spawns kube-apiserver (`step` names a failure to spawn) and waits until `/readyz`
+    /// answers `ok` to the admin identity.
+    async fn start(&self, admin: &kube::Config, step: Step) -> Result<Process, StartFailure> {
+        let mut probe_config = admin.clone();
+        // /readyz answers 500 until ready; kube's retry policy must not hide that.
+        probe_config.default_retry = false;
+        probe_config.connect_timeout = Some(Duration::from_secs(2));
+        let probe = kubeconfig::client(probe_config)?;
+        let mut process = Process::spawn(
+            "kube-apiserver",
+            &self.binary,
+            &self.args,
+            &self.log,
+            &self.cwd,
+            step,
+        )?;
+        wait_readyz(&mut process, &probe, self.timeout).await?;
+        Ok(process)
+    }
 }
 
 enum StartFailure {
@@ -376,6 +435,34 @@ fn exited_early(process: &Process, step: Step, status: std::process::ExitStatus)
         StartFailure::PortTaken(err)
     } else {
         StartFailure::Fatal(err)
+    }
+}
+
+/// The error after the last restart attempt failed because the port was still in use.
+fn port_still_taken(err: HarnessError, port: u16, attempts: usize) -> HarnessError {
+    match err {
+        HarnessError::Process {
+            binary,
+            log,
+            reason,
+            tail,
+            ..
+        } => HarnessError::Process {
+            step: Step::RestartApiserver,
+            binary,
+            log,
+            reason: format!("could not bind port {port} again after {attempts} tries: {reason}"),
+            tail,
+        },
+        other => other,
+    }
+}
+
+/// Appends a line to a log file, so a reader can tell one start from the next; best effort.
+fn mark_log(log: &Path, line: &str) {
+    use std::io::Write as _;
+    if let Ok(mut file) = std::fs::File::options().create(true).append(true).open(log) {
+        let _ = writeln!(file, "--- {line} ---");
     }
 }
 
@@ -510,6 +597,8 @@ pub struct ControlPlane {
     admin: kube::Client,
     etcd: Option<Process>,
     apiserver: Option<Process>,
+    /// How kube-apiserver was started, so that `restart_apiserver` starts it the same way.
+    apiserver_command: ApiserverCommand,
     timings: StartupTimings,
 }
 
@@ -663,12 +752,70 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Stops kube-apiserver alone (SIGTERM, then SIGKILL after a grace period) and leaves etcd
+    /// running, so that [`restart_apiserver`](Self::restart_apiserver) serves the same data.
+    /// Meanwhile every client gets connection errors. Does nothing if it is already stopped.
+    pub async fn stop_apiserver(&mut self) {
+        if let Some(mut apiserver) = self.apiserver.take() {
+            apiserver.stop(APISERVER_GRACE).await;
+        }
+    }
+
+    /// Starts kube-apiserver again with the same flags, port, certificates and etcd (stopping
+    /// it first if it runs), and waits until `/readyz` answers, like the first start. Clients
+    /// made before ([`client`](Self::client), kubeconfigs) keep working: the URL and the CA
+    /// are the same. The output is appended to the same `kube-apiserver.log`.
+    pub async fn restart_apiserver(&mut self) -> Result<(), HarnessError> {
+        self.stop_apiserver().await;
+        match self.etcd.as_mut() {
+            Some(etcd) => {
+                if let Some(status) = etcd.exited() {
+                    return Err(etcd.error(
+                        Step::RestartApiserver,
+                        format!("exited ({status}), so kube-apiserver would have no data"),
+                    ));
+                }
+            }
+            None => {
+                return Err(HarnessError::other(
+                    Step::RestartApiserver,
+                    "etcd is not running",
+                ));
+            }
+        }
+        let command = &self.apiserver_command;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            mark_log(
+                &command.log,
+                &format!("nodeipam-testenv: restarting kube-apiserver (attempt {attempt})"),
+            );
+            match command
+                .start(&self.admin_config, Step::RestartApiserver)
+                .await
+            {
+                Ok(process) => {
+                    self.apiserver = Some(process);
+                    return Ok(());
+                }
+                // The old process's listening socket can outlive it for a moment; the port is
+                // ours (it is in the flags, the kubeconfigs and the certificates), so wait.
+                Err(StartFailure::PortTaken(_)) if attempt < RESTART_ATTEMPTS => {
+                    tokio::time::sleep(RESTART_RETRY_DELAY).await;
+                }
+                Err(StartFailure::PortTaken(err)) => {
+                    return Err(port_still_taken(err, command.port, attempt));
+                }
+                Err(StartFailure::Fatal(err)) => return Err(err),
+            }
+        }
+    }
+
     /// Stops kube-apiserver, then etcd, each with SIGTERM and a grace period, then removes the
     /// temp folder.
     pub async fn stop(mut self) {
-        if let Some(mut apiserver) = self.apiserver.take() {
-            apiserver.stop(Duration::from_secs(10)).await;
-        }
+        self.stop_apiserver().await;
         if let Some(mut etcd) = self.etcd.take() {
             etcd.stop(Duration::from_secs(5)).await;
         }
@@ -707,5 +854,56 @@ impl Drop for ControlPlane {
         }
         // Dropping the WorkDir removes a temp folder (unless kept above).
         self.work = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extra_flags_come_after_the_defaults() {
+        let files = PkiFiles {
+            serving_ca: PathBuf::from("/c/serving-ca.crt"),
+            serving_cert: PathBuf::from("/c/serving.crt"),
+            serving_key: PathBuf::from("/c/serving.key"),
+            client_ca: PathBuf::from("/c/client-ca.crt"),
+            sa_public: PathBuf::from("/c/sa.pub"),
+            sa_private: PathBuf::from("/c/sa.key"),
+        };
+        let extra = vec!["--secure-port=1".to_string()];
+        let args = apiserver_args(&ApiserverFlags {
+            api_port: 6443,
+            etcd_url: "http://127.0.0.1:2379",
+            server_url: "https://127.0.0.1:6443",
+            root: Path::new("/r"),
+            files: &files,
+            service_cluster_ip_range: "10.96.0.0/16",
+            extra: &extra,
+        });
+        assert!(args.contains(&"--secure-port=6443".to_string()));
+        assert!(args.contains(&"--etcd-servers=http://127.0.0.1:2379".to_string()));
+        assert_eq!(args.last().map(String::as_str), Some("--secure-port=1"));
+    }
+
+    #[test]
+    fn a_port_still_taken_after_restarts_names_the_step_port_and_log() {
+        let err = HarnessError::Process {
+            step: Step::WaitReadyz,
+            binary: "kube-apiserver".into(),
+            log: PathBuf::from("/tmp/x/logs/kube-apiserver.log"),
+            reason: "exited early (exit status: 1)".into(),
+            tail: "bind: address already in use".into(),
+        };
+        let err = port_still_taken(err, 34567, 5);
+        assert_eq!(err.step(), Step::RestartApiserver);
+        let text = err.to_string();
+        assert!(text.contains("restart kube-apiserver"), "{text}");
+        assert!(
+            text.contains("port 34567") && text.contains("5 tries"),
+            "{text}"
+        );
+        assert!(text.contains("/tmp/x/logs/kube-apiserver.log"), "{text}");
+        assert!(text.contains("address already in use"), "{text}");
     }
 }

@@ -14,6 +14,8 @@ pub enum Step {
     WaitEtcdHealthy,
     StartApiserver,
     WaitReadyz,
+    /// Starting kube-apiserver again after `stop_apiserver` (same flags, port and etcd).
+    RestartApiserver,
     BuildClient,
     WriteKubeconfig,
     InstallCrds,
@@ -31,6 +33,7 @@ impl Step {
             Step::WaitEtcdHealthy => "wait etcd healthy",
             Step::StartApiserver => "start kube-apiserver",
             Step::WaitReadyz => "wait /readyz",
+            Step::RestartApiserver => "restart kube-apiserver",
             Step::BuildClient => "build client",
             Step::WriteKubeconfig => "write kubeconfig",
             Step::InstallCrds => "install CRDs",

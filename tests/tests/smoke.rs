@@ -1,6 +1,7 @@
 //! Smoke tests of the harness against the real etcd and kube-apiserver: version, Node podCIDR
 //! rules, authentication and RBAC, CRD installation, webhook registration, parallel starts,
-//! clean-up, the `control-plane` runner, and the error for missing binaries.
+//! clean-up, the `control-plane` runner, the error for missing binaries, and restarting the
+//! API server on the same etcd.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -569,6 +570,65 @@ async fn apiserver_failure_names_step_binary_and_log() {
     assert!(log.is_file());
     let dir = log.parent().and_then(Path::parent).unwrap();
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn apiserver_restart_keeps_data_url_and_clients() {
+    let mut cp = start().await;
+    let admin = cp.client();
+    // A client made before the restart, with its own certificate.
+    let alice = cp
+        .client_for("alice", &["system:masters"])
+        .await
+        .expect("client for alice");
+    let url = cp.server_url().to_string();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let mut survivor = Node::default();
+    survivor.metadata.name = Some("survivor".into());
+    nodes
+        .create(&PostParams::default(), &survivor)
+        .await
+        .expect("create node");
+
+    cp.stop_apiserver().await;
+    cp.check_running()
+        .expect("a stopped kube-apiserver is not a crash");
+    match nodes.get("survivor").await {
+        Err(kube::Error::Api(s)) => panic!("no API server should answer, got {s:?}"),
+        Err(_) => {}
+        Ok(_) => panic!("the API server answered while stopped"),
+    }
+
+    cp.restart_apiserver()
+        .await
+        .unwrap_or_else(|e| panic!("restart: {e}"));
+    assert_eq!(cp.server_url(), url, "same URL");
+    // etcd kept the data; the old clients reconnect to the same URL with the same CA.
+    let got = eventually("the node through the admin client", || async {
+        nodes.get("survivor").await.ok()
+    })
+    .await;
+    assert_eq!(got.metadata.name.as_deref(), Some("survivor"));
+    Api::<Node>::all(alice)
+        .get("survivor")
+        .await
+        .expect("alice's client works after the restart");
+
+    // Restarting a running API server stops it first.
+    cp.restart_apiserver()
+        .await
+        .unwrap_or_else(|e| panic!("second restart: {e}"));
+    cp.check_running().expect("both still running");
+    nodes
+        .get("survivor")
+        .await
+        .expect("the node after the second restart");
+    let log = std::fs::read_to_string(cp.log_dir().join("kube-apiserver.log")).expect("log");
+    assert!(
+        log.contains("restarting kube-apiserver"),
+        "restarts are marked in the log"
+    );
+    cp.stop().await;
 }
 
 #[tokio::test]
