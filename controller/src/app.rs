@@ -13,13 +13,13 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube_lease_manager::LeaseManagerBuilder;
 use nodeipam_webhook::{FilesTls, ManagedTls, Readiness, TlsMode, Webhook, WebhookOptions};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::cli::{CertMode, ClientArgs, LogFormat, RunArgs};
 use crate::metrics::Metrics;
+use crate::reconcile::leader::{Election, LeaseOptions};
 use crate::reconcile::publisher::{ConfigMapRef, PublishOptions};
 use crate::reconcile::{self, Context, Options};
 
@@ -158,19 +158,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
         None
     } else {
-        let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
-            .with_namespace(&args.namespace)
-            .with_identity(&identity)
-            .with_duration(args.lease_duration)
-            .with_grace(args.lease_grace)
-            .with_field_manager("nodeipam")
-            .build()
-            .await
-            .context("setting up leader election")?;
-        let (leadership, task) = manager.watch().await;
+        let election = Election::start(
+            client.clone(),
+            LeaseOptions {
+                namespace: args.namespace.clone(),
+                name: args.lease_name.clone(),
+                identity: identity.clone(),
+                duration: args.lease_duration,
+                grace: args.lease_grace,
+            },
+        )
+        .await
+        .context("setting up leader election")?;
         info!(lease = %args.lease_name, namespace = %args.namespace, %identity, "leader election started");
-        tasks.spawn(reconcile::run(ctx, leadership));
-        Some(task)
+        tasks.spawn(reconcile::run(ctx, election.leadership()));
+        Some(election)
     };
 
     shutdown_signal().await;
@@ -180,14 +182,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // over (it notices when its cached view of the lease expires, at most --lease-duration).
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
-    if let Some(task) = lease {
-        match task.await {
-            Ok(Ok(manager)) => match manager.release().await {
-                Ok(()) => info!("lease released"),
-                Err(e) => warn!(error = %e, "releasing the lease failed"),
-            },
-            Ok(Err(e)) => warn!(error = %e, "leader election ended with an error"),
-            Err(e) => warn!(error = %e, "leader election task failed"),
+    if let Some(election) = lease {
+        match election.release().await {
+            Ok(()) => info!("lease released"),
+            Err(e) => warn!(error = %e, "releasing the lease failed"),
         }
     }
     Ok(())

@@ -4,6 +4,7 @@
 pub mod allocation;
 pub mod config_writer;
 pub mod events;
+pub mod leader;
 pub mod node_writer;
 pub mod publisher;
 

@@ -1,0 +1,402 @@
+//! Leader election that steps down on time.
+//!
+//! kube-lease-manager takes and renews the Lease, but its `watch()` keeps reporting leadership
+//! while it cannot reach the API server, even after the Lease has expired and another replica
+//! may have taken it; and it retries with a backoff that grows to 30 s and is reset only when
+//! leadership changes, so after an outage it can take that long to renew. Here the manager is
+//! driven with a short fixed retry, and leadership is reported only while a Lease read back
+//! from the API names us and is valid for longer than a margin: when renewals fail, the leader
+//! stops allocating before its lease runs out, and resumes (with a fresh rebuild) once a
+//! renewal lands.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+/// How long to wait before asking the lease manager again after it failed.
+const RETRY: Duration = Duration::from_secs(1);
+/// How long one read of the Lease may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The Lease and this replica's part in it.
+#[derive(Clone, Debug)]
+pub struct LeaseOptions {
+    pub namespace: String,
+    pub name: String,
+    pub identity: String,
+    /// Seconds a lease is valid without renewal.
+    pub duration: u64,
+    /// Seconds before expiry at which the holder renews; less than `duration`.
+    pub grace: u64,
+}
+
+/// A running election; its leadership signal feeds [`super::run`].
+pub struct Election {
+    leadership: watch::Receiver<bool>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<LeaseManager>,
+}
+
+impl Election {
+    /// Sets up the Lease (created if missing) and starts electing.
+    pub async fn start(client: Client, opts: LeaseOptions) -> Result<Election, LeaseManagerError> {
+        let manager = LeaseManagerBuilder::new(client.clone(), &opts.name)
+            .with_namespace(&opts.namespace)
+            .with_identity(&opts.identity)
+            .with_duration(opts.duration)
+            .with_grace(opts.grace)
+            .with_field_manager("nodeipam")
+            .build()
+            .await?;
+        let leases: Api<Lease> = Api::namespaced(client, &opts.namespace);
+        let (tx, leadership) = watch::channel(false);
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(elect(manager, leases, opts, tx, stopped));
+        Ok(Election {
+            leadership,
+            stop,
+            task,
+        })
+    }
+
+    /// True while this replica may allocate.
+    pub fn leadership(&self) -> watch::Receiver<bool> {
+        self.leadership.clone()
+    }
+
+    /// Whether the election still runs (it only ends when stopped, or by a panic).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+
+    /// Stops electing and releases the Lease if we hold it, so another replica can take over.
+    pub async fn release(self) -> Result<(), LeaseManagerError> {
+        let _ = self.stop.send(());
+        match self.task.await {
+            Ok(manager) => manager.release().await,
+            Err(e) => {
+                warn!(error = %e, "the leader election task failed; the lease is left to expire");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Drives the manager and reports leadership while the fence allows it, until `stop`.
+async fn elect(
+    manager: LeaseManager,
+    leases: Api<Lease>,
+    opts: LeaseOptions,
+    leadership: watch::Sender<bool>,
+    mut stop: oneshot::Receiver<()>,
+) -> LeaseManager {
+    let mut fence = Fence::new(&opts);
+    let mut read: Option<LeaseRead> = None;
+    let mut next_read = SystemTime::now();
+    let mut failures = 0u32;
+    {
+        // While electing, `changed` is never cancelled (it may be inside a Lease update), only
+        // replaced once it has finished.
+        let changed = changed_after(&manager, Duration::ZERO);
+        tokio::pin!(changed);
+        loop {
+            let now = SystemTime::now();
+            let wake = [
+                (fence.claimed && read.is_none()).then_some(next_read),
+                // Once passed, it has been acted on; waking for it again would spin.
+                fence.step_down_at().filter(|at| *at > now),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let timer = tokio::time::sleep_until(until(wake));
+            tokio::select! {
+                _ = &mut stop => break,
+                result = &mut changed => {
+                    let delay = match result {
+                        Ok(claimed) => {
+                            failures = 0;
+                            info!(claimed, "lease manager: leadership changed");
+                            fence.claim(claimed);
+                            read = None;
+                            next_read = SystemTime::now();
+                            Duration::ZERO
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            // Once a second while the API server is away: say it now and then.
+                            if failures == 1 || failures.is_multiple_of(30) {
+                                warn!(error = %e, failures, "leader election: the lease could not be read or renewed; retrying");
+                            } else {
+                                debug!(error = %e, failures, "leader election: retrying");
+                            }
+                            RETRY
+                        }
+                    };
+                    changed.set(changed_after(&manager, delay));
+                }
+                result = wait_read(&mut read) => {
+                    read = None;
+                    let now = SystemTime::now();
+                    next_read = match result {
+                        Ok(Ok(lease)) => fence.observe(lease.as_ref(), now),
+                        Ok(Err(e)) => {
+                            debug!(error = %e, "reading the lease failed");
+                            now + fence.poll
+                        }
+                        Err(_) => now + fence.poll,
+                    };
+                }
+                () = timer => {
+                    if fence.claimed && read.is_none() && SystemTime::now() >= next_read {
+                        let (leases, name) = (leases.clone(), opts.name.clone());
+                        read = Some(Box::pin(async move {
+                            tokio::time::timeout(READ_TIMEOUT, leases.get_opt(&name)).await
+                        }));
+                    }
+                }
+            }
+            let held = fence.holds(SystemTime::now());
+            leadership.send_if_modified(|current| {
+                if *current == held {
+                    return false;
+                }
+                *current = held;
+                if held {
+                    info!(lease = %opts.name, identity = %opts.identity, "leadership confirmed by the lease");
+                } else {
+                    warn!(lease = %opts.name, identity = %opts.identity, "leadership not confirmed before the lease expires: stepping down");
+                }
+                true
+            });
+        }
+    }
+    let _ = leadership.send_replace(false);
+    manager
+}
+
+type LeaseRead = Pin<
+    Box<
+        dyn Future<Output = Result<Result<Option<Lease>, kube::Error>, tokio::time::error::Elapsed>>
+            + Send,
+    >,
+>;
+
+async fn changed_after(manager: &LeaseManager, delay: Duration) -> Result<bool, LeaseManagerError> {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    manager.changed().await
+}
+
+/// The outcome of the read in flight; never ready while there is none.
+async fn wait_read(
+    read: &mut Option<LeaseRead>,
+) -> Result<Result<Option<Lease>, kube::Error>, tokio::time::error::Elapsed> {
+    match read {
+        Some(read) => read.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A timer deadline for a wall-clock time (far away for none).
+fn until(at: Option<SystemTime>) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    match at {
+        Some(at) => now + at.duration_since(SystemTime::now()).unwrap_or_default(),
+        None => now + Duration::from_secs(3600),
+    }
+}
+
+/// Decides leadership from the manager's claim and the last Lease read: held only while the
+/// Lease names us and is valid for longer than `margin`. Other replicas judge expiry from the
+/// same `renewTime + leaseDurationSeconds`, so stepping down before it means no two replicas
+/// ever allocate at once (a new leader also waits out our last writes; see `takeover_delay`).
+#[derive(Debug)]
+struct Fence {
+    identity: String,
+    /// How long before the expected renewal is checked again when it has not landed yet.
+    poll: Duration,
+    /// How long before expiry leadership is given up.
+    margin: Duration,
+    grace: Duration,
+    /// What the lease manager says.
+    claimed: bool,
+    /// When our Lease expires, as last read.
+    expires: Option<SystemTime>,
+}
+
+impl Fence {
+    fn new(opts: &LeaseOptions) -> Self {
+        let grace = Duration::from_secs(opts.grace);
+        let quarter = (grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        Fence {
+            identity: opts.identity.clone(),
+            poll: quarter,
+            margin: quarter,
+            grace,
+            claimed: false,
+            expires: None,
+        }
+    }
+
+    fn claim(&mut self, claimed: bool) {
+        self.claimed = claimed;
+        self.expires = None;
+    }
+
+    /// A Lease just read (`None`: it does not exist). Returns when to read it next: just after
+    /// the manager's next renewal is due, or soon if that is already overdue.
+    fn observe(&mut self, lease: Option<&Lease>, now: SystemTime) -> SystemTime {
+        self.expires = lease.and_then(|l| expiry(l, &self.identity));
+        let soon = now + self.poll;
+        self.expires
+            .and_then(|e| e.checked_sub(self.grace))
+            .and_then(|renewal| renewal.checked_add(self.poll))
+            .map_or(soon, |after_renewal| after_renewal.max(soon))
+    }
+
+    fn holds(&self, now: SystemTime) -> bool {
+        self.step_down_at().is_some_and(|at| now < at)
+    }
+
+    /// When leadership ends unless a renewal is read before.
+    fn step_down_at(&self) -> Option<SystemTime> {
+        if !self.claimed {
+            return None;
+        }
+        self.expires.and_then(|e| e.checked_sub(self.margin))
+    }
+}
+
+/// When `lease` expires, if `identity` holds it.
+fn expiry(lease: &Lease, identity: &str) -> Option<SystemTime> {
+    let spec = lease.spec.as_ref()?;
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return None;
+    }
+    let renewed = SystemTime::from(spec.renew_time.as_ref()?.0);
+    let seconds = u64::try_from(spec.lease_duration_seconds?).ok()?;
+    renewed.checked_add(Duration::from_secs(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    fn opts() -> LeaseOptions {
+        LeaseOptions {
+            namespace: "ns".into(),
+            name: "lease".into(),
+            identity: "me".into(),
+            duration: 4,
+            grace: 2,
+        }
+    }
+
+    fn lease(holder: &str, renewed: SystemTime, duration: i32) -> Lease {
+        Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                renew_time: Some(MicroTime(
+                    k8s_openapi::jiff::Timestamp::try_from(renewed).expect("timestamp"),
+                )),
+                lease_duration_seconds: Some(duration),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        }
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn held_only_while_claimed_and_our_lease_is_valid() {
+        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+        let mut f = Fence::new(&opts());
+        assert_eq!((f.poll, f.margin), (secs(0.5), secs(0.5)));
+        // The manager has not claimed anything: a valid lease of ours is not enough.
+        f.observe(Some(&lease("me", t0, 4)), t0);
+        assert!(!f.holds(t0));
+        // Claimed, but nothing read since: not yet.
+        f.claim(true);
+        assert!(!f.holds(t0));
+        let next = f.observe(Some(&lease("me", t0, 4)), t0);
+        assert!(f.holds(t0));
+        assert!(f.holds(t0 + secs(3.4)));
+        assert!(
+            !f.holds(t0 + secs(3.5)),
+            "steps down a margin before expiry"
+        );
+        assert_eq!(f.step_down_at(), Some(t0 + secs(3.5)));
+        // The next read comes just after the renewal is due (expiry - grace).
+        assert_eq!(next, t0 + secs(2.5));
+        // Losing the claim ends it at once.
+        f.claim(false);
+        assert!(!f.holds(t0));
+        assert_eq!(f.step_down_at(), None);
+    }
+
+    #[test]
+    fn failed_reads_do_not_extend_leadership_and_a_renewal_restores_it() {
+        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+        let mut f = Fence::new(&opts());
+        f.claim(true);
+        f.observe(Some(&lease("me", t0, 4)), t0);
+        // The API server is away: nothing is observed; time alone ends leadership, while the
+        // manager still claims it.
+        assert!(!f.holds(t0 + secs(10.0)));
+        // The manager renews once it is back.
+        let back = t0 + secs(12.0);
+        let next = f.observe(Some(&lease("me", back, 4)), back);
+        assert!(f.holds(back + secs(1.0)));
+        assert_eq!(next, back + secs(2.5));
+        // A read that still shows the expired renewal asks again soon.
+        let next = f.observe(Some(&lease("me", t0, 4)), back);
+        assert!(!f.holds(back));
+        assert_eq!(next, back + secs(0.5));
+    }
+
+    #[test]
+    fn someone_elses_or_no_lease_is_not_ours() {
+        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+        let mut f = Fence::new(&opts());
+        f.claim(true);
+        f.observe(Some(&lease("other", t0, 4)), t0);
+        assert!(!f.holds(t0));
+        f.observe(None, t0);
+        assert!(!f.holds(t0));
+        let mut released = lease("me", t0, 4);
+        if let Some(spec) = released.spec.as_mut() {
+            spec.renew_time = None;
+        }
+        f.observe(Some(&released), t0);
+        assert!(!f.holds(t0));
+    }
+
+    #[test]
+    fn poll_and_margin_scale_with_the_grace_period() {
+        let f = |grace| {
+            let f = Fence::new(&LeaseOptions {
+                grace,
+                duration: grace + 10,
+                ..opts()
+            });
+            (f.poll, f.margin)
+        };
+        assert_eq!(f(1), (secs(0.25), secs(0.25)));
+        assert_eq!(f(5), (secs(1.0), secs(1.0)));
+        assert_eq!(f(60), (secs(1.0), secs(1.0)));
+    }
+}
