@@ -1,15 +1,25 @@
 //! End-to-end tests of the allocation loop against a real kube-apiserver and etcd: families,
-//! pending nodes, release and reuse, drain, disable, restart, migration, Service CIDRs and
-//! status, each ending with the global no-overlap invariant.
+//! pending nodes, release and reuse, drain, disable, restart, migration, Service CIDRs,
+//! status, and an API server that goes away for a while, each ending with the global
+//! no-overlap invariant.
 
 mod support;
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
 use kube::api::{Patch, PatchParams};
-use nodeipam_controller::reconcile::Options;
+use kube::{Api, Client};
+use nodeipam_controller::app::write_timeout;
+use nodeipam_controller::metrics::Metrics;
+use nodeipam_controller::reconcile::leader::{Election, LeaseOptions};
+use nodeipam_controller::reconcile::{self, Context, Options};
 use nodeipam_crd::Allocation;
 use support::*;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 #[tokio::test]
 async fn families_dual_stack_ipv4_only_ipv6_only() {
@@ -690,4 +700,192 @@ async fn a_write_with_a_stale_uid_is_refused_by_the_api_server() {
         pod_cidrs(&n).is_empty(),
         "the refused write must leave no podCIDRs"
     );
+}
+
+// ----- an API server that goes away for a while -----
+
+/// How long the API server stays away: three lease durations, and several watch retries.
+const OUTAGE: Duration = Duration::from_secs(12);
+/// A short lease (seconds), so that it certainly expires during the outage.
+const LEASE_DURATION: u64 = 4;
+const LEASE_GRACE: u64 = 2;
+const LEASE_NAME: &str = "nodeipam-controller";
+const IDENTITY: &str = "outage-test";
+
+/// The controller in this process, wired as `nodeipam run` wires it: with leader election
+/// (and the takeover delay that comes with it), or always leader.
+struct Running {
+    reconcile: JoinHandle<()>,
+    election: Option<Election>,
+    _always: Option<watch::Sender<bool>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Running {
+    async fn start(client: Client, elected: bool) -> Running {
+        let metrics = Arc::new(Metrics::new());
+        let options = Options {
+            takeover_delay: if elected {
+                write_timeout(LEASE_GRACE)
+            } else {
+                Duration::ZERO
+            },
+            write_timeout: write_timeout(LEASE_GRACE),
+            ..Options::default()
+        };
+        let ctx = Arc::new(Context::new(client.clone(), options, metrics.clone()));
+        let (election, always, leadership) = if elected {
+            let election = Election::start(
+                client,
+                LeaseOptions {
+                    namespace: "default".into(),
+                    name: LEASE_NAME.into(),
+                    identity: IDENTITY.into(),
+                    duration: LEASE_DURATION,
+                    grace: LEASE_GRACE,
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("start leader election: {e}"));
+            let leadership = election.leadership();
+            (Some(election), None, leadership)
+        } else {
+            let (tx, rx) = reconcile::always_leader();
+            (None, Some(tx), rx)
+        };
+        Running {
+            reconcile: tokio::spawn(reconcile::run(ctx, leadership)),
+            election,
+            _always: always,
+            metrics,
+        }
+    }
+
+    /// Panics unless every task of the controller still runs (none panicked or returned).
+    fn assert_alive(&self, when: &str) {
+        assert!(
+            !self.reconcile.is_finished(),
+            "the allocation loop ended {when}"
+        );
+        if let Some(election) = &self.election {
+            assert!(election.is_running(), "leader election ended {when}");
+        }
+    }
+
+    async fn wait_leader(&self, leader: bool, what: &str) {
+        let want = i64::from(leader);
+        wait_for(what, || async {
+            (self.metrics.leader.get() == want).then_some(())
+        })
+        .await;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.reconcile.abort();
+    }
+}
+
+async fn lease_holder(client: &Client) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), "default")
+        .get_opt(LEASE_NAME)
+        .await
+        .expect("get the lease")
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+/// The API server stops for [`OUTAGE`] while the controller runs, and comes back on the same
+/// etcd. Nothing panics or exits, allocation resumes (with leader election: the leader steps
+/// down when its lease cannot be renewed, takes it again and rebuilds), a node deleted after
+/// the outage gives its blocks back, and no two nodes overlap.
+async fn api_server_goes_away_for_a_while(elected: bool) {
+    let mut cp = control_plane().await;
+    let c = cp.client();
+    let mut ctl = Running::start(c.clone(), elected).await;
+    ctl.wait_leader(true, "leadership before the outage").await;
+    // Four blocks per family: the nodes created after the outage fit only if the deleted
+    // node's blocks come back.
+    create_ready_config(
+        &c,
+        "tight",
+        spec(family("10.60.0.0/26", 28), family("fd00:60::/64", 66), None),
+    )
+    .await;
+    for i in 0..3 {
+        create_node(&c, &format!("a{i}"), &[]).await;
+    }
+    let mut before = Vec::new();
+    for i in 0..3 {
+        before.push(wait_cidrs(&c, &format!("a{i}")).await);
+    }
+
+    // kube-apiserver stops listening at SIGTERM but may wait out the grace period for open
+    // watches: the outage starts now.
+    let down = Instant::now();
+    cp.stop_apiserver().await;
+    if elected {
+        // Renewals fail, and the lease runs out long before the API server is back: the
+        // leader must stop allocating on its own, as the lease manager cannot tell it.
+        ctl.wait_leader(
+            false,
+            "the leader to step down while its lease cannot be renewed",
+        )
+        .await;
+    }
+    tokio::time::sleep(OUTAGE.saturating_sub(down.elapsed())).await;
+    ctl.assert_alive("while the API server was away");
+    cp.check_running().expect("etcd still runs");
+    cp.restart_apiserver()
+        .await
+        .unwrap_or_else(|e| panic!("restart kube-apiserver: {e}"));
+
+    // The clients made before the restart keep working.
+    delete_node(&c, "a0").await;
+    for name in ["b0", "b1"] {
+        create_node(&c, name, &[]).await;
+    }
+    let b0 = wait_cidrs(&c, "b0").await;
+    let b1 = wait_cidrs(&c, "b1").await;
+    // Only four blocks per family: b0 and b1 together must hold every block a0 gave back.
+    let handed_out: Vec<&String> = b0.iter().chain(&b1).collect();
+    assert!(
+        before[0].iter().all(|c| handed_out.contains(&c)),
+        "a0's blocks {:?} were not handed out again (b0 {b0:?}, b1 {b1:?})",
+        before[0]
+    );
+    for (i, cidrs) in before.iter().enumerate().skip(1) {
+        let now = pod_cidrs(&get_node(&c, &format!("a{i}")).await.expect("node"));
+        assert_eq!(&now, cidrs, "a{i}'s blocks changed");
+    }
+    ctl.wait_leader(true, "leadership after the outage").await;
+    if elected {
+        assert_eq!(
+            lease_holder(&c).await.as_deref(),
+            Some(IDENTITY),
+            "the lease is ours again"
+        );
+    }
+    ctl.assert_alive("after the API server came back");
+    assert_status_matches(&c, "tight").await;
+    let cfg = get_config(&c, "tight").await.expect("config");
+    let st = cfg.status.expect("status");
+    assert_eq!(st.nodes, Some(4), "a1, a2, b0 and b1");
+    assert_eq!(st.ipv4.map(|f| (f.allocated, f.capacity)), Some((4, 4)));
+    assert_eq!(st.ipv6.map(|f| (f.allocated, f.capacity)), Some((4, 4)));
+    assert_invariant(&c, &[]).await;
+    if let Some(election) = ctl.election.take() {
+        election.release().await.expect("release the lease");
+    }
+}
+
+#[tokio::test]
+async fn an_api_server_outage_with_leader_election() {
+    api_server_goes_away_for_a_while(true).await;
+}
+
+#[tokio::test]
+async fn an_api_server_outage_without_leader_election() {
+    api_server_goes_away_for_a_while(false).await;
 }
