@@ -648,10 +648,14 @@ impl Ipam {
 
     // ----- facts for status -----
 
+    /// Counts for a config's status. It runs on every status tick while anything changes,
+    /// over every node of the config, so it walks the holders once, looks each node up once,
+    /// and allocates nothing per node: no name set, no clones, only the few sample names kept.
     pub fn config_facts(&self, name: &str) -> Option<ConfigFacts> {
         let state = self.configs.get(name)?;
-        let mut nodes = BTreeSet::new();
-        let mut writing = BTreeSet::new();
+        let mut nodes = 0u64;
+        let mut writing = 0u64;
+        let mut sample: Vec<&str> = Vec::with_capacity(SAMPLE_NODES + 1);
         let mut facts = ConfigFacts {
             accepting: state.accepting(),
             enabled: state.input.enabled,
@@ -661,6 +665,7 @@ impl Ipam {
             gate: state.input.gate.clone(),
             ..ConfigFacts::default()
         };
+        let mut counted_range: Option<IpNet> = None;
         for (range, mask) in state.input.families() {
             let mut held = Vec::new();
             for (cidr, holders) in overlapping(&self.holders, range) {
@@ -669,13 +674,23 @@ impl Ipam {
                     match h {
                         Holder::Node(n) => {
                             by_node_or_leak = true;
-                            nodes.insert(n.clone());
-                            if matches!(
-                                self.nodes.get(n).map(|r| r.phase),
-                                Some(Phase::Writing { .. })
-                            ) {
-                                writing.insert(n.clone());
+                            // A node holds one podCIDR per family, so it shows up once per
+                            // range; in the second family it was counted already if its
+                            // record holds a block in the first.
+                            let record = self.nodes.get(n);
+                            let counted = counted_range.is_some_and(|first| {
+                                record.is_some_and(|r| {
+                                    r.cidrs.iter().any(|c| nets_overlap(&first, c))
+                                })
+                            });
+                            if counted {
+                                continue;
                             }
+                            nodes += 1;
+                            if matches!(record.map(|r| r.phase), Some(Phase::Writing { .. })) {
+                                writing += 1;
+                            }
+                            offer_sample(&mut sample, n);
                         }
                         Holder::Leaked(_) => by_node_or_leak = true,
                         Holder::Service(_) => {}
@@ -697,10 +712,11 @@ impl Ipam {
                 IpNet::V4(_) => facts.ipv4 = Some(fam),
                 IpNet::V6(_) => facts.ipv6 = Some(fam),
             }
+            counted_range.get_or_insert(range);
         }
-        facts.nodes = nodes.len() as u64;
-        facts.writing = writing.len() as u64;
-        facts.sample_nodes = nodes.into_iter().take(SAMPLE_NODES).collect();
+        facts.nodes = nodes;
+        facts.writing = writing;
+        facts.sample_nodes = sample.into_iter().map(str::to_string).collect();
         Some(facts)
     }
 
@@ -769,6 +785,16 @@ fn unavailable_reason(c: &ConfigState) -> String {
 }
 
 /// Every key of `holders` that overlaps `net`: those that start inside it, and its supernets.
+/// Keeps the `SAMPLE_NODES` smallest names seen, sorted.
+fn offer_sample<'a>(sample: &mut Vec<&'a str>, name: &'a str) {
+    if sample.len() == SAMPLE_NODES && sample.last().is_some_and(|last| name >= *last) {
+        return;
+    }
+    let at = sample.partition_point(|s| *s < name);
+    sample.insert(at, name);
+    sample.truncate(SAMPLE_NODES);
+}
+
 fn overlapping<'a, V>(
     holders: &'a BTreeMap<IpNet, V>,
     net: IpNet,

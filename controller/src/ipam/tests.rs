@@ -86,6 +86,34 @@ fn dual_stack_gives_one_block_per_family_ipv4_first() {
 }
 
 #[test]
+fn facts_count_each_node_once_and_sample_the_smallest_names() {
+    let mut ipam = Ipam::new();
+    ipam.upsert_config(config(
+        "ds",
+        1,
+        Some(("10.0.0.0/16", 24)),
+        Some(("fd00::/48", 64)),
+    ));
+    // Out of order, so the sample cannot just be the insertion order.
+    let names = ["n7", "n2", "n9", "n0", "n5", "n3", "n8", "n1"];
+    for (i, n) in names.iter().enumerate() {
+        let a = ipam
+            .allocate(n, Some(&format!("u{n}")), &no_labels())
+            .expect("allocates");
+        // Every other node's write has landed; the rest are still being written.
+        if i % 2 == 0 {
+            assert!(ipam.confirm(n, a.ticket, Some(&format!("u{n}"))));
+        }
+    }
+    let facts = ipam.config_facts("ds").expect("facts");
+    assert_eq!(facts.nodes, 8, "two blocks per node, counted once");
+    assert_eq!(facts.writing, 4);
+    assert_eq!(facts.sample_nodes, vec!["n0", "n1", "n2", "n3", "n5"]);
+    assert_eq!(facts.ipv4.map(|f| f.allocated), Some(8));
+    assert_eq!(facts.ipv6.map(|f| f.allocated), Some(8));
+}
+
+#[test]
 fn second_family_failure_returns_the_first_block_and_tries_the_next_config() {
     let mut ipam = Ipam::new();
     // "tight" has two IPv4 blocks but one IPv6 block; it is preferred (fewer free blocks).
@@ -455,6 +483,20 @@ proptest! {
                         prop_assert!(f.free + f.allocated <= f.capacity);
                     }
                 }
+                // Nodes, writers and the sample agree with a plain set of names.
+                let ranges: Vec<IpNet> = c.ipv4.iter().chain(c.ipv6.iter()).map(|(r, _)| *r).collect();
+                let names: BTreeSet<&str> = ipam.holders()
+                    .filter(|(h, _)| ranges.iter().any(|r| nets_overlap(h, r)))
+                    .flat_map(|(_, hs)| hs.iter())
+                    .filter_map(|x| match x { Holder::Node(n) => Some(n.as_str()), _ => None })
+                    .collect();
+                let writing = names.iter()
+                    .filter(|n| matches!(ipam.node(n).map(|r| r.phase), Some(Phase::Writing { .. })))
+                    .count();
+                prop_assert_eq!(facts.nodes, names.len() as u64);
+                prop_assert_eq!(facts.writing, writing as u64);
+                let sample: Vec<String> = names.iter().take(5).map(|n| n.to_string()).collect();
+                prop_assert_eq!(&facts.sample_nodes, &sample);
             }
         }
     }
