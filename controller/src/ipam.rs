@@ -6,7 +6,7 @@
 //! overlaps anything held, whichever config the holder came from, and configs that overlap each
 //! other cannot produce a duplicate either.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;

@@ -3,6 +3,7 @@
 
 use super::*;
 use proptest::prelude::*;
+use std::collections::BTreeSet;
 
 fn net(s: &str) -> IpNet {
     s.parse().expect("test CIDR")
