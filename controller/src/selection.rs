@@ -147,31 +147,9 @@ fn numeric(net: IpNet) -> (u128, u8) {
 mod tests {
     use std::collections::BTreeMap;
 
-    use k8s_openapi::api::core::v1::NodeSelectorTerm;
-
     use super::*;
 
-    fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
-        NodeSelectorRequirement {
-            key: key.into(),
-            operator: op.into(),
-            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
-        }
-    }
-
-    fn selector(
-        terms: Vec<(Vec<NodeSelectorRequirement>, Vec<NodeSelectorRequirement>)>,
-    ) -> NodeSelector {
-        NodeSelector {
-            node_selector_terms: terms
-                .into_iter()
-                .map(|(e, f)| NodeSelectorTerm {
-                    match_expressions: (!e.is_empty()).then_some(e),
-                    match_fields: (!f.is_empty()).then_some(f),
-                })
-                .collect(),
-        }
-    }
+    use nodeipam_crd::selector::{requirement as req, selector_of as selector};
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

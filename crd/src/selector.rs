@@ -74,31 +74,35 @@ fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&str>) -> bo
     }
 }
 
+/// A requirement from string literals (no values: `None`, as for `Exists`).
+pub fn requirement(key: &str, operator: &str, values: &[&str]) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: key.into(),
+        operator: operator.into(),
+        values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+    }
+}
+
+/// A selector whose terms are (matchExpressions, matchFields) pairs; empty lists are left out.
+pub fn selector_of(
+    terms: Vec<(Vec<NodeSelectorRequirement>, Vec<NodeSelectorRequirement>)>,
+) -> NodeSelector {
+    NodeSelector {
+        node_selector_terms: terms
+            .into_iter()
+            .map(|(e, f)| NodeSelectorTerm {
+                match_expressions: (!e.is_empty()).then_some(e),
+                match_fields: (!f.is_empty()).then_some(f),
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
-        NodeSelectorRequirement {
-            key: key.into(),
-            operator: op.into(),
-            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
-        }
-    }
-
-    fn selector(
-        terms: Vec<(Vec<NodeSelectorRequirement>, Vec<NodeSelectorRequirement>)>,
-    ) -> NodeSelector {
-        NodeSelector {
-            node_selector_terms: terms
-                .into_iter()
-                .map(|(e, f)| NodeSelectorTerm {
-                    match_expressions: (!e.is_empty()).then_some(e),
-                    match_fields: (!f.is_empty()).then_some(f),
-                })
-                .collect(),
-        }
-    }
+    use super::{requirement as req, selector_of as selector};
 
     fn matches(sel: &NodeSelector, name: &str, l: &[(&str, &str)]) -> bool {
         let l: BTreeMap<String, String> = l
