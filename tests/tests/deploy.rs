@@ -1004,3 +1004,59 @@ async fn failover_during_a_node_burst() {
     assert!(c.wait_exit().await.success());
     cp.stop().await;
 }
+
+/// A rolling update's clean stop with a realistic lease (15 s, renewed 5 s before expiry): the
+/// leader gets SIGTERM, stops allocating and releases the lease; the standby takes it and a
+/// node created right after the leader exited gets podCIDRs. How long that took is logged,
+/// never asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_the_lease_to_the_standby() {
+    const LEASE_FLAGS: &[&str] = &["--lease-duration=15", "--lease-grace=5"];
+    let cp = control_plane().await;
+    let admin = cp.client();
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    let kubeconfig = sa_kubeconfig(&cp, dir.path());
+
+    let mut a = Replica::start(dir.path(), &kubeconfig, "replica-a", LEASE_FLAGS).await;
+    wait_holder(&admin, "replica-a").await;
+    let mut b = Replica::start(dir.path(), &kubeconfig, "replica-b", LEASE_FLAGS).await;
+    a.wait_leader_metric(1.0).await;
+    create_ready_config(&admin, "pool", dual_stack("10.140.0.0/16", "fd00:140::/48")).await;
+    create_node(&admin, "before", &[]).await;
+    wait_cidrs(&admin, "before").await;
+    assert_eq!(b.gauge("nodeipam_leader", &[]).await, Some(0.0));
+
+    let term_at = Instant::now();
+    a.signal(Signal::TERM);
+    let a_status = a.wait_exit().await;
+    assert!(a_status.success(), "replica-a after SIGTERM: {a_status}");
+    let exited = term_at.elapsed();
+    assert!(a.log_text().contains("lease released"), "{}", a.log_tail());
+    assert_ne!(
+        lease_holder(&admin).await.as_deref(),
+        Some("replica-a"),
+        "replica-a released the lease before exiting"
+    );
+    create_node(&admin, "after", &[]).await;
+    wait_holder(&admin, "replica-b").await;
+    let held = term_at.elapsed();
+    let cidrs = wait_cidrs(&admin, "after").await;
+    let allocated = term_at.elapsed();
+    assert_eq!(cidrs.len(), 2, "{cidrs:?}");
+    assert_eq!(b.gauge("nodeipam_leader", &[]).await, Some(1.0));
+    assert_invariant(&admin, &[]).await;
+    eprintln!(
+        "clean handover (lease 15s, grace 5s): replica-a exited {:.2}s after SIGTERM; \
+         replica-b held the lease {:.2}s and node 'after' had podCIDRs {:.2}s after it",
+        exited.as_secs_f64(),
+        held.as_secs_f64(),
+        allocated.as_secs_f64()
+    );
+
+    a.assert_never_forbidden();
+    b.assert_never_forbidden();
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().await.success());
+    cp.stop().await;
+}
