@@ -178,8 +178,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     shutdown_signal().await;
     info!("stopping");
     let _ = stop_tx.send(true);
-    // Allocation stops with the tasks; the lease is released so that another replica can take
-    // over (it notices when its cached view of the lease expires, at most --lease-duration).
+    // Allocation stops with the tasks (joined, so the session is gone) before the lease is
+    // released: the standby, which reads the Lease every second, takes it as soon as it is.
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     if let Some(election) = lease {

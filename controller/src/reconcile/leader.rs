@@ -8,9 +8,16 @@
 //! from the API names us and is valid for longer than a margin: when renewals fail, the leader
 //! stops allocating before its lease runs out, and resumes (with a fresh rebuild) once a
 //! renewal lands.
+//!
+//! A standby's lease manager sleeps until the expiry it cached from its last read, so it would
+//! notice a Lease released by a leader that stopped cleanly (a rolling update) only up to a
+//! lease duration later. A standby therefore reads the Lease every second, and when it finds it
+//! released (no holder) or missing, replaces its lease manager with a fresh one, whose first
+//! step is to read the Lease and take it.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -24,6 +31,8 @@ use tracing::{debug, info, warn};
 const RETRY: Duration = Duration::from_secs(1);
 /// How long one read of the Lease may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a standby reads the Lease to notice that it was released.
+const STANDBY_POLL: Duration = Duration::from_secs(1);
 
 /// The Lease and this replica's part in it.
 #[derive(Clone, Debug)]
@@ -41,24 +50,16 @@ pub struct LeaseOptions {
 pub struct Election {
     leadership: watch::Receiver<bool>,
     stop: oneshot::Sender<()>,
-    task: JoinHandle<LeaseManager>,
+    task: JoinHandle<Arc<LeaseManager>>,
 }
 
 impl Election {
     /// Sets up the Lease (created if missing) and starts electing.
     pub async fn start(client: Client, opts: LeaseOptions) -> Result<Election, LeaseManagerError> {
-        let manager = LeaseManagerBuilder::new(client.clone(), &opts.name)
-            .with_namespace(&opts.namespace)
-            .with_identity(&opts.identity)
-            .with_duration(opts.duration)
-            .with_grace(opts.grace)
-            .with_field_manager("nodeipam")
-            .build()
-            .await?;
-        let leases: Api<Lease> = Api::namespaced(client, &opts.namespace);
+        let manager = build_manager(&client, &opts).await?;
         let (tx, leadership) = watch::channel(false);
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(elect(manager, leases, opts, tx, stopped));
+        let task = tokio::spawn(elect(manager, client, opts, tx, stopped));
         Ok(Election {
             leadership,
             stop,
@@ -89,27 +90,47 @@ impl Election {
     }
 }
 
+/// A lease manager for `opts`; creates the Lease if it is missing.
+async fn build_manager(
+    client: &Client,
+    opts: &LeaseOptions,
+) -> Result<LeaseManager, LeaseManagerError> {
+    LeaseManagerBuilder::new(client.clone(), &opts.name)
+        .with_namespace(&opts.namespace)
+        .with_identity(&opts.identity)
+        .with_duration(opts.duration)
+        .with_grace(opts.grace)
+        .with_field_manager("nodeipam")
+        .build()
+        .await
+}
+
 /// Drives the manager and reports leadership while the fence allows it, until `stop`.
 async fn elect(
     manager: LeaseManager,
-    leases: Api<Lease>,
+    client: Client,
     opts: LeaseOptions,
     leadership: watch::Sender<bool>,
     mut stop: oneshot::Receiver<()>,
-) -> LeaseManager {
+) -> Arc<LeaseManager> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &opts.namespace);
+    let mut manager = Arc::new(manager);
     let mut fence = Fence::new(&opts);
+    let mut standby = Standby::default();
     let mut read: Option<LeaseRead> = None;
     let mut next_read = SystemTime::now();
     let mut failures = 0u32;
     {
-        // While electing, `changed` is never cancelled (it may be inside a Lease update), only
-        // replaced once it has finished.
-        let changed = changed_after(&manager, Duration::ZERO);
+        // `changed` is never cancelled while it may be inside a Lease update, only replaced
+        // once it has finished; or, on a standby that found the Lease free, dropped together
+        // with its manager (a fresh manager reads the Lease before it acts, so it sees
+        // whatever the dropped one may have written).
+        let changed = changed_after(manager.clone(), Duration::ZERO);
         tokio::pin!(changed);
         loop {
             let now = SystemTime::now();
             let wake = [
-                (fence.claimed && read.is_none()).then_some(next_read),
+                read.is_none().then_some(next_read),
                 // Once passed, it has been acted on; waking for it again would spin.
                 fence.step_down_at().filter(|at| *at > now),
             ]
@@ -125,6 +146,7 @@ async fn elect(
                             failures = 0;
                             info!(claimed, "lease manager: leadership changed");
                             fence.claim(claimed);
+                            standby = Standby::default();
                             read = None;
                             next_read = SystemTime::now();
                             Duration::ZERO
@@ -140,22 +162,43 @@ async fn elect(
                             RETRY
                         }
                     };
-                    changed.set(changed_after(&manager, delay));
+                    changed.set(changed_after(manager.clone(), delay));
                 }
                 result = wait_read(&mut read) => {
                     read = None;
                     let now = SystemTime::now();
+                    let poll = if fence.claimed { fence.poll } else { STANDBY_POLL };
                     next_read = match result {
-                        Ok(Ok(lease)) => fence.observe(lease.as_ref(), now),
+                        Ok(Ok(lease)) if fence.claimed => fence.observe(lease.as_ref(), now),
+                        Ok(Ok(lease)) => {
+                            if standby.take_now(lease.as_ref()) {
+                                info!(lease = %opts.name, "the lease is free: taking it now");
+                                match tokio::time::timeout(READ_TIMEOUT, build_manager(&client, &opts)).await {
+                                    Ok(Ok(fresh)) => {
+                                        manager = Arc::new(fresh);
+                                        changed.set(changed_after(manager.clone(), Duration::ZERO));
+                                    }
+                                    Ok(Err(e)) => {
+                                        debug!(error = %e, "a fresh lease manager could not be set up");
+                                        standby.retry();
+                                    }
+                                    Err(_) => {
+                                        debug!("setting up a fresh lease manager timed out");
+                                        standby.retry();
+                                    }
+                                }
+                            }
+                            SystemTime::now() + poll
+                        }
                         Ok(Err(e)) => {
                             debug!(error = %e, "reading the lease failed");
-                            now + fence.poll
+                            now + poll
                         }
-                        Err(_) => now + fence.poll,
+                        Err(_) => now + poll,
                     };
                 }
                 () = timer => {
-                    if fence.claimed && read.is_none() && SystemTime::now() >= next_read {
+                    if read.is_none() && SystemTime::now() >= next_read {
                         let (leases, name) = (leases.clone(), opts.name.clone());
                         read = Some(Box::pin(async move {
                             tokio::time::timeout(READ_TIMEOUT, leases.get_opt(&name)).await
@@ -189,7 +232,10 @@ type LeaseRead = Pin<
     >,
 >;
 
-async fn changed_after(manager: &LeaseManager, delay: Duration) -> Result<bool, LeaseManagerError> {
+async fn changed_after(
+    manager: Arc<LeaseManager>,
+    delay: Duration,
+) -> Result<bool, LeaseManagerError> {
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
@@ -274,6 +320,66 @@ impl Fence {
         }
         self.expires.and_then(|e| e.checked_sub(self.margin))
     }
+}
+
+/// What a standby makes of the Lease it reads: whether its lease manager, possibly asleep until
+/// the expiry it cached, must be replaced so that a free Lease is taken now.
+#[derive(Debug, Default)]
+struct Standby {
+    /// The previous read: `None` before any, `Some(None)` held, `Some(Some(version))` free.
+    last: Option<Option<String>>,
+    /// The free version a fresh manager was set up for: it acts on that, so it is not
+    /// replaced again until the Lease changes.
+    acted_on: Option<String>,
+}
+
+impl Standby {
+    /// A Lease just read while not claiming it (`None`: it does not exist). True when it is
+    /// free (released: no holder; or missing) and either the previous read showed it held
+    /// (the manager may be asleep on that) or showed this same free version (the manager had
+    /// a whole poll to take it and did not); a free Lease seen first is left to a manager
+    /// that may be taking it. An expired Lease that still names a holder is left to the
+    /// manager too: it wakes at that expiry anyway.
+    fn take_now(&mut self, lease: Option<&Lease>) -> bool {
+        let seen = free_version(lease);
+        let take = match &seen {
+            None => {
+                self.acted_on = None;
+                false
+            }
+            Some(version) => {
+                let was_held = matches!(self.last, Some(None));
+                let still_free = self.last.as_ref() == Some(&seen);
+                self.acted_on.as_ref() != Some(version) && (was_held || still_free)
+            }
+        };
+        if take {
+            self.acted_on = seen.clone();
+        }
+        self.last = Some(seen);
+        take
+    }
+
+    /// Setting up the fresh manager failed: try again on the next read that finds it free.
+    fn retry(&mut self) {
+        self.acted_on = None;
+        self.last = Some(None);
+    }
+}
+
+/// The version of `lease` when nobody holds it (empty for a missing Lease).
+fn free_version(lease: Option<&Lease>) -> Option<String> {
+    let Some(lease) = lease else {
+        return Some(String::new());
+    };
+    let holder = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref());
+    if holder.is_some_and(|h| !h.is_empty()) {
+        return None;
+    }
+    Some(lease.metadata.resource_version.clone().unwrap_or_default())
 }
 
 /// When `lease` expires, if `identity` holds it.
@@ -383,6 +489,94 @@ mod tests {
         }
         f.observe(Some(&released), t0);
         assert!(!f.holds(t0));
+    }
+
+    fn versioned(mut lease: Lease, version: &str) -> Lease {
+        lease.metadata.resource_version = Some(version.into());
+        lease
+    }
+
+    /// What kube-lease-manager's `release()` leaves: no holder, no times.
+    fn released(version: &str) -> Lease {
+        versioned(
+            Lease {
+                spec: Some(LeaseSpec::default()),
+                ..Lease::default()
+            },
+            version,
+        )
+    }
+
+    #[test]
+    fn a_released_or_missing_lease_is_free_a_held_one_is_not() {
+        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+        assert_eq!(free_version(Some(&released("7"))), Some("7".into()));
+        assert_eq!(free_version(None), Some(String::new()));
+        let no_spec = versioned(Lease::default(), "8");
+        assert_eq!(free_version(Some(&no_spec)), Some("8".into()));
+        let empty_holder = versioned(lease("", t0, 15), "9");
+        assert_eq!(free_version(Some(&empty_holder)), Some("9".into()));
+        // Held, even long expired: expiry is the manager's business.
+        assert_eq!(
+            free_version(Some(&versioned(lease("a", t0, 15), "3"))),
+            None
+        );
+        assert_eq!(
+            free_version(Some(&versioned(lease("a", SystemTime::UNIX_EPOCH, 1), "3"))),
+            None
+        );
+    }
+
+    #[test]
+    fn a_standby_takes_a_lease_released_under_its_eyes_at_once() {
+        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+        let mut s = Standby::default();
+        assert!(!s.take_now(Some(&versioned(lease("a", t0, 15), "1"))));
+        assert!(!s.take_now(Some(&versioned(lease("a", t0, 15), "2"))));
+        // The leader stopped cleanly and released it.
+        assert!(s.take_now(Some(&released("3"))));
+        // The fresh manager is acting on it: not replaced again for the same version.
+        assert!(!s.take_now(Some(&released("3"))));
+        assert!(!s.take_now(Some(&released("3"))));
+        // Someone else took it and released it again.
+        assert!(!s.take_now(Some(&versioned(lease("c", t0, 15), "4"))));
+        assert!(s.take_now(Some(&released("5"))));
+    }
+
+    #[test]
+    fn a_free_lease_seen_first_is_left_to_the_manager_for_one_poll() {
+        // At start, or after losing the claim, the manager may be taking it right now.
+        let mut s = Standby::default();
+        assert!(!s.take_now(Some(&released("3"))));
+        // A poll later it is still free in the same version: the manager is asleep.
+        assert!(s.take_now(Some(&released("3"))));
+        assert!(!s.take_now(Some(&released("3"))));
+        // A new free version seen first: one poll again.
+        let mut s = Standby::default();
+        assert!(!s.take_now(Some(&released("3"))));
+        assert!(!s.take_now(Some(&released("4"))));
+        assert!(s.take_now(Some(&released("4"))));
+    }
+
+    #[test]
+    fn a_missing_lease_is_recreated_each_time_it_goes() {
+        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+        let mut s = Standby::default();
+        assert!(!s.take_now(Some(&versioned(lease("a", t0, 15), "1"))));
+        assert!(s.take_now(None));
+        assert!(!s.take_now(None));
+        assert!(!s.take_now(Some(&versioned(lease("a", t0, 15), "2"))));
+        assert!(s.take_now(None));
+    }
+
+    #[test]
+    fn a_failed_replacement_is_tried_again_on_the_next_read() {
+        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+        let mut s = Standby::default();
+        assert!(!s.take_now(Some(&versioned(lease("a", t0, 15), "1"))));
+        assert!(s.take_now(Some(&released("2"))));
+        s.retry();
+        assert!(s.take_now(Some(&released("2"))));
     }
 
     #[test]
