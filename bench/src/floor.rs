@@ -138,25 +138,31 @@ where
         while let Some(done) = writes.try_join_next() {
             done.context("a patch task failed")??;
         }
-        let node = match event {
-            Ok(Event::Apply(n) | Event::InitApply(n)) => n,
+        // The nodes to give a block now: those that waited for the initial list, or a new one.
+        let ready = match event {
+            Ok(Event::Apply(node) | Event::InitApply(node)) => {
+                let cidrs = node.pod_cidrs();
+                if !cidrs.is_empty() {
+                    taken.extend(cidrs.iter().filter_map(|c| c.parse::<IpNet>().ok()));
+                    continue;
+                }
+                let name = node.name_any();
+                if !asked.insert(name.clone()) {
+                    continue;
+                }
+                let uid = node.meta().uid.clone();
+                if !synced {
+                    waiting.push((name, uid));
+                    continue;
+                }
+                vec![(name, uid)]
+            }
             Ok(Event::InitDone) => {
                 if !synced {
                     synced = true;
                     eprintln!("floor: synced");
                 }
-                for (name, uid) in std::mem::take(&mut waiting) {
-                    let block = next_free(&mut free, &taken)?;
-                    let body = body(&block, uid.as_deref(), args.like_nodeipam);
-                    writes.spawn(patch(
-                        api.clone(),
-                        name,
-                        body,
-                        permits.clone(),
-                        limiter.clone(),
-                    ));
-                }
-                continue;
+                std::mem::take(&mut waiting)
             }
             Ok(Event::Init | Event::Delete(_)) => continue,
             Err(e) => {
@@ -164,17 +170,7 @@ where
                 continue;
             }
         };
-        let cidrs = node.pod_cidrs();
-        if !cidrs.is_empty() {
-            taken.extend(cidrs.iter().filter_map(|c| c.parse::<IpNet>().ok()));
-            continue;
-        }
-        let name = node.name_any();
-        if !asked.insert(name.clone()) {
-            continue;
-        }
-        let uid = node.meta().uid.clone();
-        if synced {
+        for (name, uid) in ready {
             let block = next_free(&mut free, &taken)?;
             let body = body(&block, uid.as_deref(), args.like_nodeipam);
             writes.spawn(patch(
@@ -184,8 +180,6 @@ where
                 permits.clone(),
                 limiter.clone(),
             ));
-        } else {
-            waiting.push((name, uid));
         }
     }
     bail!("the node watch ended")

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Shared by burst.sh and startup.sh: builds the control plane and the release binaries, copies
+# them aside, and runs `nodeipam-bench KIND` with the contender logs in a fresh work folder.
+#   hack/bench/run-contenders.sh burst|startup [nodeipam-bench flags]
+# Writes bench-results/KIND-<UTC date>.json.
+set -euo pipefail
+source "$(dirname "$0")/../lib.sh"
+cd "$NODEIPAM_ROOT"
+
+KIND="${1:?usage: $0 burst|startup [flags]}"
+shift
+STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
+OUT="$NODEIPAM_ROOT/bench-results/$KIND-$STAMP.json"
+WORK="$NODEIPAM_CACHE/bench/$KIND-$STAMP"
+mkdir -p "$WORK" "$NODEIPAM_ROOT/bench-results"
+
+timed "control-plane binaries" hack/control-plane.sh build
+timed "cargo build --release nodeipam, nodeipam-bench" \
+  cargo build --release --quiet -p nodeipam-controller --bin nodeipam -p nodeipam-bench
+# Private copies: another build in the shared target folder must not swap them mid-run.
+mkdir -p "$WORK/bin"
+cp "$CARGO_TARGET_DIR/release/nodeipam" "$CARGO_TARGET_DIR/release/nodeipam-bench" "$WORK/bin/"
+log "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores; contender logs in $WORK"
+"$WORK/bin/nodeipam-bench" "$KIND" \
+  --nodeipam "$WORK/bin/nodeipam" --work "$WORK" --out "$OUT" "$@"
+log "load average after: $(cut -d' ' -f1-3 /proc/loadavg); results: $OUT"
