@@ -304,14 +304,18 @@ impl Ipam {
     /// Replaces the Service CIDRs known under `source`. Blocks overlapping them are never
     /// handed out.
     pub fn set_service_cidrs(&mut self, source: &str, cidrs: Vec<IpNet>) {
-        let cidrs: Vec<IpNet> = cidrs.into_iter().map(|c| c.trunc()).collect();
+        let mut cidrs: Vec<IpNet> = cidrs.into_iter().map(|c| c.trunc()).collect();
+        cidrs.sort();
+        cidrs.dedup();
         let old = self.services.remove(source).unwrap_or_default();
         let holder = Holder::Service(source.to_string());
-        for c in &cidrs {
-            self.add_holder(*c, holder.clone());
+        // Only what changed: a CIDR both old and new must never lose its holder (an update of
+        // the same ServiceCIDR re-sends the same ranges, and a holder is one entry per source).
+        for c in old.iter().filter(|c| !cidrs.contains(c)) {
+            self.remove_holder(*c, &holder);
         }
-        for c in old {
-            self.remove_holder(c, &holder);
+        for c in cidrs.iter().filter(|c| !old.contains(c)) {
+            self.add_holder(*c, holder.clone());
         }
         if !cidrs.is_empty() {
             self.services.insert(source.to_string(), cidrs);
@@ -665,22 +669,31 @@ impl Ipam {
             gate: state.input.gate.clone(),
             ..ConfigFacts::default()
         };
+        // Which config a node's block belongs to: the oldest one whose range contains it. A
+        // block inside an older config's range is that config's, never this one's, so the
+        // younger of two overlapping configs drains without waiting for the older one's nodes.
+        let older = self.older_ranges(state);
+        let ours = |cidr: &IpNet| !older.iter().any(|o| o.contains(cidr));
         let mut counted_range: Option<IpNet> = None;
         for (range, mask) in state.input.families() {
             let mut held = Vec::new();
             for (cidr, holders) in overlapping(&self.holders, range) {
                 let mut by_node_or_leak = false;
+                let owned = ours(cidr);
                 for h in holders {
                     match h {
                         Holder::Node(n) => {
                             by_node_or_leak = true;
+                            if !owned {
+                                continue;
+                            }
                             // A node holds one podCIDR per family, so it shows up once per
                             // range; in the second family it was counted already if its
-                            // record holds a block in the first.
+                            // record holds one of our blocks in the first.
                             let record = self.nodes.get(n);
                             let counted = counted_range.is_some_and(|first| {
                                 record.is_some_and(|r| {
-                                    r.cidrs.iter().any(|c| nets_overlap(&first, c))
+                                    r.cidrs.iter().any(|c| nets_overlap(&first, c) && ours(c))
                                 })
                             });
                             if counted {
@@ -718,6 +731,23 @@ impl Ipam {
         facts.writing = writing;
         facts.sample_nodes = sample.into_iter().map(str::to_string).collect();
         Some(facts)
+    }
+
+    /// The ranges of the configs older than `state` (in overlap order) that overlap one of its
+    /// ranges: usually none, as the webhook refuses overlaps.
+    fn older_ranges(&self, state: &ConfigState) -> Vec<IpNet> {
+        let order = state.input.overlap_order();
+        self.configs
+            .values()
+            .filter(|c| c.input.overlap_order() < order)
+            .flat_map(|c| c.input.families().map(|(r, _)| r))
+            .filter(|r| {
+                state
+                    .input
+                    .families()
+                    .any(|(ours, _)| nets_overlap(r, &ours))
+            })
+            .collect()
     }
 
     /// Configs whose ranges overlap `cidr`: the ones whose facts change when it is held or freed.
@@ -862,7 +892,13 @@ fn blocks_covered(range: IpNet, mask: u8, held: &[IpNet]) -> u64 {
             )
         })
         .filter(|(a, b)| a <= b)
-        .map(|(a, b)| ((a - start) >> host_bits, (b - start) >> host_bits))
+        // A /0 block of a /0 range has 128 host bits: the shift must not overflow.
+        .map(|(a, b)| {
+            (
+                (a - start).checked_shr(host_bits).unwrap_or(0),
+                (b - start).checked_shr(host_bits).unwrap_or(0),
+            )
+        })
         .collect();
     spans.sort_unstable();
     let mut count: u128 = 0;

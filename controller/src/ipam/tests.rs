@@ -405,8 +405,19 @@ enum Op {
     Leak(u8),
     Gone(u8),
     Adopt(u8, u8, u8),
-    Service(bool),
+    /// Sets the Service ranges of one source (0..2) to one of a few lists; setting the same
+    /// list again is what an update or a relist of a ServiceCIDR does.
+    Service(u8, u8),
     Toggle(u8),
+}
+
+fn service_ranges(variant: u8) -> Vec<IpNet> {
+    match variant {
+        0 => vec![],
+        1 => vec![net("10.0.1.0/24")],
+        2 => vec![net("10.0.1.0/24"), net("fd00::1:0:0:0/64")],
+        _ => vec![net("10.0.2.128/25"), net("10.0.3.0/24")],
+    }
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -417,7 +428,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..24).prop_map(Op::Leak),
         2 => (0u8..24).prop_map(Op::Gone),
         1 => (24u8..32, 0u8..16, 22u8..27).prop_map(|(n, b, l)| Op::Adopt(n, b, l)),
-        1 => any::<bool>().prop_map(Op::Service),
+        2 => (0u8..2, 0u8..4).prop_map(|(s, v)| Op::Service(s, v)),
         1 => (0u8..4).prop_map(Op::Toggle),
     ]
 }
@@ -435,6 +446,7 @@ proptest! {
         for c in &configs { ipam.upsert_config(c.clone()); }
         let mut tickets: HashMap<String, u64> = HashMap::new();
         let mut adopted_conflict = false;
+        let mut services: BTreeMap<u8, Vec<IpNet>> = BTreeMap::new();
         for op in ops {
             match op {
                 Op::Allocate(n) => {
@@ -445,6 +457,13 @@ proptest! {
                                 if nets_overlap(c, h) {
                                     prop_assert!(hs.iter().all(|x| *x == Holder::Node(format!("n{n}"))), "{c} overlaps {h} held by {hs:?}");
                                 }
+                            }
+                        }
+                        // Nor any Service range, however often its source was updated or
+                        // relisted (the model, not the holders, says what the ranges are).
+                        for c in &a.cidrs {
+                            for svc in services.values().flatten() {
+                                prop_assert!(!nets_overlap(c, svc), "{c} overlaps Service range {svc}");
                             }
                         }
                         tickets.insert(format!("n{n}"), a.ticket);
@@ -459,7 +478,10 @@ proptest! {
                     let c = IpNet::new(IpAddr::V4(base.into()), l).expect("valid").trunc();
                     if !ipam.observe_node(&format!("n{n}"), None, &[c]).conflicts.is_empty() { adopted_conflict = true; }
                 }
-                Op::Service(on) => ipam.set_service_cidrs("svc", if on { vec![net("10.0.1.0/24"), net("fd00::1:0:0:0/64")] } else { vec![] }),
+                Op::Service(source, variant) => {
+                    ipam.set_service_cidrs(&format!("svc-{source}"), service_ranges(variant));
+                    services.insert(source, service_ranges(variant));
+                }
                 Op::Toggle(3) => {
                     // Remove or restore the oldest config, so the overlapping younger ones
                     // start (or stop) allocating around blocks it handed out.
@@ -484,10 +506,16 @@ proptest! {
                         prop_assert!(f.free + f.allocated <= f.capacity);
                     }
                 }
-                // Nodes, writers and the sample agree with a plain set of names.
+                // Nodes, writers and the sample agree with a plain set of names: the nodes
+                // holding a block of this config's that no older config's range contains.
                 let ranges: Vec<IpNet> = c.ipv4.iter().chain(c.ipv6.iter()).map(|(r, _)| *r).collect();
+                let older: Vec<IpNet> = configs.iter()
+                    .filter(|o| o.created < c.created && ipam.config_names().any(|n| n == o.name))
+                    .flat_map(|o| o.ipv4.iter().chain(o.ipv6.iter()).map(|(r, _)| *r))
+                    .collect();
                 let names: BTreeSet<&str> = ipam.holders()
                     .filter(|(h, _)| ranges.iter().any(|r| nets_overlap(h, r)))
+                    .filter(|(h, _)| !older.iter().any(|o| o.contains(*h)))
                     .flat_map(|(_, hs)| hs.iter())
                     .filter_map(|x| match x { Holder::Node(n) => Some(n.as_str()), _ => None })
                     .collect();
@@ -501,4 +529,112 @@ proptest! {
             }
         }
     }
+}
+
+proptest! {
+    /// Every (prefix, mask) pair the API accepts works, including /0 ranges, /0 and /128
+    /// blocks, a mask equal to the prefix and 2^32 blocks: nothing panics or wraps.
+    #[test]
+    fn every_valid_prefix_and_mask_works(v6 in any::<bool>(), prefix in 0u8..=128, split in 0u8..=32, addr in any::<u128>()) {
+        let max = if v6 { 128 } else { 32 };
+        let prefix = prefix % (max + 1);
+        let mask = prefix.saturating_add(split).min(max);
+        let range = if v6 {
+            IpNet::new(IpAddr::V6(addr.into()), prefix)
+        } else {
+            IpNet::new(IpAddr::V4((addr as u32).into()), prefix)
+        }.expect("valid prefix").trunc();
+        let mut ipam = Ipam::new();
+        let mut input = config("edge", 1, None, None);
+        if v6 { input.ipv6 = Some((range, mask)); } else { input.ipv4 = Some((range, mask)); }
+        ipam.upsert_config(input);
+        let capacity = 1u64 << (mask - prefix);
+        let facts = ipam.config_facts("edge").expect("facts");
+        let fam = if v6 { facts.ipv6 } else { facts.ipv4 }.expect("family facts");
+        prop_assert_eq!(fam.capacity, capacity);
+        let mut got = Vec::new();
+        for i in 0..3u64.min(capacity) {
+            let a = ipam.allocate(&format!("n{i}"), None, &no_labels()).expect("a free block");
+            prop_assert!(a.cidrs.iter().all(|c| range.contains(c) && c.prefix_len() == mask));
+            ipam.confirm(&format!("n{i}"), a.ticket, None);
+            got.push(a.cidrs[0]);
+        }
+        let facts = ipam.config_facts("edge").expect("facts");
+        let fam = if v6 { facts.ipv6 } else { facts.ipv4 }.expect("family facts");
+        prop_assert_eq!(fam.allocated, got.len() as u64);
+        prop_assert_eq!(facts.nodes, got.len() as u64);
+        if capacity <= 3 {
+            prop_assert!(ipam.allocate("more", None, &no_labels()).is_err());
+        }
+        for (i, c) in got.iter().enumerate() {
+            prop_assert_eq!(ipam.node_gone(&format!("n{i}"), None), vec![*c]);
+        }
+        prop_assert_eq!(ipam.config_facts("edge").expect("facts").nodes, 0);
+    }
+}
+
+#[test]
+fn a_service_cidr_updated_with_the_same_ranges_stays_excluded() {
+    let mut ipam = Ipam::new();
+    ipam.upsert_config(config("pods", 1, Some(("10.200.0.0/22", 24)), None));
+    for _ in 0..3 {
+        ipam.set_service_cidrs("servicecidr/extra", vec![net("10.200.0.0/24")]);
+    }
+    for i in 0..3 {
+        let a = ipam
+            .allocate(&format!("n{i}"), None, &no_labels())
+            .expect("a block");
+        assert_ne!(a.cidrs, vec![net("10.200.0.0/24")]);
+    }
+    assert!(
+        ipam.allocate("n3", None, &no_labels()).is_err(),
+        "the Service range is not free"
+    );
+    ipam.set_service_cidrs("servicecidr/extra", vec![]);
+    assert_eq!(
+        ipam.allocate("n3", None, &no_labels())
+            .expect("freed")
+            .cidrs,
+        vec![net("10.200.0.0/24")]
+    );
+}
+
+#[test]
+fn the_younger_of_two_overlapping_configs_counts_none_of_the_older_ones_nodes() {
+    let mut ipam = Ipam::new();
+    ipam.upsert_config(config("older", 1, Some(("10.30.0.0/16", 24)), None));
+    for i in 0..3 {
+        let a = ipam
+            .allocate(&format!("n{i}"), None, &no_labels())
+            .expect("a block");
+        ipam.confirm(&format!("n{i}"), a.ticket, None);
+    }
+    ipam.upsert_config(config("younger", 2, Some(("10.30.0.0/17", 24)), None));
+    // A block in the younger range only (adopted): the younger one's.
+    ipam.observe_node("wide", None, &[net("10.31.0.0/24")]);
+    ipam.upsert_config(config("wider", 3, Some(("10.30.0.0/15", 24)), None));
+    assert_eq!(ipam.config_facts("older").expect("facts").nodes, 3);
+    assert_eq!(ipam.config_facts("younger").expect("facts").nodes, 0);
+    let wider = ipam.config_facts("wider").expect("facts");
+    assert_eq!(
+        (wider.nodes, wider.sample_nodes.clone()),
+        (1, vec!["wide".to_string()])
+    );
+    // Without the older config, its nodes are the next oldest one's.
+    ipam.remove_config("older");
+    assert_eq!(ipam.config_facts("younger").expect("facts").nodes, 3);
+}
+
+#[test]
+fn a_node_recreated_with_the_same_pod_cidrs_takes_the_new_uid() {
+    let mut ipam = Ipam::new();
+    ipam.upsert_config(config("pods", 1, Some(("10.0.0.0/16", 24)), None));
+    ipam.observe_node("n", Some("uid-1"), &[net("10.0.1.0/24")]);
+    // The delete of uid-1 was missed; the new object carries the same podCIDRs.
+    ipam.observe_node("n", Some("uid-2"), &[net("10.0.1.0/24")]);
+    assert!(
+        ipam.node_gone("n", Some("uid-1")).is_empty(),
+        "not the object we track"
+    );
+    assert_eq!(ipam.node_gone("n", Some("uid-2")), vec![net("10.0.1.0/24")]);
 }
