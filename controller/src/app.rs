@@ -57,6 +57,13 @@ pub async fn client(args: &ClientArgs) -> anyhow::Result<Client> {
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     check_lease_flags(args.lease_duration, args.lease_grace)?;
+    if args.inject_fault.is_some() && !cfg!(debug_assertions) {
+        anyhow::bail!("--inject-fault is for tests and works only in debug builds");
+    }
+    check_publish_flags(
+        &args.pod_network_configmap,
+        args.ip_masq_agent_configmap.as_ref(),
+    )?;
     let client = client(&args.client).await?;
     let metrics = Arc::new(Metrics::new());
     let identity = args
@@ -64,7 +71,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| format!("nodeipam-{}", std::process::id()));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = Tasks::default();
+    let failure = Arc::new(std::sync::Mutex::new(None));
 
     // The webhook serves in every replica, leader or not.
     let readiness = if args.disable_webhook {
@@ -94,7 +102,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             .context("starting the webhook")?;
         let readiness = webhook.readiness();
         let mut stop = stop_rx.clone();
-        tasks.spawn(async move {
+        tasks.spawn("webhook", async move {
             if let Err(e) = webhook
                 .run(async move {
                     let _ = stop.wait_for(|s| *s).await;
@@ -110,9 +118,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("binding --metrics-addr {}", args.metrics_addr))?;
-    let app = health_router(metrics.clone(), readiness);
+    let app = health_router(metrics.clone(), readiness, failure.clone());
     let mut stop = stop_rx.clone();
-    tasks.spawn(async move {
+    tasks.spawn("metrics server", async move {
         let served = axum::serve(listener, app).with_graceful_shutdown(async move {
             let _ = stop.wait_for(|s| *s).await;
         });
@@ -135,6 +143,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         qps: args.client.kube_api_qps,
         burst: args.client.kube_api_burst,
+        fault: args.inject_fault.clone(),
         publish: PublishOptions {
             pod_network: (!args.pod_network_configmap.is_empty()).then(|| ConfigMapRef {
                 namespace: args.namespace.clone(),
@@ -150,8 +159,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let lease = if args.disable_leader_election {
         warn!("leader election disabled: run exactly one replica");
         let (tx, rx) = reconcile::always_leader();
-        tasks.spawn(reconcile::run(ctx, rx));
-        tasks.spawn(async move {
+        tasks.spawn("allocation", reconcile::run(ctx, rx));
+        tasks.spawn("leadership", async move {
             // Keep the sender alive for as long as the process runs.
             let _tx = tx;
             std::future::pending::<()>().await;
@@ -171,22 +180,97 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .context("setting up leader election")?;
         info!(lease = %args.lease_name, namespace = %args.namespace, %identity, "leader election started");
-        tasks.spawn(reconcile::run(ctx, election.leadership()));
+        tasks.spawn("allocation", reconcile::run(ctx, election.leadership()));
+        // The election's own task ends only by a panic; its signal closing tells us.
+        let mut leadership = election.leadership();
+        tasks.spawn("leader election", async move {
+            while leadership.changed().await.is_ok() {}
+        });
         Some(election)
     };
 
-    shutdown_signal().await;
+    // Every task lives as long as the process: the first one to end, however, ends it, so a
+    // replica never holds the lease while doing nothing. Kubernetes restarts it.
+    let failed = tokio::select! {
+        () = shutdown_signal() => None,
+        why = tasks.first_end() => Some(why),
+    };
+    if let Some(why) = &failed {
+        error!("{why}; stopping");
+        if let Ok(mut f) = failure.lock() {
+            *f = Some(why.clone());
+        }
+    }
     info!("stopping");
     let _ = stop_tx.send(true);
     // Allocation stops with the tasks (joined, so the session is gone) before the lease is
     // released: the standby, which reads the Lease every second, takes it as soon as it is.
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
+    tasks.stop().await;
     if let Some(election) = lease {
         match election.release().await {
             Ok(()) => info!("lease released"),
             Err(e) => warn!(error = %e, "releasing the lease failed"),
         }
+    }
+    match failed {
+        Some(why) => Err(anyhow::anyhow!(why)),
+        None => Ok(()),
+    }
+}
+
+/// The process's long-lived tasks, by name.
+#[derive(Default)]
+struct Tasks {
+    set: tokio::task::JoinSet<()>,
+    names: std::collections::HashMap<tokio::task::Id, &'static str>,
+}
+
+impl Tasks {
+    fn spawn(&mut self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        let handle = self.set.spawn(task);
+        self.names.insert(handle.id(), name);
+    }
+
+    /// Waits until a task ends, and says which and how.
+    async fn first_end(&mut self) -> String {
+        let ended = self.set.join_next_with_id().await;
+        let name = |id: &tokio::task::Id| self.names.get(id).copied().unwrap_or("unnamed");
+        match ended {
+            Some(Ok((id, ()))) => format!("the {} task ended", name(&id)),
+            Some(Err(e)) if e.is_panic() => {
+                let id = e.id();
+                let payload = e.into_panic();
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(ToString::to_string)
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".into());
+                format!("the {} task panicked: {message}", name(&id))
+            }
+            Some(Err(e)) => format!("the {} task was cancelled", name(&e.id())),
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn stop(mut self) {
+        self.set.abort_all();
+        while self.set.join_next().await.is_some() {}
+    }
+}
+
+/// ip-masq-agent is kept in step with the published pod network, so it cannot go without it.
+pub fn check_publish_flags(
+    pod_network: &str,
+    ip_masq_agent: Option<&ConfigMapRef>,
+) -> anyhow::Result<()> {
+    if pod_network.is_empty()
+        && let Some(masq) = ip_masq_agent
+    {
+        anyhow::bail!(
+            "--ip-masq-agent-configmap={masq} needs --pod-network-configmap: the ip-masq-agent \
+             config is kept in step with the published pod network, which \
+             --pod-network-configmap=\"\" turns off"
+        );
     }
     Ok(())
 }
@@ -213,15 +297,58 @@ pub fn write_timeout(grace_secs: u64) -> Duration {
 struct Health {
     metrics: Arc<Metrics>,
     readiness: Option<Readiness>,
+    failure: Arc<std::sync::Mutex<Option<String>>>,
 }
 
-fn health_router(metrics: Arc<Metrics>, readiness: Option<Readiness>) -> Router {
+/// How long a leader's allocation loop may go without a step before liveness fails. The loop
+/// steps at least every status interval (200 ms); an await that long is a hang.
+pub const STALL: Duration = Duration::from_secs(120);
+
+/// Liveness: fails once a task has ended, or while the leader's allocation loop is stuck.
+pub fn liveness(
+    failure: Option<&str>,
+    leader: bool,
+    last_step: i64,
+    now: i64,
+) -> Result<(), String> {
+    if let Some(why) = failure {
+        return Err(why.to_string());
+    }
+    let idle = now.saturating_sub(last_step);
+    if leader && idle > i64::try_from(STALL.as_secs()).unwrap_or(i64::MAX) {
+        return Err(format!(
+            "the allocation loop has made no progress for {idle}s"
+        ));
+    }
+    Ok(())
+}
+
+fn health_router(
+    metrics: Arc<Metrics>,
+    readiness: Option<Readiness>,
+    failure: Arc<std::sync::Mutex<Option<String>>>,
+) -> Router {
     Router::new()
         .route(
             "/metrics",
             get(|State(h): State<Health>| async move { h.metrics.encode() }),
         )
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(|State(h): State<Health>| async move {
+                let failure = h.failure.lock().ok().and_then(|f| f.clone());
+                let now = k8s_openapi::jiff::Timestamp::now().as_second();
+                match liveness(
+                    failure.as_deref(),
+                    h.metrics.leader.get() == 1,
+                    h.metrics.allocation_step.get(),
+                    now,
+                ) {
+                    Ok(()) => (StatusCode::OK, "ok".to_string()),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                }
+            }),
+        )
         .route(
             "/readyz",
             get(|State(h): State<Health>| async move {
@@ -237,7 +364,11 @@ fn health_router(metrics: Arc<Metrics>, readiness: Option<Readiness>) -> Router 
                 }
             }),
         )
-        .with_state(Health { metrics, readiness })
+        .with_state(Health {
+            metrics,
+            readiness,
+            failure,
+        })
 }
 
 async fn shutdown_signal() {
@@ -274,6 +405,32 @@ mod tests {
         );
         assert!(check_lease_flags(0, 1).is_err());
         assert!(check_lease_flags(10, 0).is_err());
+    }
+
+    #[test]
+    fn liveness_fails_on_an_ended_task_or_a_stuck_leader() {
+        assert!(liveness(None, true, 1000, 1010).is_ok());
+        assert!(
+            liveness(None, false, 0, 100_000).is_ok(),
+            "a standby does not allocate"
+        );
+        let e = liveness(None, true, 1000, 1000 + 121).expect_err("stuck");
+        assert!(e.contains("121s"), "{e}");
+        let e = liveness(Some("the webhook task ended"), false, 0, 0).expect_err("ended");
+        assert_eq!(e, "the webhook task ended");
+    }
+
+    #[test]
+    fn ip_masq_agent_needs_the_pod_network_configmap() {
+        let masq: ConfigMapRef = "kube-system/ip-masq-agent".parse().expect("ref");
+        let e = check_publish_flags("", Some(&masq)).expect_err("refused");
+        let e = e.to_string();
+        assert!(
+            e.contains("--ip-masq-agent-configmap") && e.contains("--pod-network-configmap"),
+            "{e}"
+        );
+        assert!(check_publish_flags("nodeipam-pod-network", Some(&masq)).is_ok());
+        assert!(check_publish_flags("", None).is_ok());
     }
 
     #[test]

@@ -164,6 +164,10 @@ pub struct RunArgs {
     /// Log filter, e.g. `info` or `nodeipam_controller=debug,info`.
     #[arg(long, env = "NODEIPAM_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// A fault for the end-to-end tests (`panic-on-node:NAME`); honoured by debug builds only.
+    #[arg(long, hide = true)]
+    pub inject_fault: Option<crate::reconcile::Fault>,
 }
 
 impl RunArgs {

@@ -46,9 +46,12 @@ pub struct Metrics {
     pub pending_nodes: Gauge,
     pub unmanaged_pod_cidrs: Gauge,
     pub leaked_blocks: Gauge,
+    pub assignment_failures: Counter,
     pub reconcile_errors: Family<Kind, Counter>,
     pub reconcile_duration: Histogram,
     pub leader: Gauge,
+    /// When the allocation loop last took a step (seconds since the epoch): liveness.
+    pub allocation_step: Gauge,
     pub admissions: Family<Outcome, Counter>,
     pub registry: Registry,
 }
@@ -72,9 +75,11 @@ impl Metrics {
             pending_nodes: Gauge::default(),
             unmanaged_pod_cidrs: Gauge::default(),
             leaked_blocks: Gauge::default(),
+            assignment_failures: Counter::default(),
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.0001, 4.0, 10)),
             leader: Gauge::default(),
+            allocation_step: Gauge::default(),
             admissions: Family::default(),
             registry: Registry::default(),
         };
@@ -126,6 +131,11 @@ impl Metrics {
             m.leaked_blocks.clone(),
         );
         own.register(
+            "cidr_assignment_failures",
+            "podCIDR writes given up on after the API server refused every attempt",
+            m.assignment_failures.clone(),
+        );
+        own.register(
             "reconcile_errors",
             "Errors of the API side, by kind",
             m.reconcile_errors.clone(),
@@ -141,6 +151,11 @@ impl Metrics {
             m.leader.clone(),
         );
         own.register(
+            "allocation_loop_last_step_timestamp_seconds",
+            "When the leader's allocation loop last handled an event or tick",
+            m.allocation_step.clone(),
+        );
+        own.register(
             "webhook_admissions",
             "Admission reviews answered, by result",
             m.admissions.clone(),
@@ -150,6 +165,12 @@ impl Metrics {
 
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+    }
+
+    /// The allocation loop took a step now.
+    pub fn allocation_stepped(&self) {
+        self.allocation_step
+            .set(k8s_openapi::jiff::Timestamp::now().as_second());
     }
 
     pub fn reconcile_error(&self, kind: &str) {

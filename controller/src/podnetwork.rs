@@ -244,6 +244,117 @@ impl PodNetwork {
     }
 }
 
+/// The `nonMasqueradeCIDRs` we write: the aggregated pod network, then `extra`.
+pub fn ip_masq_agent_cidrs(network: &PodNetwork, extra: &[IpNet]) -> Vec<IpNet> {
+    let mut cidrs: Vec<IpNet> = network.aggregated();
+    for e in extra {
+        if !cidrs.contains(e) {
+            cidrs.push(*e);
+        }
+    }
+    cidrs
+}
+
+/// A consumer output of the pod network: a ConfigMap we keep in step with the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputKind {
+    /// Our aggregate ConfigMap (`--pod-network-configmap`).
+    PodNetwork,
+    /// ip-masq-agent's ConfigMap, of which only `nonMasqueradeCIDRs` is ours.
+    IpMasqAgent,
+}
+
+/// What an output holds: the CIDRs consumers learn from it, and the part of it we own, to
+/// compare with what we would write.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OutputContent {
+    pub cidrs: Vec<IpNet>,
+    pub ours: String,
+}
+
+impl OutputKind {
+    /// Reads a ConfigMap's data. Whatever does not parse counts as absent: a range is only
+    /// known to consumers when they can read it.
+    pub fn read(self, data: &BTreeMap<String, String>) -> OutputContent {
+        match self {
+            OutputKind::PodNetwork => {
+                let cidrs = ["ipv4", "ipv6"]
+                    .iter()
+                    .filter_map(|k| data.get(*k))
+                    .flat_map(|v| v.split(',').filter_map(|c| c.trim().parse::<IpNet>().ok()))
+                    .collect();
+                let ours = data
+                    .iter()
+                    .filter(|(k, _)| k.as_str() != "observedAt")
+                    .map(|(k, v)| format!("{k}={v}\n"))
+                    .collect();
+                OutputContent { cidrs, ours }
+            }
+            OutputKind::IpMasqAgent => {
+                let cidrs: Vec<IpNet> = data
+                    .get("config")
+                    .and_then(|text| serde_yaml::from_str::<serde_yaml::Value>(text).ok())
+                    .and_then(|doc| {
+                        doc.get("nonMasqueradeCIDRs")?.as_sequence().map(|list| {
+                            list.iter()
+                                .filter_map(|c| c.as_str()?.trim().parse::<IpNet>().ok())
+                                .collect()
+                        })
+                    })
+                    .unwrap_or_default();
+                let ours = join(cidrs.iter().copied());
+                OutputContent { cidrs, ours }
+            }
+        }
+    }
+
+    /// What the output holds once `network` is written to it.
+    pub fn desired(self, network: &PodNetwork, extra: &[IpNet]) -> OutputContent {
+        match self {
+            OutputKind::PodNetwork => self.read(&network.configmap_data("")),
+            OutputKind::IpMasqAgent => {
+                let cidrs = ip_masq_agent_cidrs(network, extra);
+                let ours = join(cidrs.iter().copied());
+                OutputContent { cidrs, ours }
+            }
+        }
+    }
+}
+
+/// Whether the union of `cidrs` covers every address of `range`.
+pub fn covered(range: &IpNet, cidrs: &[IpNet]) -> bool {
+    let bounds = |c: &IpNet| -> (u128, u128) {
+        match c {
+            IpNet::V4(n) => (
+                u32::from(n.network()).into(),
+                u32::from(n.broadcast()).into(),
+            ),
+            IpNet::V6(n) => (n.network().into(), n.broadcast().into()),
+        }
+    };
+    let same_family = |c: &&IpNet| {
+        matches!(
+            (c, range),
+            (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_))
+        )
+    };
+    let mut spans: Vec<(u128, u128)> = cidrs.iter().filter(same_family).map(bounds).collect();
+    spans.sort_unstable();
+    let (start, end) = bounds(range);
+    // The first address not yet covered, walking the spans in order.
+    let mut next = start;
+    for (a, b) in spans {
+        if a > next {
+            break;
+        }
+        if b >= end {
+            return true;
+        }
+        next = next.max(b + 1);
+    }
+    false
+}
+
 /// ip-masq-agent's `config` key with `nonMasqueradeCIDRs` set to the pod network plus
 /// `extra`, keeping every other setting of `existing` (`masqLinkLocal`, `masqLinkLocalIPv6`,
 /// `resyncInterval`, and any key this version does not know).
@@ -265,13 +376,7 @@ pub fn ip_masq_agent_config(
         },
         None => serde_yaml::Mapping::new(),
     };
-    let mut cidrs: Vec<IpNet> = network.aggregated();
-    for e in extra {
-        if !cidrs.contains(e) {
-            cidrs.push(*e);
-        }
-    }
-    let list = cidrs
+    let list = ip_masq_agent_cidrs(network, extra)
         .into_iter()
         .map(|c| serde_yaml::Value::String(c.to_string()))
         .collect();
@@ -444,6 +549,55 @@ mod tests {
             PodNetwork::default()
                 .no_masquerade_snippet()
                 .contains("noMasqueradeCIDRs: []")
+        );
+    }
+
+    #[test]
+    fn covered_means_every_address_is_in_the_union() {
+        let list = [n("10.0.0.0/17"), n("10.0.128.0/17"), n("fd00::/48")];
+        assert!(
+            covered(&n("10.0.0.0/16"), &list),
+            "two halves cover the whole"
+        );
+        assert!(covered(&n("10.0.5.0/24"), &list));
+        assert!(covered(&n("fd00::/64"), &list));
+        assert!(!covered(&n("10.0.0.0/15"), &list));
+        assert!(!covered(&n("10.1.0.0/24"), &list));
+        assert!(!covered(&n("fd01::/64"), &list));
+        assert!(!covered(&n("10.0.0.0/16"), &[n("10.0.0.0/17")]));
+        assert!(!covered(&n("10.0.0.0/16"), &[]));
+        assert!(covered(&n("::/0"), &[n("::/1"), n("8000::/1")]));
+        assert!(covered(&n("0.0.0.0/0"), &[n("0.0.0.0/0")]));
+        // No mixing of families: ::/96 is not 0.0.0.0/0.
+        assert!(!covered(&n("0.0.0.0/0"), &[n("::/0")]));
+    }
+
+    #[test]
+    fn outputs_read_what_consumers_read_and_compare_only_what_is_ours() {
+        let network = sample();
+        let data = network.configmap_data("2026-01-01T00:00:00Z");
+        let written = OutputKind::PodNetwork.read(&data);
+        assert_eq!(written, OutputKind::PodNetwork.desired(&network, &[]));
+        assert_eq!(written.cidrs.len(), network.cidrs().len());
+        // Only observedAt moved: the same content.
+        let later = network.configmap_data("2026-01-02T00:00:00Z");
+        assert_eq!(OutputKind::PodNetwork.read(&later), written);
+        let mut edited = data.clone();
+        edited.insert("ipv4".into(), String::new());
+        assert_ne!(OutputKind::PodNetwork.read(&edited), written);
+
+        let extra = [n("169.254.0.0/16")];
+        let config =
+            ip_masq_agent_config(Some("masqLinkLocal: true\n"), &network, &extra).expect("renders");
+        let masq = BTreeMap::from([("config".to_string(), config)]);
+        let read = OutputKind::IpMasqAgent.read(&masq);
+        assert_eq!(read, OutputKind::IpMasqAgent.desired(&network, &extra));
+        assert!(read.cidrs.contains(&n("169.254.0.0/16")));
+        // Unreadable YAML holds nothing a consumer could use.
+        let broken = BTreeMap::from([("config".to_string(), "nonMasqueradeCIDRs: [".to_string())]);
+        assert_eq!(
+            OutputKind::IpMasqAgent.read(&broken).cidrs,
+            Vec::<IpNet>::new()
         );
     }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::ListParams;
@@ -24,16 +25,18 @@ use tracing::{debug, error, info, warn};
 use super::config_writer::{self, ConfigJob};
 use super::events::{self, Note};
 use super::node_writer::{self, WriteJob, WriteResult};
-use super::publisher;
+use super::publisher::{self, ConfigMapRef};
 use super::{Context, Error};
 use crate::ipam::{ConfigInput, Ipam, Phase};
 use crate::metrics::{ConfigFamily, cidr_label};
 use crate::node::IpamNode;
 use crate::outcome::{Decision, WriteOutcome, decide};
-use crate::podnetwork::{ConfigRanges, PodNetwork};
+use crate::podnetwork::{ConfigRanges, OutputContent, OutputKind, PodNetwork, covered};
 use crate::status::desired_status;
 
 const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
+/// The sync keys of the output watches, by index in `outputs`.
+const OUTPUT_WATCHES: [&str; 2] = ["configmaps/pod-network", "configmaps/ip-masq-agent"];
 const RESYNC: Duration = Duration::from_secs(30);
 
 /// What the loop remembers of a config object besides the allocation state.
@@ -53,6 +56,18 @@ struct PendingNode {
     uid: Option<String>,
     labels: BTreeMap<String, String>,
     warned: bool,
+    /// Not before then: the API server refused every write of its last blocks.
+    retry_at: Option<Instant>,
+}
+
+/// A consumer output of the pod network and what its watch last showed.
+struct Output {
+    target: ConfigMapRef,
+    kind: OutputKind,
+    /// `None` until the watch has listed it; an absent ConfigMap holds nothing.
+    seen: Option<OutputContent>,
+    /// Whether the current (re)list returned the object.
+    listed: bool,
 }
 
 pub struct Session {
@@ -68,9 +83,11 @@ pub struct Session {
     unmanaged_dirty: bool,
     reported: HashSet<(String, IpNet)>,
     invalid_reported: HashSet<String>,
-    /// Ordered add: what consumers were last told, when publishing is on.
-    published: Option<BTreeSet<IpNet>>,
-    network_sent: Option<PodNetwork>,
+    /// Ordered add: each consumer output, as its watch shows it. A range is allocated from
+    /// only once every one of them holds it.
+    outputs: Vec<Output>,
+    /// What the outputs were last asked to hold; sent again when an output drifts from it.
+    network_sent: Option<Vec<OutputContent>>,
     network_dirty: bool,
     network_jobs: mpsc::UnboundedSender<PodNetwork>,
     writes: mpsc::UnboundedSender<WriteJob>,
@@ -85,6 +102,8 @@ enum Watched {
     Node(Event<IpamNode>),
     Config(Event<NodeIPAMConfig>),
     Service(Event<ServiceCIDR>),
+    /// A published ConfigMap, by its index in `outputs`.
+    Output(usize, Event<ConfigMap>),
 }
 
 impl Session {
@@ -98,7 +117,6 @@ impl Session {
         let (note_tx, note_rx) = mpsc::unbounded_channel();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
         let (network_tx, network_rx) = mpsc::unbounded_channel();
-        let (published_tx, mut published_rx) = mpsc::unbounded_channel();
         tasks.spawn(node_writer::run(ctx.clone(), write_rx, result_tx));
         tasks.spawn(config_writer::run(ctx.clone(), config_rx, done_tx));
         tasks.spawn(events::run(
@@ -110,12 +128,8 @@ impl Session {
             ctx.clone(),
             ctx.options.publish.clone(),
             network_rx,
-            published_tx,
         ));
-        let published = match &ctx.options.publish.pod_network {
-            Some(target) => Some(publisher::read_published(&ctx, target).await),
-            None => None,
-        };
+        let outputs = outputs(&ctx.options.publish);
 
         let mut session = Session {
             ctx: ctx.clone(),
@@ -128,7 +142,7 @@ impl Session {
             unmanaged_dirty: false,
             reported: HashSet::new(),
             invalid_reported: HashSet::new(),
-            published,
+            outputs,
             network_sent: None,
             network_dirty: true,
             network_jobs: network_tx,
@@ -140,14 +154,12 @@ impl Session {
             .ipam
             .set_service_cidrs(SERVICE_FLAG_SOURCE, ctx.options.service_cidrs.clone());
 
+        ctx.metrics.allocation_stepped();
         let mut watches = session.watches().await;
         let mut init_done: HashSet<&'static str> = HashSet::new();
         let mut relist: HashMap<&'static str, HashSet<String>> = HashMap::new();
-        let needed = if session.serves_service_cidrs().await {
-            3
-        } else {
-            2
-        };
+        // Nodes, configs and every published output; Service CIDRs where the API has them.
+        let needed = 2 + session.outputs.len() + usize::from(session.serves_service_cidrs().await);
         let mut status_tick = tokio::time::interval(ctx.options.status_interval);
         let mut resync = tokio::time::interval(RESYNC);
         loop {
@@ -171,13 +183,15 @@ impl Session {
                 }
                 Some(result) = results.recv() => session.on_write_result(result),
                 Some(written) = done_rx.recv() => debug!(?written, "config write done"),
-                Some(cidrs) = published_rx.recv() => session.on_published(cidrs),
                 _ = status_tick.tick() => {
+                    session.wake_parked();
                     session.flush_status();
                     session.publish_network();
                 }
                 _ = resync.tick() => if session.synced { session.retry_pending() },
             }
+            session.update_gauges();
+            ctx.metrics.allocation_stepped();
         }
     }
 
@@ -201,6 +215,16 @@ impl Session {
         .map(|e| ("nodeipamconfigs", e.map(Watched::Config)));
         let mut all: Vec<std::pin::Pin<Box<dyn Stream<Item = _> + Send>>> =
             vec![Box::pin(nodes), Box::pin(configs)];
+        for (index, output) in self.outputs.iter().enumerate() {
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), &output.target.namespace);
+            // By name: RBAC grants list and watch on these ConfigMaps only.
+            let by_name =
+                watcher::Config::default().fields(&format!("metadata.name={}", output.target.name));
+            let stream = watcher::watcher(api, by_name)
+                .default_backoff()
+                .map(move |e| ("configmaps", e.map(|e| Watched::Output(index, e))));
+            all.push(Box::pin(stream));
+        }
         if self.serves_service_cidrs().await {
             let services =
                 watcher::watcher(Api::<ServiceCIDR>::all(client), watcher::Config::default())
@@ -254,6 +278,24 @@ impl Session {
                 self.on_service(s);
             }
             Watched::Service(Event::Delete(s)) => self.on_service_gone(&s.name_any()),
+            Watched::Output(i, Event::Init) => {
+                if let Some(o) = self.outputs.get_mut(i) {
+                    o.listed = false;
+                }
+            }
+            Watched::Output(i, Event::Apply(cm) | Event::InitApply(cm)) => {
+                self.on_output(i, Some(&cm.data.unwrap_or_default()));
+            }
+            Watched::Output(i, Event::Delete(_)) => self.on_output(i, None),
+            Watched::Output(i, Event::InitDone) => {
+                if self.outputs.get(i).is_some_and(|o| !o.listed) {
+                    self.on_output(i, None);
+                }
+                init_done.insert(OUTPUT_WATCHES[i.min(1)]);
+                if !self.synced && init_done.len() >= needed {
+                    self.on_synced();
+                }
+            }
             Watched::Node(Event::InitDone)
             | Watched::Config(Event::InitDone)
             | Watched::Service(Event::InitDone) => {
@@ -337,6 +379,9 @@ impl Session {
 
     fn on_node(&mut self, node: IpamNode) {
         let name = node.name_any();
+        if self.ctx.options.fault == Some(super::Fault::PanicOnNode(name.clone())) {
+            panic!("injected fault: panic on node {name}");
+        }
         let uid = node.uid();
         let cidrs = match node.cidrs() {
             Ok(c) => c,
@@ -407,13 +452,17 @@ impl Session {
             }
             None => {}
         }
-        let warned = self.pending.get(&name).is_some_and(|p| p.warned);
+        let (warned, retry_at) = self
+            .pending
+            .get(&name)
+            .map_or((false, None), |p| (p.warned, p.retry_at));
         self.pending.insert(
             name.clone(),
             PendingNode {
                 uid,
                 labels: node.labels().clone(),
                 warned,
+                retry_at,
             },
         );
         if self.synced {
@@ -464,6 +513,9 @@ impl Session {
         let Some(p) = self.pending.get(name) else {
             return;
         };
+        if p.retry_at.is_some_and(|at| at > Instant::now()) {
+            return;
+        }
         let (uid, labels) = (p.uid.clone(), p.labels.clone());
         match self.ipam.allocate(name, uid.as_deref(), &labels) {
             Ok(a) => {
@@ -480,10 +532,12 @@ impl Session {
                 let _ = self.writes.send(WriteJob {
                     node: name.to_string(),
                     uid,
+                    labels,
                     config: a.config,
                     cidrs: a.cidrs,
                     ticket: a.ticket,
                     attempt: 0,
+                    rejections: 0,
                     was_ambiguous: false,
                 });
             }
@@ -514,6 +568,30 @@ impl Session {
         for name in names {
             self.try_allocate(&name);
         }
+    }
+
+    /// Nodes whose writes we gave up on are tried again, from scratch, once their time comes.
+    fn wake_parked(&mut self) {
+        if !self.synced {
+            return;
+        }
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.retry_at.is_some_and(|at| at <= now))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in due {
+            if let Some(p) = self.pending.get_mut(&name) {
+                p.retry_at = None;
+            }
+            self.try_allocate(&name);
+        }
+    }
+
+    /// Gauges that follow the state, set after every step so they are never stale.
+    fn update_gauges(&self) {
         self.ctx
             .metrics
             .pending_nodes
@@ -562,13 +640,19 @@ impl Session {
             Decision::Retry => {
                 let ambiguous =
                     job.was_ambiguous || matches!(outcome, WriteOutcome::Ambiguous { .. });
+                let rejected = matches!(outcome, WriteOutcome::Rejected { .. });
+                let rejections = job.rejections + u32::from(rejected);
+                let why = match &outcome {
+                    WriteOutcome::Rejected { reason, .. }
+                    | WriteOutcome::Ambiguous { reason, .. } => reason.clone(),
+                    other => format!("{other:?}"),
+                };
+                if rejected && rejections >= self.ctx.options.write_attempts.max(1) {
+                    self.give_up(job, rejections, ambiguous, &why);
+                    return;
+                }
                 let attempt = job.attempt + 1;
                 if attempt == 3 {
-                    let why = match &outcome {
-                        WriteOutcome::Rejected { reason, .. }
-                        | WriteOutcome::Ambiguous { reason, .. } => reason.clone(),
-                        other => format!("{other:?}"),
-                    };
                     self.note(Note::node(
                         &job.node,
                         job.uid.as_deref(),
@@ -584,6 +668,7 @@ impl Session {
                 self.ctx.metrics.reconcile_error("node_write");
                 let _ = self.writes.send(WriteJob {
                     attempt,
+                    rejections,
                     was_ambiguous: ambiguous,
                     ..job
                 });
@@ -593,6 +678,54 @@ impl Session {
         // The record is resolved; a newer object of the same name may be waiting.
         if self.pending.contains_key(&job.node) {
             self.try_allocate(&job.node);
+        }
+    }
+
+    /// The API server refused every write of these blocks (an admission policy on Nodes, a
+    /// 403): stop, free the blocks so a Terminating config can drain, and try the node again
+    /// from scratch later. Refused writes changed nothing; only if an earlier attempt was
+    /// ambiguous might the blocks be on the node, and then they stay occupied.
+    fn give_up(&mut self, job: WriteJob, rejections: u32, ambiguous: bool, why: &str) {
+        let after = self.ctx.options.retry_rejected_after;
+        if ambiguous {
+            let leaked = self.ipam.leak(&job.node, job.ticket);
+            self.ctx
+                .metrics
+                .leaked_blocks
+                .inc_by(i64::try_from(leaked.len()).unwrap_or(0));
+            self.touch(&leaked);
+        } else {
+            let freed = self.ipam.abandon(&job.node, job.ticket);
+            self.touch(&freed);
+            self.unmanaged_dirty = true;
+        }
+        self.ctx.metrics.assignment_failures.inc();
+        self.ctx.metrics.reconcile_error("node_write");
+        warn!(node = %job.node, rejections, reason = %why, "podCIDR write refused every time: gave up; the node is tried again later");
+        self.note(Note::node(
+            &job.node,
+            job.uid.as_deref(),
+            true,
+            events::CIDR_ASSIGNMENT_FAILED,
+            format!(
+                "gave up writing podCIDRs {:?} after {rejections} refused attempts: {why}; {} and the node is tried again in {}s",
+                job.cidrs,
+                if ambiguous { "the blocks stay reserved (an earlier attempt may have landed)" } else { "the blocks are released" },
+                after.as_secs()
+            ),
+        ));
+        let retry_at = Instant::now() + after;
+        self.pending.insert(
+            job.node.clone(),
+            PendingNode {
+                uid: job.uid,
+                labels: job.labels,
+                warned: true,
+                retry_at: Some(retry_at),
+            },
+        );
+        if self.synced {
+            self.retry_pending();
         }
     }
 
@@ -622,12 +755,30 @@ impl Session {
                 .config_jobs
                 .send(ConfigJob::AddFinalizer { name: name.clone() });
         }
+        // A status that is not the one we wrote was edited by someone else (or predates us):
+        // the object, not our memory of the write, is what the next flush compares with.
+        if self
+            .written
+            .get(&name)
+            .is_some_and(|w| Some(w) != seen.status.as_ref())
+        {
+            self.written.remove(&name);
+        }
+        let before = previous.map(|p| (p.base, p.has_finalizer));
+        let unchanged = before.as_ref() == Some(&(seen.base.clone(), seen.has_finalizer));
         self.configs.insert(name.clone(), seen);
+        self.dirty.insert(name.clone());
+        if unchanged {
+            // Only status or metadata moved (our own status write, most often): nothing that
+            // allocation or other configs depend on.
+            return;
+        }
         let input = self.gated(&name);
         self.ipam.upsert_config(input);
         // Overlaps, and so every config's Ready, may change with any config.
         self.dirty.extend(self.configs.keys().cloned());
         self.unmanaged_dirty = true;
+        self.network_dirty = true;
         if self.synced {
             self.retry_pending();
         }
@@ -678,6 +829,10 @@ impl Session {
         if !self.synced {
             return;
         }
+        // Before the flag is cleared below: unmanaged podCIDRs are part of the pod network.
+        if !self.dirty.is_empty() || self.unmanaged_dirty {
+            self.network_dirty = true;
+        }
         if self.unmanaged_dirty {
             self.unmanaged_dirty = false;
             let unmanaged = self.ipam.unmanaged();
@@ -693,10 +848,10 @@ impl Session {
                 }
             }
         }
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        if !self.dirty.is_empty() || self.unmanaged_dirty {
-            self.network_dirty = true;
-        }
+        // Whole seconds, as the API serializes a Time: the status we remember must equal the
+        // one the watch shows back, or every echo would look like someone else's edit.
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now));
         for name in std::mem::take(&mut self.dirty) {
             let (Some(seen), Some(facts)) =
                 (self.configs.get(&name), self.ipam.config_facts(&name))
@@ -777,9 +932,10 @@ impl Session {
             }
             // The finalizer goes only when nothing holds or is being given a block.
             if deleting && has_finalizer && facts.nodes == 0 && facts.writing == 0 {
-                let _ = self
-                    .config_jobs
-                    .send(ConfigJob::RemoveFinalizer { name: name.clone() });
+                let _ = self.config_jobs.send(ConfigJob::RemoveFinalizer {
+                    name: name.clone(),
+                    uid: uid.clone(),
+                });
             }
         }
     }
@@ -787,7 +943,7 @@ impl Session {
     /// Sends the pod network to the publisher when it changed. Drained configs leave it here,
     /// and only here, so a range leaves consumers' view only after its last node is gone.
     fn publish_network(&mut self) {
-        if !self.synced || self.published.is_none() || !std::mem::take(&mut self.network_dirty) {
+        if !self.synced || self.outputs.is_empty() || !std::mem::take(&mut self.network_dirty) {
             return;
         }
         let configs: Vec<ConfigRanges> = self
@@ -815,15 +971,46 @@ impl Session {
             })
             .collect();
         let network = PodNetwork::new(&configs, &self.ipam.unmanaged());
-        if self.network_sent.as_ref() != Some(&network) {
-            let _ = self.network_jobs.send(network.clone());
-            self.network_sent = Some(network);
+        // What consumers read, not the counts beside it: a new node changes no output.
+        let extra = &self.ctx.options.publish.extra_non_masquerade;
+        let desired: Vec<OutputContent> = self
+            .outputs
+            .iter()
+            .map(|o| o.kind.desired(&network, extra))
+            .collect();
+        if self.network_sent.as_ref() != Some(&desired) {
+            let _ = self.network_jobs.send(network);
+            self.network_sent = Some(desired);
         }
     }
 
-    /// Consumers now know `cidrs`: configs inside it may allocate.
-    fn on_published(&mut self, cidrs: BTreeSet<IpNet>) {
-        self.published = Some(cidrs);
+    /// An output's ConfigMap changed (our write, a user's edit, a delete): gate allocation on
+    /// what it holds now, and write it again when it is not what we last asked for.
+    fn on_output(&mut self, index: usize, data: Option<&BTreeMap<String, String>>) {
+        let Some(output) = self.outputs.get_mut(index) else {
+            return;
+        };
+        output.listed |= data.is_some();
+        let content = data.map(|d| output.kind.read(d)).unwrap_or_default();
+        let drifted = self
+            .network_sent
+            .as_ref()
+            .and_then(|sent| sent.get(index))
+            .is_some_and(|sent| *sent != content);
+        if drifted {
+            info!(configmap = %output.target, "published pod network differs from what was written; writing it again");
+            self.network_sent = None;
+            self.network_dirty = true;
+        }
+        if output.seen.as_ref() == Some(&content) {
+            return;
+        }
+        output.seen = Some(content);
+        self.regate();
+    }
+
+    /// Every config's gate again, after what consumers know changed.
+    fn regate(&mut self) {
         let names: Vec<String> = self.configs.keys().cloned().collect();
         for name in names {
             let input = self.gated(&name);
@@ -847,27 +1034,29 @@ impl Session {
         let mut input = seen.base.clone();
         if !seen.has_finalizer {
             input.gate = Some(format!("waiting for the {FINALIZER} finalizer"));
-        } else if let Some(published) = &self.published {
-            let missing: Vec<String> = [input.ipv4, input.ipv6]
-                .into_iter()
-                .flatten()
-                .filter(|(r, _)| !published.contains(r))
-                .map(|(r, _)| r.to_string())
-                .collect();
-            if !missing.is_empty() {
-                let target = self
-                    .ctx
-                    .options
-                    .publish
-                    .pod_network
-                    .as_ref()
+            return input;
+        }
+        let ranges: Vec<IpNet> = [input.ipv4, input.ipv6]
+            .into_iter()
+            .flatten()
+            .map(|(r, _)| r)
+            .collect();
+        let behind: Vec<String> = self
+            .outputs
+            .iter()
+            .filter_map(|o| {
+                let cidrs = o.seen.as_ref().map_or(&[][..], |c| c.cidrs.as_slice());
+                let missing: Vec<String> = ranges
+                    .iter()
+                    .filter(|r| !covered(r, cidrs))
                     .map(ToString::to_string)
-                    .unwrap_or_default();
-                input.gate = Some(format!(
-                    "waiting until the pod network ConfigMap {target} includes {}",
-                    missing.join(", ")
-                ));
-            }
+                    .collect();
+                (!missing.is_empty())
+                    .then(|| format!("ConfigMap {} includes {}", o.target, missing.join(", ")))
+            })
+            .collect();
+        if !behind.is_empty() {
+            input.gate = Some(format!("waiting until {}", behind.join(" and ")));
         }
         input
     }
@@ -875,6 +1064,28 @@ impl Session {
     fn note(&self, note: Note) {
         let _ = self.notes.send(note);
     }
+}
+
+/// The consumer outputs publishing is configured with: ip-masq-agent's only beside ours.
+fn outputs(options: &publisher::PublishOptions) -> Vec<Output> {
+    let Some(pod_network) = &options.pod_network else {
+        return Vec::new();
+    };
+    let mut outputs = vec![Output {
+        target: pod_network.clone(),
+        kind: OutputKind::PodNetwork,
+        seen: None,
+        listed: false,
+    }];
+    if let Some(masq) = &options.ip_masq_agent {
+        outputs.push(Output {
+            target: masq.clone(),
+            kind: OutputKind::IpMasqAgent,
+            seen: None,
+            listed: false,
+        });
+    }
+    outputs
 }
 
 /// The allocation state's view of a config object. An unparsable spec becomes `invalid` with

@@ -24,8 +24,11 @@ pub enum ConfigJob {
     AddFinalizer {
         name: String,
     },
+    /// Only from the object `uid`, the one found drained: never from a config re-created
+    /// under the same name meanwhile.
     RemoveFinalizer {
         name: String,
+        uid: Option<String>,
     },
 }
 
@@ -33,7 +36,7 @@ impl ConfigJob {
     fn key(&self) -> (String, u8) {
         match self {
             ConfigJob::Status { name, .. } => (name.clone(), 0),
-            ConfigJob::AddFinalizer { name } | ConfigJob::RemoveFinalizer { name } => {
+            ConfigJob::AddFinalizer { name } | ConfigJob::RemoveFinalizer { name, .. } => {
                 (name.clone(), 1)
             }
         }
@@ -113,22 +116,26 @@ async fn execute(ctx: &Context, job: &ConfigJob) -> Result<Option<ConfigWritten>
             .map(|_| None)
         }
         ConfigJob::AddFinalizer { name } => {
-            edit_finalizers(&api, name, true).await.map(|changed| {
-                debug!(config = %name, changed, "finalizer present");
-                Some(ConfigWritten::FinalizerAdded(name.clone()))
-            })
+            edit_finalizers(&api, name, true, None)
+                .await
+                .map(|changed| {
+                    debug!(config = %name, changed, "finalizer present");
+                    Some(ConfigWritten::FinalizerAdded(name.clone()))
+                })
         }
-        ConfigJob::RemoveFinalizer { name } => {
-            edit_finalizers(&api, name, false).await.map(|changed| {
-                debug!(config = %name, changed, "finalizer removed");
-                Some(ConfigWritten::FinalizerRemoved(name.clone()))
-            })
+        ConfigJob::RemoveFinalizer { name, uid } => {
+            edit_finalizers(&api, name, false, uid.as_deref())
+                .await
+                .map(|changed| {
+                    debug!(config = %name, changed, "finalizer removed");
+                    Some(ConfigWritten::FinalizerRemoved(name.clone()))
+                })
         }
     };
     match result {
         // The config is gone: nothing left to write.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(match job {
-            ConfigJob::RemoveFinalizer { name } => {
+            ConfigJob::RemoveFinalizer { name, .. } => {
                 Some(ConfigWritten::FinalizerRemoved(name.clone()))
             }
             _ => None,
@@ -137,33 +144,53 @@ async fn execute(ctx: &Context, job: &ConfigJob) -> Result<Option<ConfigWritten>
     }
 }
 
+/// Removes our finalizer from the object `uid` only; the API server refuses the patch (422)
+/// when `name` is now another object.
+pub async fn remove_finalizer(
+    api: &Api<NodeIPAMConfig>,
+    name: &str,
+    uid: &str,
+) -> Result<bool, kube::Error> {
+    edit_finalizers(api, name, false, Some(uid)).await
+}
+
 /// Adds or removes only our finalizer; other finalizers (a CNI's, a proxy's) are left alone.
-/// The resourceVersion test makes a concurrent change fail instead of being overwritten.
+/// The resourceVersion test makes a concurrent change fail instead of being overwritten, and
+/// the UID test (when given) keeps a removal off a config re-created under the same name.
 async fn edit_finalizers(
     api: &Api<NodeIPAMConfig>,
     name: &str,
     add: bool,
+    uid: Option<&str>,
 ) -> Result<bool, kube::Error> {
     let current = api.get(name).await?;
+    if uid.is_some() && current.uid().as_deref() != uid {
+        // Another object now has this name; the one we decided for is gone.
+        return Ok(false);
+    }
     let finalizers = current.finalizers();
     let index = finalizers.iter().position(|f| f == FINALIZER);
     let rv = current.resource_version().unwrap_or_default();
-    let ops = match (add, index) {
+    let mut ops = vec![json!({ "op": "test", "path": "/metadata/resourceVersion", "value": rv })];
+    if let Some(uid) = uid {
+        ops.push(json!({ "op": "test", "path": "/metadata/uid", "value": uid }));
+    }
+    match (add, index) {
         (true, Some(_)) | (false, None) => return Ok(false),
         // Adding to a deleting object is refused by the API server; nothing to hold anyway.
         (true, None) if current.meta().deletion_timestamp.is_some() => return Ok(false),
         (true, None) if finalizers.is_empty() => {
-            json!([{ "op": "test", "path": "/metadata/resourceVersion", "value": rv },
-                   { "op": "add", "path": "/metadata/finalizers", "value": [FINALIZER] }])
+            ops.push(json!({ "op": "add", "path": "/metadata/finalizers", "value": [FINALIZER] }))
         }
-        (true, None) => json!([{ "op": "test", "path": "/metadata/resourceVersion", "value": rv },
-                               { "op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER }]),
+        (true, None) => {
+            ops.push(json!({ "op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER }))
+        }
         (false, Some(i)) => {
-            json!([{ "op": "test", "path": "/metadata/resourceVersion", "value": rv },
-                                   { "op": "remove", "path": format!("/metadata/finalizers/{i}") }])
+            ops.push(json!({ "op": "remove", "path": format!("/metadata/finalizers/{i}") }))
         }
-    };
-    let patch: json_patch::Patch = serde_json::from_value(ops).map_err(kube::Error::SerdeError)?;
+    }
+    let patch: json_patch::Patch =
+        serde_json::from_value(serde_json::Value::Array(ops)).map_err(kube::Error::SerdeError)?;
     api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await?;
     Ok(true)

@@ -60,6 +60,10 @@ pub struct Options {
     pub write_concurrency: usize,
     /// How long one write may take before its outcome counts as ambiguous.
     pub write_timeout: Duration,
+    /// How many times a write the API server refuses is sent before we give up on it.
+    pub write_attempts: u32,
+    /// How long a node whose write we gave up on waits before it is tried again from scratch.
+    pub retry_rejected_after: Duration,
     /// How often coalesced status changes are written.
     pub status_interval: Duration,
     /// The reporting instance for events (the pod name).
@@ -72,6 +76,28 @@ pub struct Options {
     /// How long a new leader waits before it lists, so a previous leader's last writes land
     /// first. Zero without leader election.
     pub takeover_delay: Duration,
+    /// A fault to inject, for the tests of supervision.
+    pub fault: Option<Fault>,
+}
+
+/// A fault the end-to-end tests inject into a debug build, to prove that a task that dies
+/// takes the process (and its lease) with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The allocation loop panics when it sees a Node of this name.
+    PanicOnNode(String),
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            Some(("panic-on-node", name)) if !name.is_empty() => {
+                Ok(Fault::PanicOnNode(name.to_string()))
+            }
+            _ => Err(format!("{s:?} is not a known fault (panic-on-node:NAME)")),
+        }
+    }
 }
 
 impl Default for Options {
@@ -80,12 +106,15 @@ impl Default for Options {
             service_cidrs: Vec::new(),
             write_concurrency: 16,
             write_timeout: Duration::from_secs(10),
+            write_attempts: 8,
+            retry_rejected_after: Duration::from_secs(60),
             status_interval: Duration::from_millis(200),
             instance: None,
             qps: 0.0,
             burst: 100,
             publish: publisher::PublishOptions::default(),
             takeover_delay: Duration::ZERO,
+            fault: None,
         }
     }
 }
@@ -127,6 +156,7 @@ pub async fn run(ctx: Arc<Context>, mut leadership: watch::Receiver<bool>) {
             }
         }
         info!("leadership held: rebuilding allocation state from the API");
+        ctx.metrics.allocation_stepped();
         ctx.metrics.set_leader(true);
         let session = allocation::Session::run(ctx.clone());
         tokio::pin!(session);

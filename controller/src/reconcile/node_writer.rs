@@ -1,6 +1,7 @@
 //! Writes chosen blocks into `node.spec.podCIDRs` and reports what the API server made of it.
 //! It decides nothing: the allocation loop turns each outcome into a decision.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,10 +21,14 @@ use crate::outcome::{NodeNow, WriteOutcome};
 pub struct WriteJob {
     pub node: String,
     pub uid: Option<String>,
+    /// The node's labels when its blocks were chosen, to choose again if this write is given up.
+    pub labels: BTreeMap<String, String>,
     pub config: String,
     pub cidrs: Vec<IpNet>,
     pub ticket: u64,
     pub attempt: u32,
+    /// How many attempts for these blocks the API server refused outright.
+    pub rejections: u32,
     /// An earlier attempt for these blocks had an ambiguous outcome.
     pub was_ambiguous: bool,
 }
@@ -43,14 +48,17 @@ pub async fn run(
     let permits = Arc::new(Semaphore::new(ctx.options.write_concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     while let Some(job) = jobs.recv().await {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
-        let (ctx, results) = (ctx.clone(), results.clone());
+        let (ctx, results, permits) = (ctx.clone(), results.clone(), permits.clone());
         tasks.spawn(async move {
+            // A retry sleeps before it takes a slot: a few nodes whose writes keep failing
+            // must not hold the slots every other node is waiting for.
             if job.attempt > 0 {
                 tokio::time::sleep(backoff(job.attempt)).await;
             }
+            // The semaphore is fair: jobs take slots in the order they became due.
+            let Ok(permit) = permits.acquire_owned().await else {
+                return;
+            };
             let outcome = write(&ctx, &job).await;
             drop(permit);
             let _ = results.send(WriteResult { job, outcome });

@@ -2,7 +2,6 @@
 //! ip-masq-agent ConfigMap's `config` key. It tells the allocation loop which network was
 //! written, so allocation from a new range waits until consumers can know it.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -57,32 +56,13 @@ pub struct PublishOptions {
     pub extra_non_masquerade: Vec<IpNet>,
 }
 
-/// Reads the CIDRs an earlier leader already published, so a restart does not hold back
-/// allocation from ranges consumers already know.
-pub async fn read_published(ctx: &Context, target: &ConfigMapRef) -> BTreeSet<IpNet> {
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &target.namespace);
-    match api.get_opt(&target.name).await {
-        Ok(Some(cm)) => {
-            let data = cm.data.unwrap_or_default();
-            ["ipv4", "ipv6"]
-                .iter()
-                .filter_map(|k| data.get(*k))
-                .flat_map(|v| v.split(',').filter_map(|c| c.trim().parse::<IpNet>().ok()))
-                .collect()
-        }
-        Ok(None) => BTreeSet::new(),
-        Err(e) => {
-            warn!(configmap = %target, error = %e, "reading the published pod network failed");
-            BTreeSet::new()
-        }
-    }
-}
-
+/// Writes each network it is sent, the newest first, retrying with backoff. The allocation
+/// loop learns what landed from its watches of the ConfigMaps, not from here: a write that
+/// half failed, or a ConfigMap edited since, must not open the gate.
 pub async fn run(
     ctx: Arc<Context>,
     options: PublishOptions,
     mut jobs: mpsc::UnboundedReceiver<PodNetwork>,
-    published: mpsc::UnboundedSender<BTreeSet<IpNet>>,
 ) {
     let Some(target) = options.pod_network.clone() else {
         return;
@@ -97,14 +77,20 @@ pub async fn run(
             match publish(&ctx, &options, &target, &network).await {
                 Ok(()) => {
                     info!(configmap = %target, cidrs = network.cidrs().len(), "pod network published");
-                    let _ = published.send(network.cidrs());
                     break;
                 }
                 Err(e) => {
                     attempt += 1;
                     ctx.metrics.reconcile_error("publish");
                     warn!(configmap = %target, error = %e, attempt, "publishing the pod network failed; retrying");
-                    tokio::time::sleep(backoff(attempt)).await;
+                    // A newer network (or a repaired output) is tried at once.
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff(attempt)) => {}
+                        newer = jobs.recv() => match newer {
+                            Some(newer) => network = newer,
+                            None => return,
+                        },
+                    }
                 }
             }
         }
