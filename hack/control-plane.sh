@@ -53,9 +53,10 @@ cmd_up() {
   if [[ -f "$STATE_DIR/pid" ]] && kill -0 "$(cat "$STATE_DIR/pid")" 2>/dev/null; then
     log "control plane already running (pid $(cat "$STATE_DIR/pid"))"
   else
+    claim_target
     timed "build the control-plane runner" cargo build --quiet --manifest-path "$NODEIPAM_ROOT/Cargo.toml" -p nodeipam-testenv --bin control-plane
     rm -f "$STATE_DIR/kubeconfig"
-    nohup "$CARGO_TARGET_DIR/debug/control-plane" --dir "$STATE_DIR" >"$STATE_DIR/runner.log" 2>&1 &
+    nohup "$CARGO_TARGET_DIR/debug/control-plane" --dir "$STATE_DIR" >"$STATE_DIR/runner.log" 2>&1 9>&- &
     echo $! > "$STATE_DIR/pid"
     local i
     for i in $(seq 1 120); do

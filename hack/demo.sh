@@ -10,6 +10,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$NODEIPAM_ROOT"
+claim_target
 
 KEEP=false
 case "${1:-}" in
@@ -133,7 +134,7 @@ t=$(now_ms)
   --metrics-addr="127.0.0.1:$METRICS_PORT" \
   --webhook-addr="127.0.0.1:$WEBHOOK_PORT" \
   --webhook-dns-names=127.0.0.1 \
-  >"$CONTROLLER_LOG" 2>&1 &
+  >"$CONTROLLER_LOG" 2>&1 9>&- &
 NODEIPAM_PID=$!
 log "nodeipam run: pid $NODEIPAM_PID, log $CONTROLLER_LOG"
 wait_until "controller ready" 60 curl -fsS "http://127.0.0.1:$METRICS_PORT/readyz"

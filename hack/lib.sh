@@ -2,6 +2,9 @@
 # Shared paths and helpers for the hack/ scripts. Source it; do not run it.
 
 NODEIPAM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Every path a test or a tool takes comes from this checkout, not from where a binary was
+# compiled (the harness and the control-plane runner read it).
+export NODEIPAM_ROOT
 # Builds live outside git so that a fresh clone (CI) on the same machine reuses them.
 NODEIPAM_CACHE="${NODEIPAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodeipam}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$NODEIPAM_CACHE/target}"
@@ -22,4 +25,27 @@ timed() {
   log "$label ..."
   "$@" || die "$label failed (exit $?)"
   log "$label done in $((SECONDS - start))s"
+}
+
+# claim_target: the build folder is shared by every checkout on this machine (a fresh clone
+# reuses the dependencies), so one checkout at a time builds and tests in it, and a checkout
+# that was not the last one to build there rebuilds the workspace's own crates: cargo may
+# otherwise take another checkout's binaries as up to date. Held until the script exits.
+claim_target() {
+  [[ "${NODEIPAM_TARGET_CLAIMED:-}" == "$NODEIPAM_ROOT" ]] && return 0
+  command -v flock >/dev/null || die "step=claim-target: 'flock' (util-linux) is not installed"
+  mkdir -p "$CARGO_TARGET_DIR"
+  exec 9>"$CARGO_TARGET_DIR/.nodeipam-lock"
+  if ! flock -n 9; then
+    log "waiting for another checkout's build in $CARGO_TARGET_DIR"
+    flock 9
+  fi
+  local last="$CARGO_TARGET_DIR/.nodeipam-root"
+  if [[ -f "$last" && "$(cat "$last")" != "$NODEIPAM_ROOT" ]]; then
+    log "$CARGO_TARGET_DIR was last built from $(cat "$last"): rebuilding this checkout's crates"
+    cargo clean --quiet --manifest-path "$NODEIPAM_ROOT/Cargo.toml" \
+      -p nodeipam-crd -p nodeipam-controller -p nodeipam-webhook -p nodeipam-testenv -p nodeipam-bench
+  fi
+  echo "$NODEIPAM_ROOT" > "$last"
+  export NODEIPAM_TARGET_CLAIMED="$NODEIPAM_ROOT"
 }

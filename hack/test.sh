@@ -4,6 +4,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$NODEIPAM_ROOT"
+claim_target
 
 timed "control-plane binaries" "$NODEIPAM_ROOT/hack/control-plane.sh" build
 timed "cargo fmt --check" cargo fmt --all -- --check

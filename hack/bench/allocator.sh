@@ -9,6 +9,7 @@
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
 cd "$NODEIPAM_ROOT"
+claim_target
 
 QUICK=false
 case "${1:-}" in

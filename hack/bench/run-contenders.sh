@@ -6,6 +6,7 @@
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
 cd "$NODEIPAM_ROOT"
+claim_target
 
 KIND="${1:?usage: $0 burst|startup [flags]}"
 shift
