@@ -1060,3 +1060,104 @@ async fn sigterm_hands_the_lease_to_the_standby() {
     assert!(b.wait_exit().await.success());
     cp.stop().await;
 }
+
+/// A long-lived task that panics must not leave a leader that holds the Lease and does nothing:
+/// the replica reports it on /healthz, steps down and exits non-zero, and the standby serves.
+/// The fault is injected through a flag that only debug builds (the ones tests run) honour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_allocation_loop_ends_the_leader_and_the_standby_takes_over() {
+    let cp = control_plane().await;
+    let admin = cp.client();
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    let kubeconfig = sa_kubeconfig(&cp, dir.path());
+    let mut faulty = FAST_LEASE.to_vec();
+    faulty.push("--inject-fault=panic-on-node:boom");
+    let mut a = Replica::start(dir.path(), &kubeconfig, "replica-a", &faulty).await;
+    wait_holder(&admin, "replica-a").await;
+    let mut b = Replica::start(dir.path(), &kubeconfig, "replica-b", FAST_LEASE).await;
+    create_ready_config(&admin, "pool", dual_stack("10.150.0.0/16", "fd00:150::/48")).await;
+    create_node(&admin, "before", &[]).await;
+    wait_cidrs(&admin, "before").await;
+
+    create_node(&admin, "boom", &[]).await;
+    let status = a.wait_exit().await;
+    assert!(
+        !status.success(),
+        "replica-a must exit non-zero after its allocation loop panicked: {status}"
+    );
+    let log = a.log_text();
+    assert!(
+        log.contains("allocation") && log.contains("stopping"),
+        "replica-a must say which task ended:\n{}",
+        a.log_tail()
+    );
+    wait_holder(&admin, "replica-b").await;
+    let cidrs = wait_cidrs(&admin, "boom").await;
+    assert_eq!(cidrs.len(), 2, "{cidrs:?}");
+    assert_invariant(&admin, &[]).await;
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().await.success());
+    cp.stop().await;
+}
+
+/// Finalizer updates do not go to the webhook (its matchConditions send only creates and spec
+/// changes), so a drained config is released while the webhook is down; creates still fail
+/// closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_config_is_released_while_the_webhook_is_down() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    let _ctl = start_controller(
+        c.clone(),
+        nodeipam_controller::reconcile::Options::default(),
+    );
+    create_ready_config(&c, "pool", spec(family("10.151.0.0/16", 24), None, None)).await;
+    create_node(&c, "n0", &[]).await;
+    wait_cidrs(&c, "n0").await;
+    // The manifest's webhook, pointed at a port where nothing answers.
+    register_webhook_by_url(&c, free_port()).await;
+    let api: Api<NodeIPAMConfig> = Api::all(c.clone());
+    wait_for("the webhook to fail closed on creates", || async {
+        let obj = NodeIPAMConfig::new("refused", spec(family("10.152.0.0/16", 24), None, None));
+        match api.create(&PostParams::default(), &obj).await {
+            Err(e) if e.to_string().contains("failed calling webhook") => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    delete_config(&c, "pool").await;
+    wait_condition(&c, "pool", "Drained", "False", Some("NodesRemaining")).await;
+    delete_node(&c, "n0").await;
+    wait_for("the drained config to be released", || async {
+        get_config(&c, "pool").await.is_none().then_some(())
+    })
+    .await;
+    cp.stop().await;
+}
+
+/// `--ip-masq-agent-configmap` needs the pod network ConfigMap: refused, not ignored.
+#[tokio::test]
+async fn ip_masq_agent_without_the_pod_network_configmap_is_refused() {
+    let out = tokio::process::Command::new(nodeipam_bin())
+        .env_clear()
+        .args([
+            "run",
+            "--pod-network-configmap=",
+            "--ip-masq-agent-configmap=kube-system/ip-masq-agent",
+            "--kubeconfig=/nonexistent/kubeconfig",
+        ])
+        .output()
+        .await
+        .expect("run nodeipam");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--ip-masq-agent-configmap") && stderr.contains("--pod-network-configmap"),
+        "the error must name both flags:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("/nonexistent/kubeconfig"),
+        "refused before anything else:\n{stderr}"
+    );
+}

@@ -287,7 +287,8 @@ pub async fn wait_event(
 }
 
 /// The global invariant after every test: no two nodes hold overlapping podCIDRs (pairs that
-/// `allowed` names were created overlapping on purpose), and every podCIDR the controller
+/// `allowed` names were created overlapping on purpose), no podCIDR overlaps a ServiceCIDR,
+/// every podCIDR lies in every published output that exists, and every podCIDR the controller
 /// wrote lies inside the config named by its annotation.
 pub async fn assert_invariant(client: &Client, allowed: &[(&str, &str)]) {
     let nodes = Api::<Node>::all(client.clone())
@@ -323,6 +324,8 @@ pub async fn assert_invariant(client: &Client, allowed: &[(&str, &str)]) {
             );
         }
     }
+    assert_outside_service_ranges(client, &held).await;
+    assert_published(client, &held).await;
     for n in &nodes {
         let Some(owner) = n.annotations().get("nodeipam.io/config") else {
             continue;
@@ -409,4 +412,82 @@ pub async fn assert_status_matches(client: &Client, name: &str) {
         },
     )
     .await
+}
+
+fn nets_overlap(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// No podCIDR overlaps a range of a ServiceCIDR object.
+async fn assert_outside_service_ranges(client: &Client, held: &[(String, IpNet)]) {
+    let services = Api::<k8s_openapi::api::networking::v1::ServiceCIDR>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list ServiceCIDRs")
+        .items;
+    for s in &services {
+        let ranges = s
+            .spec
+            .as_ref()
+            .and_then(|s| s.cidrs.clone())
+            .unwrap_or_default();
+        for r in ranges {
+            let r: IpNet = r.parse().expect("ServiceCIDR parses");
+            for (node, c) in held {
+                assert!(
+                    !nets_overlap(&r, c),
+                    "INVARIANT BROKEN: node {node} holds {c} inside Service range {r} of ServiceCIDR {}",
+                    s.name_any()
+                );
+            }
+        }
+    }
+}
+
+/// Every podCIDR lies in the published pod network and in the ip-masq-agent config we manage,
+/// where they exist.
+async fn assert_published(client: &Client, held: &[(String, IpNet)]) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let get = |ns: &str, name: &str| {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let name = name.to_string();
+        async move { api.get_opt(&name).await.expect("get ConfigMap") }
+    };
+    let mut outputs: Vec<(String, Vec<IpNet>)> = Vec::new();
+    if let Some(cm) = get("nodeipam-system", "nodeipam-pod-network").await {
+        let data = cm.data.unwrap_or_default();
+        let cidrs = ["ipv4", "ipv6"]
+            .iter()
+            .filter_map(|k| data.get(*k))
+            .flat_map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()))
+            .collect();
+        outputs.push(("nodeipam-system/nodeipam-pod-network".into(), cidrs));
+    }
+    if let Some(cm) = get("kube-system", "ip-masq-agent").await
+        && cm
+            .labels()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str)
+            == Some("nodeipam")
+    {
+        let config = cm
+            .data
+            .unwrap_or_default()
+            .remove("config")
+            .unwrap_or_default();
+        let doc: serde_yaml::Value = serde_yaml::from_str(&config).expect("ip-masq-agent config");
+        let cidrs = doc["nonMasqueradeCIDRs"]
+            .as_sequence()
+            .map(|s| s.iter().filter_map(|x| x.as_str()?.parse().ok()).collect())
+            .unwrap_or_default();
+        outputs.push(("kube-system/ip-masq-agent".into(), cidrs));
+    }
+    for (output, cidrs) in &outputs {
+        for (node, c) in held {
+            assert!(
+                cidrs.iter().any(|p: &IpNet| p.contains(c)),
+                "INVARIANT BROKEN: node {node} holds {c}, which {output} does not list ({cidrs:?})"
+            );
+        }
+    }
 }
