@@ -27,7 +27,9 @@ for name in "${names[@]}"; do
   git apply "$patch" || die "$patch no longer applies"
   start=$SECONDS
   log "mutation $name: running $target::$test"
-  if ! cargo test --quiet --locked -p nodeipam-testenv --test "$target" --no-run \
+  # The binary too: the deploy tests run `nodeipam` as a process.
+  if ! { cargo build --quiet --locked -p nodeipam-controller --bin nodeipam &&
+      cargo test --quiet --locked -p nodeipam-testenv --test "$target" --no-run; } \
       >"$NODEIPAM_CACHE/mutation-$name.log" 2>&1; then
     verdict="DOES NOT BUILD (see $NODEIPAM_CACHE/mutation-$name.log)"
   elif cargo test --quiet --locked -p nodeipam-testenv --test "$target" -- --exact "$test" \

@@ -292,6 +292,10 @@ async fn an_unmanaged_pod_cidr_that_appears_later_is_published() {
     let _ctl = start_controller(c.clone(), publishing(None));
     create_ready_config(&c, "pods", spec(family("10.62.0.0/16", 24), None, None)).await;
     wait_published(&c, "ipv4", "10.62.0.0/16").await;
+    assert_status_matches(&c, "pods").await;
+    // Let the controller's own status and ConfigMap writes come back through its watches, so
+    // that the new node below is the only change left to publish.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     // A node that came with its own podCIDR (another IPAM, a migration), after start-up.
     create_node_obj(&c, node("foreign", &[], &["10.99.7.0/24"])).await;
     let cm = wait_published(&c, "unmanaged", "10.99.7.0/24").await;
