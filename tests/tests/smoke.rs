@@ -530,6 +530,55 @@ async fn control_plane_runner_publishes_kubeconfig_and_stops_on_sigterm() {
     assert!(client.apiserver_version().await.is_err());
 }
 
+/// Paths come from the checkout that runs, not from where the runner was compiled: with
+/// `NODEIPAM_ROOT` (which hack/lib.sh exports) pointing at another tree, the runner installs
+/// that tree's `config/crd/bases`, here a Widget CRD instead of NodeIPAMConfig.
+#[tokio::test]
+async fn control_plane_runner_takes_its_crds_from_nodeipam_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let bases = root.path().join("config/crd/bases");
+    std::fs::create_dir_all(&bases).unwrap();
+    std::fs::write(bases.join("widgets.yaml"), WIDGET_CRD).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_control-plane"))
+        .arg("--dir")
+        .arg(dir.path())
+        .env("NODEIPAM_ROOT", root.path())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !kubeconfig.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("runner exited ({status}) before writing the kubeconfig");
+        }
+        assert!(Instant::now() < deadline, "no kubeconfig after 90s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    assert_in_discovery(&client, "smoke.nodeipam.test", "v1", "widgets").await;
+    let groups = client.list_api_groups().await.unwrap();
+    assert!(
+        !groups.groups.iter().any(|g| g.name == "nodeipam.io"),
+        "the runner installed the CRDs of the tree it was compiled in"
+    );
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("runner stops within 30s of SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
+
 #[tokio::test]
 async fn missing_binaries_name_the_step_and_the_fix() {
     let missing = Path::new("/nonexistent/nodeipam-assets");
