@@ -331,6 +331,7 @@ start_control_plane() {
   spawn kube-proxy-cp "$CP_NS" "$NODE_BIN/kube-proxy" \
     --kubeconfig="$CLUSTER_DIR/kube-proxy.kubeconfig" --hostname-override=nipam-control-plane \
     --bind-address="$CP_IP" --proxy-mode=iptables --conntrack-max-per-core=0 \
+    --iptables-localhost-nodeports=false --nodeport-addresses=primary \
     --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0 \
     --metrics-bind-address=127.0.0.1:10249 --healthz-bind-address=127.0.0.1:10256
   # kcm publishes kube-root-ca.crt and creates the default ServiceAccounts: pods need both.
@@ -647,6 +648,19 @@ cmd_deploy() {
   timed "kubectl apply -k hack/cluster/overlay" KUBECTL apply -k "$NODEIPAM_ROOT/hack/cluster/overlay"
   timed "nodeipam rollout" KUBECTL -n nodeipam-system rollout status deployment/nodeipam-controller --timeout=180s \
     || die "step=deploy: the nodeipam Deployment did not become available; $(KUBECTL -n nodeipam-system get pods -o wide 2>&1)"
+  # The API server calls the webhook through its Service's ClusterIP, which works once the
+  # control plane's kube-proxy has the rules (it first waits 30 s for a Node of its own name,
+  # which the control plane does not have). Ready when a server-side dry run passes admission.
+  timed "webhook reachable through its Service" wait_for deploy-webhook-through-service 120 webhook_answers
+}
+
+webhook_answers() {
+  KUBECTL create --dry-run=server -o name -f - <<'EOF2'
+apiVersion: nodeipam.io/v1alpha1
+kind: NodeIPAMConfig
+metadata: {name: nodeipam-deploy-check}
+spec: {ipv4: {cidr: 198.51.100.0/24, perNodeMaskSize: 28}}
+EOF2
 }
 
 cmd_down() {
