@@ -675,6 +675,11 @@ cmd_down() {
     [[ -d "$cg" ]] && kill_cgroup "/${cg##*/}"
   done
   umount_under "$CLUSTER_DIR"
+  # The host ends of the veths first: a namespace's deletion destroys them only asynchronously.
+  local link
+  for link in $(ip -br link 2>/dev/null | awk '{print $1}' | sed 's/@.*//' | grep '^nipam-v' || true); do
+    ip link del "$link" 2>/dev/null || true
+  done
   local ns
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^nipam-" || true); do ip netns del "$ns"; done
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
@@ -696,7 +701,12 @@ cmd_down() {
 
 # check_clean: fails naming whatever of ours is still on the host.
 check_clean() {
-  local left=()
+  local left=() i
+  # Links of a deleted namespace may take a moment to go.
+  for i in $(seq 1 20); do
+    ip -br link 2>/dev/null | grep -q '^nipam-' || break
+    sleep 0.1
+  done
   ip netns list 2>/dev/null | grep -q '^nipam-' && left+=("netns: $(ip netns list | grep '^nipam-' | tr '\n' ' ')")
   ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("link $BRIDGE")
   ip -br link 2>/dev/null | grep -q '^nipam-' && left+=("links: $(ip -br link | grep '^nipam-' | awk '{print $1}' | tr '\n' ' ')")
