@@ -499,7 +499,31 @@ async fn a_real_cluster_consumes_what_nodeipam_allocates() {
         1,
         "step=failover: one standby besides {leader}"
     );
+    // Its node is cordoned first, as in a drain: otherwise the replacement pod can start there
+    // within a second and race the standby for the released Lease.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let leader_node = pods
+        .get(&leader)
+        .await
+        .ok()
+        .and_then(|p| p.spec)
+        .and_then(|s| s.node_name)
+        .unwrap_or_else(|| panic!("step=failover: the node of leader pod {leader}"));
+    let cordon = |unschedulable: bool| {
+        let nodes = nodes.clone();
+        let node = leader_node.clone();
+        async move {
+            nodes
+                .patch(
+                    &node,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("step=failover: cordon={unschedulable} {node}: {e}"));
+        }
+    };
+    cordon(true).await;
     pods.delete(&leader, &DeleteParams::default())
         .await
         .unwrap_or_else(|e| panic!("step=failover: delete leader pod {leader}: {e}"));
@@ -518,6 +542,7 @@ async fn a_real_cluster_consumes_what_nodeipam_allocates() {
         new_leader, standby[0],
         "step=failover: the standby is the new leader"
     );
+    cordon(false).await;
 
     // 7. A node added to the running cluster, under the new leader: a GPU node, so its blocks
     // come from the GPU pool; it turns Ready and runs a pod from its podCIDRs.
