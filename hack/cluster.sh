@@ -578,6 +578,10 @@ save_host_paths() {
       touch "$HOST_SAVED/$key.absent"
     fi
   done
+  # `ip netns add` makes /run/netns (a bind mount of itself) on first use.
+  [[ -e /run/netns ]] || touch "$HOST_SAVED/run-netns.absent"
+  # Everything iptables runs in the namespaces; the host's own tables must stay as they are.
+  { iptables-save 2>/dev/null; ip6tables-save 2>/dev/null; } | grep -c '^:KUBE-' >"$HOST_SAVED/kube-chains" || true
 }
 
 restore_host_paths() {
@@ -594,6 +598,17 @@ restore_host_paths() {
       done
     fi
   done
+  if [[ -f "$HOST_SAVED/run-netns.absent" && -d /run/netns && -z "$(ls -A /run/netns)" ]]; then
+    while grep -q ' /run/netns ' /proc/self/mountinfo; do umount /run/netns || break; done
+    rmdir /run/netns
+  fi
+  local before after
+  before="$(cat "$HOST_SAVED/kube-chains" 2>/dev/null || echo 0)"
+  after="$({ iptables-save 2>/dev/null; ip6tables-save 2>/dev/null; } | grep -c '^:KUBE-' || true)"
+  if ((after > before)); then
+    log "warning: the host's iptables gained KUBE- chains ($before -> $after); kept $HOST_SAVED"
+    return 0
+  fi
   rm -rf "$HOST_SAVED"
 }
 
