@@ -242,6 +242,7 @@ spawn() {
   local name="$1" ns="$2"; shift 2
   local cg="/sys/fs/cgroup/pids/$CGROUP_PREFIX-sys/$name"
   mkdir -p "$cg"
+  # shellcheck disable=SC2016 # expanded by the inner bash
   setsid bash -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
     nsenter --net="/run/netns/$ns" -- "$@" >"$CLUSTER_DIR/logs/$name.log" 2>&1 </dev/null &
   echo $! >"$CLUSTER_DIR/pids/$name"
@@ -682,7 +683,7 @@ cmd_down() {
   [[ $EUID -eq 0 ]] || die "step=down: run as root"
   local name
   if [[ -d "$CLUSTER_DIR/nodes" ]]; then
-    for name in $(ls "$CLUSTER_DIR/nodes"); do stop_node "$name"; done
+    for name in "$CLUSTER_DIR"/nodes/*; do [[ -d "$name" ]] && stop_node "${name##*/}"; done
   fi
   # Anything else of ours: nodes whose folder is gone, the control plane.
   local cg
