@@ -23,8 +23,10 @@
 # Addressing, all created here: the bridge nipam0 holds 10.251.0.1/24 on the host; the control
 # plane's namespace is 10.251.0.2 (API server on :6443), node i's is 10.251.0.(10+i).
 # Services: 10.96.0.0/16. Needs root.
-set -euo pipefail
+set -Eeuo pipefail
 source "$(dirname "$0")/lib.sh"
+# A command that fails under `set -e` says which one, where, and in which subcommand.
+trap 'log "error: step=${1:-} (hack/cluster.sh line $LINENO): \"$BASH_COMMAND\" exited $?"' ERR
 
 CONTAINERD_VERSION="v2.2.9"
 # Bump when the build steps below change: it is part of the node binaries' stamp.
@@ -56,7 +58,7 @@ SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom
 # configuration says (device-plugins socket, /var/log/containers links, shim sockets, CNI result
 # cache). `up` records which exist and what is in them; `down` removes what was added.
 HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /var/lib/cni
-  /opt/containerd /etc/cdi /var/run/cdi)
+  /opt/containerd /run/nri /etc/cdi /var/run/cdi)
 HOST_SAVED="$NODEIPAM_CACHE/cluster-host.saved"
 APT_PACKAGES=(runc containernetworking-plugins iptables conntrack buildah iproute2 curl gcc libc6-dev openssl util-linux)
 
@@ -353,38 +355,47 @@ write_containerd_config() { # DIR
   local d="$1"
   mkdir -p "$d/cni/net.d" "$d/runc"
   cat >"$d/containerd.toml" <<EOF2
-version = 2
+version = 3
 root = "$d/containerd/root"
 state = "$d/containerd/state"
+# Nothing from the host's containerd configuration.
+imports = []
 [grpc]
   address = "$d/containerd.sock"
 [ttrpc]
   address = "$d/containerd.sock.ttrpc"
-# Nothing outside the node's folder: the opt plugin would create /opt/containerd.
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$d/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE_IMAGE"
-  # This VM denies lowering oom_score_adj; without this every sandbox fails with
-  # "can't get final child's PID from pipe".
-  restrict_oom_score_adj = true
-  # Several containerds on one host: pod netns mounts under each one's state dir.
-  netns_mounts_under_state_dir = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
+[plugins]
+  # Nothing outside the node's folder: the opt plugin would create /opt/containerd, NRI a
+  # socket in /run/nri shared by every containerd on the host, CDI reads /etc/cdi.
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "$d/opt"
+  [plugins."io.containerd.nri.v1.nri"]
+    disable = true
+  [plugins."io.containerd.cri.v1.images"]
     snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        BinaryName = "/usr/sbin/runc"
-        Root = "$d/runc"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "$d/cni/net.d"
-    # The consumer of nodeipam's podCIDRs: once the kubelet passes the node's podCIDRs,
-    # containerd writes this template out as the node's CNI config, and the node turns Ready.
-    conf_template = "$d/cni/template.conflist"
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "$PAUSE_IMAGE"
+  [plugins."io.containerd.cri.v1.runtime"]
+    # This VM denies lowering oom_score_adj; without this every sandbox fails with
+    # "can't get final child's PID from pipe".
+    restrict_oom_score_adj = true
+    # Several containerds on one host: pod netns mounts under each one's state dir.
+    netns_mounts_under_state_dir = true
+    enable_cdi = false
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "runc"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          BinaryName = "/usr/sbin/runc"
+          Root = "$d/runc"
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["/usr/lib/cni"]
+      conf_dir = "$d/cni/net.d"
+      # The consumer of nodeipam's podCIDRs: once the kubelet passes the node's podCIDRs,
+      # containerd writes this template out as the node's CNI config, and the node turns Ready.
+      conf_template = "$d/cni/template.conflist"
 EOF2
   cat >"$d/cni/template.conflist" <<'EOF2'
 {"cniVersion": "0.4.0", "name": "@NETWORK@", "plugins": [

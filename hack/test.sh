@@ -5,6 +5,9 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$NODEIPAM_ROOT"
+# The tests find the workspace (manifests, hack/ scripts) through this rather than the path
+# compiled into them: a shared target folder may hold test binaries built from another clone.
+export NODEIPAM_ROOT
 
 timed "control-plane binaries" "$NODEIPAM_ROOT/hack/control-plane.sh" build
 timed "cargo fmt --check" cargo fmt --all -- --check
