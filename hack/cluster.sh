@@ -26,7 +26,8 @@
 set -Eeuo pipefail
 source "$(dirname "$0")/lib.sh"
 # A command that fails under `set -e` says which one, where, and in which subcommand.
-trap 'log "error: step=${1:-} (hack/cluster.sh line $LINENO): \"$BASH_COMMAND\" exited $?"' ERR
+CLUSTER_CMD="${1:-}"
+trap 'log "error: step=$CLUSTER_CMD (hack/cluster.sh line $LINENO): \"$BASH_COMMAND\" exited $?"' ERR
 
 CONTAINERD_VERSION="v2.2.9"
 # Bump when the build steps below change: it is part of the node binaries' stamp.
