@@ -1,0 +1,640 @@
+//! End-to-end on a real cluster (`hack/cluster.sh`): kubelets with containerd and the CNI
+//! bridge, kube-proxy, kube-scheduler and kube-controller-manager, and nodeipam deployed
+//! in-cluster from its own image with `config/default`. What nodeipam writes is consumed:
+//! nodes stay NotReady until they have a podCIDR, containerd writes the CNI config from it and
+//! pods get their IPs from it; the API server reaches the webhook through its Service.
+//!
+//! One test, in order, because every step builds on the cluster the previous one left. It needs
+//! root, `hack/cluster.sh build` and `hack/image.sh`; `hack/test.sh` runs them, then this with
+//! `--ignored`. A failure names its step; `NODEIPAM_CLUSTER_KEEP=1` leaves the cluster up for
+//! a look (`hack/cluster.sh kubectl ...`, logs in ~/.cache/nodeipam/cluster/logs).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{GroupVersionKind, PostParams};
+use kube::{Client, ResourceExt};
+use nodeipam_testenv::workspace_root;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const NAMESPACE: &str = "nodeipam-system";
+const LEASE: &str = "nodeipam-controller";
+const POD_NETWORK: &str = "nodeipam-pod-network";
+/// The image every probe pod runs: the sandbox image, already on every node (no registry).
+const PROBE_IMAGE: &str = "localhost/pause:nodeipam";
+/// How long any one step may take before the test gives up on it (a limit, not an assertion).
+const STEP_LIMIT: Duration = Duration::from_secs(180);
+/// The samples' default pool and the GPU pool a labelled node gets its blocks from.
+const DEFAULT_POOL: (&str, &str, &str) = ("dual-stack", "10.64.0.0/14", "fd00:10:64::/48");
+const GPU_POOL: (&str, &str, &str) = ("gpu-pool", "100.64.0.0/20", "fd00:10:65::/56");
+/// The metrics port of config/manager (host network: the node's address).
+const METRICS_PORT: u16 = 8085;
+
+// ----- the cluster, driven through hack/cluster.sh -----
+
+/// The running cluster; `hack/cluster.sh down` when dropped, unless `NODEIPAM_CLUSTER_KEEP=1`.
+struct Cluster {
+    down_done: bool,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.down_done || std::env::var_os("NODEIPAM_CLUSTER_KEEP").is_some_and(|v| v == "1") {
+            return;
+        }
+        if let Err(e) = try_script(&["down"]) {
+            eprintln!("cluster: down after a failure: {e}");
+        }
+    }
+}
+
+fn script_path() -> PathBuf {
+    workspace_root().join("hack/cluster.sh")
+}
+
+/// Runs `hack/cluster.sh ARGS`; Ok(stdout) or Err(what failed, with the output's tail).
+fn try_script(args: &[&str]) -> Result<String, String> {
+    let out = Command::new(script_path())
+        .args(args)
+        .output()
+        .map_err(|e| format!("run {} {args:?}: {e}", script_path().display()))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprint!("{stderr}");
+    if !out.status.success() {
+        let tail: Vec<&str> = stderr.lines().rev().take(30).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        return Err(format!(
+            "hack/cluster.sh {} failed ({}):\n{}",
+            args.join(" "),
+            out.status,
+            tail.join("\n")
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `hack/cluster.sh ARGS`, panicking with `step=STEP` when it fails.
+fn script(step: &str, args: &[&str]) -> String {
+    let began = Instant::now();
+    let out = try_script(args).unwrap_or_else(|e| panic!("step={step}: {e}"));
+    eprintln!(
+        "cluster: step {step} took {:.1}s",
+        began.elapsed().as_secs_f64()
+    );
+    out
+}
+
+async fn admin_client() -> Client {
+    let path = dirs_cache().join("cluster/admin.kubeconfig");
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path)
+        .unwrap_or_else(|e| panic!("step=client: read {}: {e}", path.display()));
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("step=client: kubeconfig {}: {e}", path.display()));
+    Client::try_from(config).unwrap_or_else(|e| panic!("step=client: {e}"))
+}
+
+/// `$NODEIPAM_CACHE`, as hack/lib.sh computes it.
+fn dirs_cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("NODEIPAM_CACHE").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("step=client: HOME is not set"))
+                .join(".cache")
+        });
+    base.join("nodeipam")
+}
+
+/// Polls `check` every 250 ms until it returns Some, for at most [`STEP_LIMIT`].
+async fn wait_for<T, F, Fut>(step: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let began = Instant::now();
+    loop {
+        match check().await {
+            Ok(v) => {
+                eprintln!(
+                    "cluster: {step}: done after {:.1}s",
+                    began.elapsed().as_secs_f64()
+                );
+                return v;
+            }
+            Err(why) if began.elapsed() > STEP_LIMIT => {
+                panic!("step={step}: not done within {STEP_LIMIT:?}: {why}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+// ----- reading nodes, pods and configs -----
+
+fn pod_cidrs(node: &Node) -> Vec<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.pod_cidrs.clone())
+        .unwrap_or_default()
+}
+
+/// The node's Ready condition: (status, reason, message).
+fn ready(node: &Node) -> (String, String, String) {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| {
+            (
+                c.status.clone(),
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+        .unwrap_or_else(|| ("Unknown".into(), String::new(), String::new()))
+}
+
+fn is_ready(node: &Node) -> bool {
+    ready(node).0 == "True"
+}
+
+fn node_ip(node: &Node) -> String {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
+        .map(|a| a.address.clone())
+        .unwrap_or_else(|| panic!("node {} has no InternalIP", node.name_any()))
+}
+
+fn net(cidr: &str) -> IpNet {
+    cidr.parse()
+        .unwrap_or_else(|e| panic!("not a CIDR {cidr:?}: {e}"))
+}
+
+fn inside(inner: &str, outer: &str) -> bool {
+    let (i, o) = (net(inner), net(outer));
+    o.contains(&i.network()) && o.contains(&i.broadcast())
+}
+
+fn config_api(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("nodeipam.io", "v1alpha1", "NodeIPAMConfig");
+    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
+fn condition_status(cfg: &DynamicObject, type_: &str) -> Option<String> {
+    cfg.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .and_then(|c| c["status"].as_str())
+        .map(str::to_string)
+}
+
+/// Waits until node NAME is Ready with one podCIDR per family inside POOL's ranges, and checks
+/// that it never was Ready without podCIDRs on the way.
+async fn wait_ready_with_cidrs(client: &Client, name: &str, pool: (&str, &str, &str)) -> Node {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = wait_for(
+        &format!("node {name} Ready with podCIDRs from {}", pool.0),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let node = nodes.get(name).await.map_err(|e| e.to_string())?;
+                let cidrs = pod_cidrs(&node);
+                assert!(
+                    !(is_ready(&node) && cidrs.is_empty()),
+                    "step=nodes-wait-for-podcidrs: node {name} is Ready without a podCIDR"
+                );
+                if !is_ready(&node) {
+                    return Err(format!(
+                        "not Ready yet: {:?}, podCIDRs {cidrs:?}",
+                        ready(&node)
+                    ));
+                }
+                Ok(node)
+            }
+        },
+    )
+    .await;
+    let cidrs = pod_cidrs(&node);
+    assert_eq!(
+        cidrs.len(),
+        2,
+        "node {name}: one podCIDR per family, got {cidrs:?}"
+    );
+    assert!(
+        inside(&cidrs[0], pool.1) && inside(&cidrs[1], pool.2),
+        "node {name}: podCIDRs {cidrs:?} are not inside {}'s {} and {}",
+        pool.0,
+        pool.1,
+        pool.2
+    );
+    node
+}
+
+/// Runs a probe pod on NODE (through the scheduler) and checks that it gets one IP per
+/// family, each inside the node's podCIDR of that family.
+async fn probe_pod_ips(client: &Client, node: &Node) -> Vec<String> {
+    let name = format!("probe-{}", node.name_any());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "nodeipam-probe"}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node.name_any()},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "pause",
+                "image": PROBE_IMAGE,
+                "imagePullPolicy": "Never",
+            }],
+        },
+    }))
+    .expect("probe pod manifest");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("step=probe-pod: create {name}: {e}"));
+    let running = wait_for(&format!("pod {name} Running with IPs"), || {
+        let pods = pods.clone();
+        let name = name.clone();
+        async move {
+            let pod = pods.get(&name).await.map_err(|e| e.to_string())?;
+            let status = pod.status.clone().unwrap_or_default();
+            if status.phase.as_deref() != Some("Running") {
+                return Err(format!("phase {:?}: {:?}", status.phase, status.conditions));
+            }
+            Ok(pod)
+        }
+    })
+    .await;
+    let ips: Vec<String> = running
+        .status
+        .and_then(|s| s.pod_ips)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|ip| ip.ip)
+        .collect();
+    let cidrs = pod_cidrs(node);
+    assert_eq!(
+        ips.len(),
+        cidrs.len(),
+        "step=probe-pod: pod {name} has IPs {ips:?}, node podCIDRs {cidrs:?}: one IP per family"
+    );
+    for cidr in &cidrs {
+        let range = net(cidr);
+        assert!(
+            ips.iter()
+                .any(|ip| ip.parse::<IpAddr>().is_ok_and(|a| range.contains(&a))),
+            "step=probe-pod: pod {name} IPs {ips:?}: none inside the node's podCIDR {cidr}"
+        );
+    }
+    eprintln!(
+        "cluster: pod {name} on {} has {ips:?} (podCIDRs {cidrs:?})",
+        node.name_any()
+    );
+    ips
+}
+
+/// GET http://ADDR/metrics (plain HTTP/1.0) and the value of the sample named exactly LINE.
+async fn metric(addr: &str, sample: &str) -> Result<f64, String> {
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: nodeipam\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(body
+        .lines()
+        .find_map(|l| l.strip_prefix(sample))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0))
+}
+
+async fn controller_pods(client: &Client) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    pods.list(&ListParams::default().labels("app.kubernetes.io/name=nodeipam"))
+        .await
+        .unwrap_or_else(|e| panic!("list nodeipam pods: {e}"))
+        .items
+}
+
+async fn lease_holder(client: &Client) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    leases
+        .get_opt(LEASE)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+async fn pod_network(client: &Client) -> BTreeMap<String, String> {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
+    cms.get_opt(POD_NETWORK)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|c| c.data)
+        .unwrap_or_default()
+}
+
+fn in_pod_network(data: &BTreeMap<String, String>, cidr: &str) -> bool {
+    ["ipv4", "ipv6"]
+        .iter()
+        .filter_map(|k| data.get(*k))
+        .any(|v| v.split(',').any(|c| c.trim() == cidr))
+}
+
+// ----- the test -----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, hack/cluster.sh build and hack/image.sh: hack/test.sh runs it with --ignored"]
+async fn a_real_cluster_consumes_what_nodeipam_allocates() {
+    let began = Instant::now();
+    let mut cluster = Cluster { down_done: false };
+
+    // 1. Nodes come up NotReady: no podCIDR, so no CNI config, so no pod network.
+    script("cluster-up", &["up", "--nodes", "2"]);
+    let client = admin_client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let listed = nodes
+        .list(&ListParams::default())
+        .await
+        .expect("list nodes");
+    assert_eq!(
+        listed.items.len(),
+        2,
+        "step=cluster-up: two nodes registered"
+    );
+    for node in &listed.items {
+        assert!(
+            pod_cidrs(node).is_empty() && !is_ready(node),
+            "step=cluster-up: node {} should be NotReady with no podCIDR, is {:?} with {:?}",
+            node.name_any(),
+            ready(node),
+            pod_cidrs(node)
+        );
+    }
+
+    // 2. nodeipam deployed with config/default (its own image), in-cluster, two replicas on
+    // two nodes. With no NodeIPAMConfig yet, the nodes stay NotReady.
+    script("deploy-nodeipam", &["deploy"]);
+    let replicas = controller_pods(&client).await;
+    let on: Vec<String> = replicas
+        .iter()
+        .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+        .collect();
+    assert_eq!(on.len(), 2, "step=deploy-nodeipam: two replicas scheduled");
+    assert_ne!(
+        on[0], on[1],
+        "step=deploy-nodeipam: anti-affinity: replicas on {on:?}"
+    );
+    for node in nodes
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+    {
+        let (status, reason, message) = ready(&node);
+        assert!(
+            status != "True" && pod_cidrs(&node).is_empty(),
+            "step=deploy-nodeipam: without a config node {} must stay NotReady, is {status} {reason} {message}",
+            node.name_any()
+        );
+        eprintln!(
+            "cluster: {} before any config: Ready={status} ({reason}: {message})",
+            node.name_any()
+        );
+    }
+
+    // 3. The samples (through the webhook): every node gets a dual-stack podCIDR pair from the
+    // default pool, containerd writes the CNI config, and the node turns Ready.
+    script(
+        "apply-samples",
+        &[
+            "kubectl",
+            "apply",
+            "-k",
+            &workspace_root().join("config/samples").to_string_lossy(),
+        ],
+    );
+    let mut ready_nodes = Vec::new();
+    for name in ["node-1", "node-2"] {
+        ready_nodes.push(wait_ready_with_cidrs(&client, name, DEFAULT_POOL).await);
+    }
+
+    // 4. Pods on each node get one IP per family, inside that node's podCIDRs.
+    for node in &ready_nodes {
+        probe_pod_ips(&client, node).await;
+    }
+
+    // 5. The webhook, reached by the API server through its Service (kube-proxy's ClusterIP
+    // rules; the API server has no aggregator routing), refuses an overlapping config.
+    let configs = config_api(&client);
+    let overlapping: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nodeipam.io/v1alpha1",
+        "kind": "NodeIPAMConfig",
+        "metadata": {"name": "overlaps-the-default-pool"},
+        "spec": {"ipv4": {"cidr": "10.64.128.0/20", "perNodeMaskSize": 24}},
+    }))
+    .expect("config manifest");
+    let refused = configs
+        .create(&PostParams::default(), &overlapping)
+        .await
+        .expect_err("step=webhook: an overlapping config was admitted");
+    let refused = refused.to_string();
+    assert!(
+        refused.contains("overlaps") && refused.contains("dual-stack"),
+        "step=webhook: expected the webhook's refusal naming dual-stack, got: {refused}"
+    );
+    eprintln!("cluster: overlapping config refused: {refused}");
+    let mut denied = 0.0;
+    for node in &ready_nodes {
+        let addr = format!("{}:{METRICS_PORT}", node_ip(node));
+        denied += metric(
+            &addr,
+            "nodeipam_webhook_admissions_total{result=\"denied\"}",
+        )
+        .await
+        .unwrap_or_else(|e| panic!("step=webhook-metrics: {e}"));
+    }
+    assert!(
+        denied >= 1.0,
+        "step=webhook-metrics: no denied admission counted"
+    );
+
+    // 6. Deleting the leader's pod hands the Lease to the other replica.
+    let leader = wait_for("a leader holds the lease", || {
+        let client = client.clone();
+        async move { lease_holder(&client).await.ok_or("no holder".to_string()) }
+    })
+    .await;
+    let standby: Vec<String> = controller_pods(&client)
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .filter(|n| *n != leader)
+        .collect();
+    assert_eq!(
+        standby.len(),
+        1,
+        "step=failover: one standby besides {leader}"
+    );
+    // Its node is cordoned first, as in a drain: otherwise the replacement pod can start there
+    // within a second and race the standby for the released Lease.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let leader_node = pods
+        .get(&leader)
+        .await
+        .ok()
+        .and_then(|p| p.spec)
+        .and_then(|s| s.node_name)
+        .unwrap_or_else(|| panic!("step=failover: the node of leader pod {leader}"));
+    let cordon = |unschedulable: bool| {
+        let nodes = nodes.clone();
+        let node = leader_node.clone();
+        async move {
+            nodes
+                .patch(
+                    &node,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"unschedulable": unschedulable}})),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("step=failover: cordon={unschedulable} {node}: {e}"));
+        }
+    };
+    cordon(true).await;
+    pods.delete(&leader, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("step=failover: delete leader pod {leader}: {e}"));
+    let new_leader = wait_for("the standby takes the lease", || {
+        let client = client.clone();
+        let leader = leader.clone();
+        async move {
+            match lease_holder(&client).await {
+                Some(h) if h != leader => Ok(h),
+                h => Err(format!("holder {h:?}")),
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        new_leader, standby[0],
+        "step=failover: the standby is the new leader"
+    );
+    cordon(false).await;
+
+    // 7. A node added to the running cluster, under the new leader: a GPU node, so its blocks
+    // come from the GPU pool; it turns Ready and runs a pod from its podCIDRs.
+    let added = script(
+        "add-node",
+        &["add-node", "--labels", "nodeipam.io/pool=gpu"],
+    );
+    let added = added.trim().to_string();
+    let gpu_node = wait_ready_with_cidrs(&client, &added, GPU_POOL).await;
+    probe_pod_ips(&client, &gpu_node).await;
+    let published = pod_network(&client).await;
+    assert!(
+        in_pod_network(&published, GPU_POOL.1) && in_pod_network(&published, GPU_POOL.2),
+        "step=add-node: the GPU pool is in the published pod network: {published:?}"
+    );
+
+    // 8. Draining a range: cordon the GPU pool, remove its node's pods and the node; the pool
+    // reports Drained=True and leaves the published pod network.
+    configs
+        .patch(
+            GPU_POOL.0,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"allocation": "Disabled"}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("step=drain: disable {}: {e}", GPU_POOL.0));
+    // The node drained as an operator would: cordoned, every pod on it deleted.
+    nodes
+        .patch(
+            &added,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("step=drain: cordon {added}: {e}"));
+    let all_pods: Api<Pod> = Api::all(client.clone());
+    let on_node = ListParams::default().fields(&format!("spec.nodeName={added}"));
+    for pod in all_pods.list(&on_node).await.expect("list pods").items {
+        let ns = pod.namespace().unwrap_or_default();
+        Api::<Pod>::namespaced(client.clone(), &ns)
+            .delete(&pod.name_any(), &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("step=drain: delete pod {ns}/{}: {e}", pod.name_any()));
+    }
+    wait_for(&format!("pods gone from {added}"), || {
+        let all_pods = all_pods.clone();
+        let on_node = on_node.clone();
+        async move {
+            let left = all_pods.list(&on_node).await.map_err(|e| e.to_string())?;
+            if left.items.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{} pod(s) left", left.items.len()))
+            }
+        }
+    })
+    .await;
+    script("remove-node", &["remove-node", &added]);
+    nodes
+        .delete(&added, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("step=drain: delete node {added}: {e}"));
+    wait_for(&format!("{} Drained=True", GPU_POOL.0), || {
+        let configs = configs.clone();
+        async move {
+            let cfg = configs.get(GPU_POOL.0).await.map_err(|e| e.to_string())?;
+            match condition_status(&cfg, "Drained").as_deref() {
+                Some("True") => Ok(()),
+                other => Err(format!("Drained={other:?}")),
+            }
+        }
+    })
+    .await;
+    let published = wait_for("the GPU pool leaves the pod network", || {
+        let client = client.clone();
+        async move {
+            let data = pod_network(&client).await;
+            if in_pod_network(&data, GPU_POOL.1) || in_pod_network(&data, GPU_POOL.2) {
+                Err(format!("still published: {data:?}"))
+            } else {
+                Ok(data)
+            }
+        }
+    })
+    .await;
+    assert!(
+        in_pod_network(&published, DEFAULT_POOL.1) && in_pod_network(&published, DEFAULT_POOL.2),
+        "step=drain: the default pool stays published: {published:?}"
+    );
+
+    // 9. Down, checked: nothing of the cluster is left on the host.
+    script("cluster-down", &["down"]);
+    cluster.down_done = true;
+    eprintln!("cluster: whole test {:.1}s", began.elapsed().as_secs_f64());
+}
