@@ -19,6 +19,7 @@ BUILDAH=(buildah --root "$IMAGE_DIR/storage" --runroot "$IMAGE_DIR/run" --storag
 
 cmd_build() {
   command -v buildah >/dev/null || die "step=image: buildah is not installed (hack/cluster.sh build installs it)"
+  claim_target
   timed "cargo build --release nodeipam" cargo build --quiet --release --locked \
     --manifest-path "$NODEIPAM_ROOT/Cargo.toml" -p nodeipam-controller --bin nodeipam
   local bin="$CARGO_TARGET_DIR/release/nodeipam"
