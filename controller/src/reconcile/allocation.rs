@@ -629,13 +629,8 @@ impl Session {
                 self.freed(&freed);
             }
             Decision::Leak => {
-                let leaked = self.ipam.leak(&job.node, job.ticket);
+                let leaked = self.leak(&job);
                 error!(node = %job.node, ?leaked, "write outcome unknowable: blocks kept occupied until restart");
-                self.ctx
-                    .metrics
-                    .leaked_blocks
-                    .inc_by(i64::try_from(leaked.len()).unwrap_or(0));
-                self.touch(&leaked);
             }
             Decision::Retry => {
                 let ambiguous =
@@ -688,12 +683,7 @@ impl Session {
     fn give_up(&mut self, job: WriteJob, rejections: u32, ambiguous: bool, why: &str) {
         let after = self.ctx.options.retry_rejected_after;
         if ambiguous {
-            let leaked = self.ipam.leak(&job.node, job.ticket);
-            self.ctx
-                .metrics
-                .leaked_blocks
-                .inc_by(i64::try_from(leaked.len()).unwrap_or(0));
-            self.touch(&leaked);
+            self.leak(&job);
         } else {
             let freed = self.ipam.abandon(&job.node, job.ticket);
             self.touch(&freed);
@@ -727,6 +717,17 @@ impl Session {
         if self.synced {
             self.retry_pending();
         }
+    }
+
+    /// Keeps a write's blocks occupied (until the next rebuild) rather than risk a duplicate.
+    fn leak(&mut self, job: &WriteJob) -> Vec<IpNet> {
+        let leaked = self.ipam.leak(&job.node, job.ticket);
+        self.ctx
+            .metrics
+            .leaked_blocks
+            .inc_by(i64::try_from(leaked.len()).unwrap_or(0));
+        self.touch(&leaked);
+        leaked
     }
 
     // ----- configs -----

@@ -491,3 +491,38 @@ async fn assert_published(client: &Client, held: &[(String, IpNet)]) {
         }
     }
 }
+
+/// Options that publish the pod network to `nodeipam-system/nodeipam-pod-network`, and to
+/// ip-masq-agent's ConfigMap (`namespace/name`) when given, with `extra` non-masquerade CIDRs.
+pub fn publishing(ip_masq: Option<&str>, extra: &[&str]) -> Options {
+    use nodeipam_controller::reconcile::publisher::{ConfigMapRef, PublishOptions};
+    Options {
+        publish: PublishOptions {
+            pod_network: Some(ConfigMapRef {
+                namespace: "nodeipam-system".into(),
+                name: "nodeipam-pod-network".into(),
+            }),
+            ip_masq_agent: ip_masq.map(|s| s.parse().expect("ns/name")),
+            extra_non_masquerade: extra.iter().map(|c| c.parse().expect("cidr")).collect(),
+        },
+        ..Options::default()
+    }
+}
+
+/// Creates a namespace, or finds it there.
+pub async fn namespace(client: &Client, name: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("create namespace {name}: {e}"),
+    }
+}
