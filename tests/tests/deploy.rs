@@ -1062,21 +1062,22 @@ async fn sigterm_hands_the_lease_to_the_standby() {
 }
 
 /// A long-lived task that panics must not leave a leader that holds the Lease and does nothing:
-/// the replica reports it on /healthz, steps down and exits non-zero, and the standby serves.
-/// The fault is injected through a flag that only debug builds (the ones tests run) honour.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_allocation_loop_ends_the_leader_and_the_standby_takes_over() {
+/// the replica steps down and exits non-zero, and the standby serves. The fault is injected
+/// through a flag that only debug builds (the ones tests run) honour.
+async fn a_panic_ends_the_leader_and_the_standby_takes_over(fault: &str, base: u8) {
     let cp = control_plane().await;
     let admin = cp.client();
     let dir = tempfile::tempdir().expect("temp dir");
     install_rbac(&cp).await;
     let kubeconfig = sa_kubeconfig(&cp, dir.path());
     let mut faulty = FAST_LEASE.to_vec();
-    faulty.push("--inject-fault=panic-on-node:boom");
+    let flag = format!("--inject-fault={fault}:boom");
+    faulty.push(&flag);
     let mut a = Replica::start(dir.path(), &kubeconfig, "replica-a", &faulty).await;
     wait_holder(&admin, "replica-a").await;
     let mut b = Replica::start(dir.path(), &kubeconfig, "replica-b", FAST_LEASE).await;
-    create_ready_config(&admin, "pool", dual_stack("10.150.0.0/16", "fd00:150::/48")).await;
+    let (v4, v6) = (format!("10.{base}.0.0/16"), format!("fd00:{base}::/48"));
+    create_ready_config(&admin, "pool", dual_stack(&v4, &v6)).await;
     create_node(&admin, "before", &[]).await;
     wait_cidrs(&admin, "before").await;
 
@@ -1084,11 +1085,11 @@ async fn a_panicking_allocation_loop_ends_the_leader_and_the_standby_takes_over(
     let status = a.wait_exit().await;
     assert!(
         !status.success(),
-        "replica-a must exit non-zero after its allocation loop panicked: {status}"
+        "replica-a must exit non-zero after a task panicked ({fault}): {status}"
     );
     let log = a.log_text();
     assert!(
-        log.contains("allocation") && log.contains("stopping"),
+        log.contains("the allocation task panicked") && log.contains("stopping"),
         "replica-a must say which task ended:\n{}",
         a.log_tail()
     );
@@ -1099,6 +1100,17 @@ async fn a_panicking_allocation_loop_ends_the_leader_and_the_standby_takes_over(
     b.signal(Signal::TERM);
     assert!(b.wait_exit().await.success());
     cp.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_allocation_loop_ends_the_leader_and_the_standby_takes_over() {
+    a_panic_ends_the_leader_and_the_standby_takes_over("panic-on-node", 150).await;
+}
+
+/// A panic in one of the session's helpers (here the node writer) goes up the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_node_writer_ends_the_leader_and_the_standby_takes_over() {
+    a_panic_ends_the_leader_and_the_standby_takes_over("panic-in-writer", 153).await;
 }
 
 /// Finalizer updates do not go to the webhook (its matchConditions send only creates and spec

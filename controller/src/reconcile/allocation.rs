@@ -124,12 +124,14 @@ impl Session {
             ctx.options.instance.clone(),
             note_rx,
         ));
-        tasks.spawn(publisher::run(
-            ctx.clone(),
-            ctx.options.publish.clone(),
-            network_rx,
-        ));
         let outputs = outputs(&ctx.options.publish);
+        if !outputs.is_empty() {
+            tasks.spawn(publisher::run(
+                ctx.clone(),
+                ctx.options.publish.clone(),
+                network_rx,
+            ));
+        }
 
         let mut session = Session {
             ctx: ctx.clone(),
@@ -181,6 +183,7 @@ impl Session {
                     session.on_event(resource, event, &mut init_done, &mut relist, needed).await;
                     ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
                 }
+                Some(ended) = tasks.join_next() => return Err(helper_ended(ended)),
                 Some(result) = results.recv() => session.on_write_result(result),
                 Some(written) = done_rx.recv() => debug!(?written, "config write done"),
                 _ = status_tick.tick() => {
@@ -380,6 +383,7 @@ impl Session {
     fn on_node(&mut self, node: IpamNode) {
         let name = node.name_any();
         if self.ctx.options.fault == Some(super::Fault::PanicOnNode(name.clone())) {
+            // A bug in the loop itself.
             panic!("injected fault: panic on node {name}");
         }
         let uid = node.uid();
@@ -1064,6 +1068,17 @@ impl Session {
 
     fn note(&self, note: Note) {
         let _ = self.notes.send(note);
+    }
+}
+
+/// A helper task of the session (a writer, the publisher, events) ended: its panic goes on up,
+/// so that the process supervisor ends the replica instead of a leader that writes nothing.
+fn helper_ended(ended: Result<(), tokio::task::JoinError>) -> Error {
+    match ended {
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        _ => Error::WatchEnded {
+            resource: "a writer task",
+        },
     }
 }
 

@@ -86,6 +86,8 @@ pub struct Options {
 pub enum Fault {
     /// The allocation loop panics when it sees a Node of this name.
     PanicOnNode(String),
+    /// The node writer panics when it writes a Node of this name.
+    PanicInWriter(String),
 }
 
 impl std::str::FromStr for Fault {
@@ -95,7 +97,12 @@ impl std::str::FromStr for Fault {
             Some(("panic-on-node", name)) if !name.is_empty() => {
                 Ok(Fault::PanicOnNode(name.to_string()))
             }
-            _ => Err(format!("{s:?} is not a known fault (panic-on-node:NAME)")),
+            Some(("panic-in-writer", name)) if !name.is_empty() => {
+                Ok(Fault::PanicInWriter(name.to_string()))
+            }
+            _ => Err(format!(
+                "{s:?} is not a known fault (panic-on-node:NAME, panic-in-writer:NAME)"
+            )),
         }
     }
 }

@@ -47,7 +47,20 @@ pub async fn run(
 ) {
     let permits = Arc::new(Semaphore::new(ctx.options.write_concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
-    while let Some(job) = jobs.recv().await {
+    loop {
+        let job = tokio::select! {
+            job = jobs.recv() => match job {
+                Some(job) => job,
+                None => return,
+            },
+            // A write that panicked takes the writer (and so the session) with it.
+            Some(Err(e)) = tasks.join_next(), if !tasks.is_empty() => {
+                if e.is_panic() {
+                    std::panic::resume_unwind(e.into_panic());
+                }
+                continue;
+            }
+        };
         let (ctx, results, permits) = (ctx.clone(), results.clone(), permits.clone());
         tasks.spawn(async move {
             // A retry sleeps before it takes a slot: a few nodes whose writes keep failing
@@ -64,9 +77,16 @@ pub async fn run(
             let _ = results.send(WriteResult { job, outcome });
         });
         // Reap finished tasks so the set does not grow with every job.
-        while tasks.try_join_next().is_some() {}
+        while let Some(done) = tasks.try_join_next() {
+            if let Err(e) = done
+                && e.is_panic()
+            {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
     }
-    // Dropping the JoinSet aborts writes still in flight: they were for a lost session.
+    // Returning drops the JoinSet, which aborts writes still in flight: they were for a lost
+    // session.
 }
 
 /// 100 ms doubling up to 30 s.
@@ -76,6 +96,9 @@ pub fn backoff(attempt: u32) -> Duration {
 }
 
 async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
+    if ctx.options.fault == Some(super::Fault::PanicInWriter(job.node.clone())) {
+        panic!("injected fault: panic writing node {}", job.node);
+    }
     // The answer is read as an IpamNode: only uid and podCIDRs matter, not the whole object.
     let api: Api<IpamNode> = Api::all(ctx.client.clone());
     let cidrs: Vec<String> = job.cidrs.iter().map(ToString::to_string).collect();
