@@ -16,8 +16,9 @@ WORK="$NODEIPAM_CACHE/bench/$KIND-$STAMP"
 mkdir -p "$WORK" "$NODEIPAM_ROOT/bench-results"
 
 timed "control-plane binaries" hack/control-plane.sh build
+# --bin names binaries across every package given, so each binary is named.
 timed "cargo build --release nodeipam, nodeipam-bench" \
-  cargo build --release --quiet -p nodeipam-controller --bin nodeipam -p nodeipam-bench
+  cargo build --release --quiet -p nodeipam-controller -p nodeipam-bench --bin nodeipam --bin nodeipam-bench
 # Private copies: another build in the shared target folder must not swap them mid-run.
 mkdir -p "$WORK/bin"
 cp "$CARGO_TARGET_DIR/release/nodeipam" "$CARGO_TARGET_DIR/release/nodeipam-bench" "$WORK/bin/"
