@@ -61,21 +61,31 @@ pub async fn run(
                 continue;
             }
         };
-        let (ctx, results, permits) = (ctx.clone(), results.clone(), permits.clone());
-        tasks.spawn(async move {
+        let (ctx, results) = (ctx.clone(), results.clone());
+        if job.attempt > 0 {
             // A retry sleeps before it takes a slot: a few nodes whose writes keep failing
             // must not hold the slots every other node is waiting for.
-            if job.attempt > 0 {
+            let permits = permits.clone();
+            tasks.spawn(async move {
                 tokio::time::sleep(backoff(job.attempt)).await;
-            }
-            // The semaphore is fair: jobs take slots in the order they became due.
-            let Ok(permit) = permits.acquire_owned().await else {
+                // The semaphore is fair: writes take slots in the order they became due.
+                let Ok(permit) = permits.acquire_owned().await else {
+                    return;
+                };
+                write_and_report(&ctx, job, &results).await;
+                drop(permit);
+            });
+        } else {
+            // A first attempt waits for its slot here, so a backlog of thousands of nodes
+            // waits in the channel as jobs, not as thousands of tasks.
+            let Ok(permit) = permits.clone().acquire_owned().await else {
                 return;
             };
-            let outcome = write(&ctx, &job).await;
-            drop(permit);
-            let _ = results.send(WriteResult { job, outcome });
-        });
+            tasks.spawn(async move {
+                write_and_report(&ctx, job, &results).await;
+                drop(permit);
+            });
+        }
         // Reap finished tasks so the set does not grow with every job.
         while let Some(done) = tasks.try_join_next() {
             if let Err(e) = done
@@ -87,6 +97,15 @@ pub async fn run(
     }
     // Returning drops the JoinSet, which aborts writes still in flight: they were for a lost
     // session.
+}
+
+async fn write_and_report(
+    ctx: &Context,
+    job: WriteJob,
+    results: &mpsc::UnboundedSender<WriteResult>,
+) {
+    let outcome = write(ctx, &job).await;
+    let _ = results.send(WriteResult { job, outcome });
 }
 
 /// 100 ms doubling up to 30 s.
