@@ -185,6 +185,60 @@ async fn an_updated_service_cidr_stays_excluded() {
     assert_invariant(&c, &[]).await;
 }
 
+/// Found by the simulator: a write being retried kept writing its blocks after a ServiceCIDR
+/// was created over them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_write_whose_block_became_a_service_range_chooses_again() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    reject_updates_of_labelled_nodes(&c).await;
+    let options = Options {
+        write_attempts: 1000,
+        ..Options::default()
+    };
+    let ctl = start_controller(c.clone(), options);
+    create_ready_config(&c, "pods", spec(family("10.73.0.0/24", 26), None, None)).await;
+    create_node(&c, "held", &[("test.nodeipam.io/reject", "1")]).await;
+    // A fresh range hands out its first block first.
+    let first = "10.73.0.0/26".to_string();
+    wait_for("the first write to be refused and retried", || async {
+        (counter(&ctl, "node_write") >= 1).then_some(())
+    })
+    .await;
+    let services: Api<ServiceCIDR> = Api::all(c.clone());
+    let late = ServiceCIDR {
+        metadata: ObjectMeta {
+            name: Some("late".into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceCIDRSpec {
+            cidrs: Some(vec![first.clone()]),
+        }),
+        ..Default::default()
+    };
+    services
+        .create(&PostParams::default(), &late)
+        .await
+        .expect("create ServiceCIDR late");
+    // The retries go on with other blocks once the controller has seen the Service range.
+    wait_for("a retry with other blocks", || async {
+        events_for(&c, "held", "CIDRAssignmentFailed")
+            .await
+            .into_iter()
+            .filter_map(|e| e.note)
+            .find(|n| n.contains("keeps failing") && !n.contains(&first))
+    })
+    .await;
+    allow_node_updates(&c).await;
+    let got = wait_cidrs(&c, "held").await;
+    assert_ne!(
+        got,
+        vec![first.clone()],
+        "written into the Service range {first}"
+    );
+    assert_invariant(&c, &[]).await;
+}
+
 // ----- 2. Ordered add waits for every consumer output -----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -554,4 +608,56 @@ async fn a_finalizer_removal_for_a_recreated_config_is_refused() {
         Some(vec![nodeipam_crd::FINALIZER.to_string()]),
         "the finalizer of the new object must stay"
     );
+}
+
+/// Found by the simulator: a status computed for a config that was then deleted (its
+/// finalizer released) and created again under the same name landed on the new object,
+/// which then said Drained while a node held a block from it. A status is written to the
+/// object it was computed for, or not at all.
+#[tokio::test]
+async fn a_status_for_a_recreated_config_is_not_written() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    let api: Api<nodeipam_crd::NodeIPAMConfig> = Api::all(c.clone());
+    let cfg = nodeipam_crd::NodeIPAMConfig::new(
+        "same-name",
+        spec(family("10.68.0.0/16", 24), None, None),
+    );
+    api.create(&PostParams::default(), &cfg)
+        .await
+        .expect("create");
+    let status = nodeipam_crd::NodeIPAMConfigStatus {
+        nodes: Some(7),
+        ..Default::default()
+    };
+    let written = nodeipam_controller::reconcile::config_writer::write_status(
+        &api,
+        "same-name",
+        Some("00000000-0000-0000-0000-000000000000"),
+        &status,
+    )
+    .await;
+    assert!(
+        matches!(written, Ok(false)),
+        "a status for another object's UID must not be written: {written:?}"
+    );
+    let now = get_config(&c, "same-name").await.expect("config");
+    assert_eq!(
+        now.status.and_then(|s| s.nodes),
+        None,
+        "the new object's status stays"
+    );
+    let uid = get_config(&c, "same-name")
+        .await
+        .and_then(|c| c.metadata.uid);
+    let written = nodeipam_controller::reconcile::config_writer::write_status(
+        &api,
+        "same-name",
+        uid.as_deref(),
+        &status,
+    )
+    .await;
+    assert!(matches!(written, Ok(true)), "{written:?}");
+    let now = get_config(&c, "same-name").await.expect("config");
+    assert_eq!(now.status.and_then(|s| s.nodes), Some(7));
 }

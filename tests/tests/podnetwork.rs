@@ -14,6 +14,8 @@ use kube::api::PostParams;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
+use nodeipam_controller::reconcile::Options;
+use nodeipam_crd::{Allocation, NodeIPAMConfig};
 use support::*;
 
 const NS: &str = "nodeipam-system";
@@ -199,6 +201,54 @@ async fn ordered_remove_keeps_a_range_until_drained() {
         get_config(&c, "old").await.is_none().then_some(())
     })
     .await;
+}
+
+/// A config disabled until it drained, then enabled again: its status says Drained until the
+/// controller writes otherwise, and consumers may act on that (forget the range). No block
+/// may be handed out from it before the status stops saying Drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_enabled_config_is_no_longer_drained_before_its_first_block() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    let _ctl = start_controller(c.clone(), Options::default());
+    create_ready_config(&c, "again", spec(family("10.61.0.0/16", 24), None, None)).await;
+    set_allocation(&c, "again", Allocation::Disabled).await;
+    wait_condition(&c, "again", "Drained", "True", None).await;
+    let (configs, _configs_recorder) = record(Api::<NodeIPAMConfig>::all(c.clone()));
+    let (nodes, _nodes_recorder) = record(Api::<Node>::all(c.clone()));
+    // Nodes wait first, so a block is wanted the moment the config is enabled.
+    for i in 0..3 {
+        create_node(&c, &format!("n{i}"), &[]).await;
+    }
+    set_allocation(&c, "again", Allocation::Enabled).await;
+    for i in 0..3 {
+        wait_cidrs(&c, &format!("n{i}")).await;
+    }
+    wait_condition(&c, "again", "Drained", "False", None).await;
+    let undrained = configs
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(_, _, cfg)| {
+            cfg.spec.allocation == Allocation::Enabled
+                && condition(cfg, "Drained").is_some_and(|(status, _)| status != "True")
+        })
+        .map(|(rv, _, _)| *rv)
+        .min()
+        .expect("a config revision that is no longer Drained");
+    let first_node = nodes
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(_, _, n)| pod_cidrs(n).iter().any(|c| c.starts_with("10.61.")))
+        .map(|(rv, _, _)| *rv)
+        .min()
+        .expect("a node revision with a block");
+    assert!(
+        undrained < first_node,
+        "a node got a block (rv {first_node}) while the config still said Drained (until rv {undrained})"
+    );
+    assert_invariant(&c, &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

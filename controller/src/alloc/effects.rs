@@ -34,8 +34,10 @@ pub struct WriteResult {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum ConfigJob {
+    /// Only to the object `uid`, the one it was computed for.
     Status {
         name: String,
+        uid: Option<String>,
         status: NodeIPAMConfigStatus,
     },
     AddFinalizer {

@@ -31,6 +31,9 @@ pub struct ConfigInput {
     /// Why allocation must wait although the spec allows it (our finalizer is not on the
     /// object yet, or the pod network that includes it is not published yet).
     pub gate: Option<String>,
+    /// Our finalizer is not on the object yet: it may vanish at any moment, so it takes no
+    /// block off a younger config's count (which would then drain too early).
+    pub provisional: bool,
 }
 
 impl ConfigInput {
@@ -739,7 +742,7 @@ impl Ipam {
         let order = state.input.overlap_order();
         self.configs
             .values()
-            .filter(|c| c.input.overlap_order() < order)
+            .filter(|c| c.input.overlap_order() < order && !c.input.provisional)
             .flat_map(|c| c.input.families().map(|(r, _)| r))
             .filter(|r| {
                 state
@@ -778,6 +781,14 @@ impl Ipam {
     }
 
     /// Names under which Service CIDRs are known.
+    /// The Service range (with its source) that overlaps `cidr`, if any.
+    pub fn service_range_over(&self, cidr: &IpNet) -> Option<(&str, IpNet)> {
+        self.services.iter().find_map(|(source, ranges)| {
+            let range = ranges.iter().find(|r| nets_overlap(r, cidr))?;
+            Some((source.as_str(), *range))
+        })
+    }
+
     pub fn service_sources(&self) -> impl Iterator<Item = &str> {
         self.services.keys().map(String::as_str)
     }

@@ -29,6 +29,9 @@ use super::podnetwork::{
 use super::status::desired_status;
 use crate::node::IpamNode;
 
+/// How long a failed re-read of a node missing from a relist waits before it is tried again.
+const REREAD_RETRY: Duration = Duration::from_secs(5);
+
 /// The source name of the `--service-cidr` flag among the Service ranges.
 const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
 
@@ -88,6 +91,11 @@ pub enum Input {
     },
     /// The outcome of an `Effect::Write`.
     Written(WriteResult),
+    /// An `Effect::Config` job is done: written, or moot because its config is gone.
+    ConfigWritten(ConfigJob),
+    /// An `Effect::Publish` is written to every output. The publisher writes one network
+    /// at a time and may skip one a newer network replaced.
+    Published(PodNetwork),
     /// Periodic: coalesced status, publication, parked nodes whose time came.
     Tick,
     /// Rarely: every pending node is tried again.
@@ -143,6 +151,9 @@ struct ConfigSeen {
     has_finalizer: bool,
     deleting: bool,
     status: Option<NodeIPAMConfigStatus>,
+    /// Allocation waits: the status says (or a status of ours on its way says) Drained, and
+    /// consumers may act on that. See `update_drain_gate`.
+    drain_gate: bool,
     finalizer_requested: bool,
 }
 
@@ -197,6 +208,20 @@ pub struct Machine {
     outputs: Vec<Output>,
     /// What the outputs were last asked to hold; sent again when an output drifts from it.
     network_sent: Option<Vec<OutputContent>>,
+    /// What each network sent and not yet reported written puts in the outputs, oldest first:
+    /// until then it may still land, and what it lacks is not safely published.
+    network_in_flight: Vec<Vec<OutputContent>>,
+    /// What the network last reported written put in the outputs: a watch event older than
+    /// that write is stale.
+    network_landed: Option<Vec<OutputContent>>,
+    /// Nodes missing from a relist whose re-read failed: the UID asked about, and when to ask
+    /// again.
+    rereads_due: BTreeMap<String, (Option<String>, Duration)>,
+    /// The statuses sent per config and not yet reported written, oldest first. The config
+    /// writer writes one job at a time and may skip a status a newer one replaced.
+    status_in_flight: HashMap<String, Vec<NodeIPAMConfigStatus>>,
+    /// The status last reported written per config.
+    status_landed: HashMap<String, NodeIPAMConfigStatus>,
     network_dirty: bool,
     effects: Vec<Effect>,
 }
@@ -231,6 +256,11 @@ impl Machine {
             invalid_reported: HashSet::new(),
             outputs,
             network_sent: None,
+            network_in_flight: Vec::new(),
+            network_landed: None,
+            rereads_due: BTreeMap::new(),
+            status_in_flight: HashMap::new(),
+            status_landed: HashMap::new(),
             network_dirty: true,
             effects: Vec::new(),
         }
@@ -246,7 +276,11 @@ impl Machine {
             Input::Output(i, w) => self.on_output_watch(i, w),
             Input::Reread { node, uid, now } => self.on_reread(&node, uid.as_deref(), now),
             Input::Written(result) => self.on_write_result(result),
+            Input::ConfigWritten(job) => self.on_config_written(&job),
+            Input::Published(network) => self.on_published(&network),
             Input::Tick => {
+                self.request_finalizers();
+                self.reread_due();
                 self.wake_parked();
                 self.flush_status();
                 self.publish_network();
@@ -444,7 +478,30 @@ impl Machine {
     fn on_reread(&mut self, node: &str, uid: Option<&str>, now: NodeNow) {
         match now {
             NodeNow::Gone => self.on_node_gone(node, uid),
+            // Not known either way: ask again later, or its blocks stay held for good.
+            NodeNow::Unknown(why) => {
+                debug!(node, %why, "re-reading a node missing from the relist failed; retrying");
+                let at = self.now.mono + REREAD_RETRY;
+                self.rereads_due
+                    .insert(node.to_string(), (uid.map(str::to_string), at));
+            }
             other => debug!(node, ?other, "missing from the relist but still there"),
+        }
+    }
+
+    /// Re-reads that failed are asked again once their time comes.
+    fn reread_due(&mut self) {
+        let now = self.now.mono;
+        let due: Vec<String> = self
+            .rereads_due
+            .iter()
+            .filter(|(_, (_, at))| *at <= now)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for node in due {
+            if let Some((uid, _)) = self.rereads_due.remove(&node) {
+                self.push(Effect::Reread { node, uid });
+            }
         }
     }
 
@@ -480,10 +537,11 @@ impl Machine {
 
     fn on_node_with_cidrs(&mut self, name: &str, uid: Option<&str>, cidrs: &[IpNet]) {
         self.pending.remove(name);
-        let unchanged = self
-            .ipam
-            .node(name)
-            .is_some_and(|r| r.cidrs == cidrs && r.phase == Phase::Held);
+        // The same object as before: a new object under the same name (seen in a relist)
+        // must take over the record, or its deletion would never free the blocks.
+        let unchanged = self.ipam.node(name).is_some_and(|r| {
+            r.cidrs == cidrs && r.phase == Phase::Held && (uid.is_none() || r.uid.as_deref() == uid)
+        });
         if unchanged {
             return;
         }
@@ -725,6 +783,17 @@ impl Machine {
             }
             other => format!("{other:?}"),
         };
+        if let Some((source, range)) = job
+            .cidrs
+            .iter()
+            .find_map(|c| self.ipam.service_range_over(c))
+        {
+            return self.choose_again(
+                job,
+                ambiguous,
+                &format!("{range} is now a Service range ({source})"),
+            );
+        }
         if rejected && rejections >= self.options.write_attempts.max(1) {
             return self.give_up(job, rejections, ambiguous, &why);
         }
@@ -751,6 +820,31 @@ impl Machine {
             was_ambiguous: ambiguous,
             ..job
         }));
+    }
+
+    /// The blocks were chosen before something made them wrong (a Service range created over
+    /// them): rather than write them again, let them go and choose again. Only if an earlier
+    /// attempt was ambiguous may they be on the node already; then they stay occupied, and a
+    /// new choice that finds them there adopts them.
+    fn choose_again(&mut self, job: WriteJob, ambiguous: bool, why: &str) {
+        info!(node = %job.node, cidrs = ?job.cidrs, reason = why, "not writing these blocks again; choosing new ones");
+        if ambiguous {
+            self.leak(&job);
+        } else {
+            let freed = self.ipam.abandon(&job.node, job.ticket);
+            self.touch(&freed);
+            self.unmanaged_dirty = true;
+        }
+        let again = PendingNode {
+            uid: job.uid,
+            labels: job.labels,
+            warned: false,
+            retry_at: None,
+        };
+        self.repend(&job.node, again);
+        if self.synced {
+            self.try_allocate(&job.node);
+        }
     }
 
     /// The API server refused every write of these blocks (an admission policy on Nodes, a
@@ -793,9 +887,21 @@ impl Machine {
             warned: true,
             retry_at: Some(self.now.mono + after),
         };
-        self.pending.insert(job.node, parked);
+        self.repend(&job.node, parked);
         if self.synced {
             self.retry_pending();
+        }
+    }
+
+    /// The node of a write we stopped waits again, unless a newer object of the same name
+    /// already waits in its place (the UID precondition keeps the old one's writes off it).
+    fn repend(&mut self, name: &str, node: PendingNode) {
+        let newer = self
+            .pending
+            .get(name)
+            .is_some_and(|p| p.uid.is_some() && p.uid != node.uid);
+        if !newer {
+            self.pending.insert(name.to_string(), node);
         }
     }
 
@@ -813,7 +919,16 @@ impl Machine {
         let name = obj.name_any();
         let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
         let deleting = obj.meta().deletion_timestamp.is_some();
-        let previous = self.configs.remove(&name);
+        let mut previous = self.configs.remove(&name);
+        if previous
+            .as_ref()
+            .is_some_and(|p| p.uid.is_some() && p.uid != obj.uid())
+        {
+            // Another object under the same name (its delete fell between two lists): nothing
+            // remembered of the old one applies to it.
+            previous = None;
+            self.forget_config(&name);
+        }
         let finalizer_requested = previous
             .as_ref()
             .is_some_and(|p| p.finalizer_requested && !has_finalizer);
@@ -823,6 +938,7 @@ impl Machine {
             generation: obj.meta().generation,
             has_finalizer,
             deleting,
+            drain_gate: false,
             status: obj.status.clone(),
             finalizer_requested,
         };
@@ -841,8 +957,10 @@ impl Machine {
         {
             self.written.remove(&name);
         }
-        let before = previous.map(|p| (p.base, p.has_finalizer));
-        let unchanged = before.as_ref() == Some(&(seen.base.clone(), seen.has_finalizer));
+        seen.drain_gate = self.drain_gate(&name, &seen);
+        let gates = |s: &ConfigSeen| (s.has_finalizer, s.drain_gate);
+        let before = previous.map(|p| (gates(&p), p.base));
+        let unchanged = before.as_ref() == Some(&(gates(&seen), seen.base.clone()));
         self.configs.insert(name.clone(), seen);
         self.dirty.insert(name.clone());
         if unchanged {
@@ -861,10 +979,17 @@ impl Machine {
         }
     }
 
+    /// What is remembered of our writes to a config object that is gone.
+    fn forget_config(&mut self, name: &str) {
+        self.written.remove(name);
+        self.status_in_flight.remove(name);
+        self.status_landed.remove(name);
+    }
+
     fn on_config_gone(&mut self, name: &str) {
         info!(config = %name, "NodeIPAMConfig gone");
         self.configs.remove(name);
-        self.written.remove(name);
+        self.forget_config(name);
         self.ipam.remove_config(name);
         self.network_dirty = true;
         self.dirty.extend(self.configs.keys().cloned());
@@ -976,7 +1101,12 @@ impl Machine {
             .or(seen.status.as_ref())
             .map_or(&[], |s| s.conditions.as_slice());
         let (status, transitions) = desired_status(&facts, seen.generation, previous, now);
-        let unchanged = self.written.get(name).or(seen.status.as_ref()) == Some(&status);
+        // A landed status that says Drained holds allocation back until a later one lands.
+        let undrain = says_drained(self.status_landed.get(name))
+            && !says_drained(Some(&status))
+            && self.status_in_flight.get(name).and_then(|l| l.last()) != Some(&status);
+        let unchanged =
+            !undrain && self.written.get(name).or(seen.status.as_ref()) == Some(&status);
         let (uid, deleting, has_finalizer) = (seen.uid.clone(), seen.deleting, seen.has_finalizer);
         for m in metrics {
             self.metric(m);
@@ -994,9 +1124,15 @@ impl Machine {
         if !unchanged {
             self.push(Effect::Config(ConfigJob::Status {
                 name: name.to_string(),
+                uid: uid.clone(),
                 status: status.clone(),
             }));
+            let in_flight = self.status_in_flight.entry(name.to_string()).or_default();
+            if in_flight.last() != Some(&status) {
+                in_flight.push(status.clone());
+            }
             self.written.insert(name.to_string(), status);
+            self.update_drain_gate(name);
         }
         // The finalizer goes only when nothing holds or is being given a block.
         if deleting && has_finalizer && facts.nodes == 0 && facts.writing == 0 {
@@ -1004,6 +1140,77 @@ impl Machine {
                 name: name.to_string(),
                 uid,
             }));
+        }
+    }
+
+    /// Every config without our finalizer (and not being deleted) gets it asked for, once at
+    /// a time.
+    fn request_finalizers(&mut self) {
+        let missing: Vec<String> = self
+            .configs
+            .iter_mut()
+            .filter(|(_, s)| !s.has_finalizer && !s.deleting && !s.finalizer_requested)
+            .map(|(name, s)| {
+                s.finalizer_requested = true;
+                name.clone()
+            })
+            .collect();
+        for name in missing {
+            self.push(Effect::Config(ConfigJob::AddFinalizer { name }));
+        }
+    }
+
+    /// A config job is done. The config writer writes one job at a time, so a status reported
+    /// written is what the object holds now (unless someone edits it later).
+    fn on_config_written(&mut self, job: &ConfigJob) {
+        // Done, but the object may have been another one by then: the next tick asks again
+        // if the finalizer is still missing.
+        if let ConfigJob::AddFinalizer { name } = job
+            && let Some(seen) = self.configs.get_mut(name)
+        {
+            seen.finalizer_requested = false;
+        }
+        if let ConfigJob::Status { name, status, .. } = job {
+            // What was sent before it landed before it or was replaced by a newer one.
+            if let Some(in_flight) = self.status_in_flight.get_mut(name)
+                && let Some(at) = in_flight.iter().rposition(|s| s == status)
+            {
+                in_flight.drain(..=at);
+            }
+            self.status_landed.insert(name.clone(), status.clone());
+            self.update_drain_gate(name);
+        }
+    }
+
+    /// Drained is a promise to consumers that no node holds a block from the config, and
+    /// they may act on it (forget its ranges). So a config enabled again after it drained
+    /// hands out nothing while any status that consumers may read says Drained: the one the
+    /// watch shows, ours on its way, or ours landed while the watch still lags behind it.
+    fn drain_gate(&self, name: &str, seen: &ConfigSeen) -> bool {
+        says_drained(seen.status.as_ref())
+            || self
+                .status_in_flight
+                .get(name)
+                .is_some_and(|l| l.iter().any(|s| says_drained(Some(s))))
+            || says_drained(self.status_landed.get(name))
+    }
+
+    fn update_drain_gate(&mut self, name: &str) {
+        let Some(seen) = self.configs.get(name) else {
+            return;
+        };
+        let gate = self.drain_gate(name, seen);
+        if gate == seen.drain_gate {
+            return;
+        }
+        if let Some(seen) = self.configs.get_mut(name) {
+            seen.drain_gate = gate;
+        }
+        let input = self.gated(name);
+        self.ipam.upsert_config(input);
+        self.dirty.insert(name.to_string());
+        if !gate && self.synced {
+            self.retry_pending();
         }
     }
 
@@ -1025,6 +1232,7 @@ impl Machine {
             .collect();
         if self.network_sent.as_ref() != Some(&desired) {
             self.push(Effect::Publish(network));
+            self.network_in_flight.push(desired.clone());
             self.network_sent = Some(desired);
         }
     }
@@ -1056,6 +1264,21 @@ impl Machine {
             })
             .collect();
         PodNetwork::new(&configs, &self.ipam.unmanaged())
+    }
+
+    /// A network is written. What was sent before it landed before it or was skipped.
+    fn on_published(&mut self, network: &PodNetwork) {
+        let extra = &self.options.extra_non_masquerade;
+        let desired: Vec<OutputContent> = self
+            .outputs
+            .iter()
+            .map(|o| o.kind.desired(network, extra))
+            .collect();
+        if let Some(at) = self.network_in_flight.iter().rposition(|d| *d == desired) {
+            self.network_in_flight.drain(..=at);
+        }
+        self.network_landed = Some(desired);
+        self.regate();
     }
 
     /// An output's ConfigMap changed (our write, a user's edit, a delete): gate allocation on
@@ -1110,6 +1333,12 @@ impl Machine {
             input.gate = Some(format!("waiting for the {FINALIZER} finalizer"));
             return input;
         }
+        // Drained is a promise to consumers that no node holds a block: a config enabled again
+        // hands out nothing until its status says otherwise.
+        if seen.drain_gate {
+            input.gate = Some("waiting until its status no longer says Drained".into());
+            return input;
+        }
         let ranges: Vec<IpNet> = [input.ipv4, input.ipv6]
             .into_iter()
             .flatten()
@@ -1118,11 +1347,16 @@ impl Machine {
         let behind: Vec<String> = self
             .outputs
             .iter()
-            .filter_map(|o| {
+            .enumerate()
+            .filter_map(|(index, o)| {
                 let cidrs = o.seen.as_ref().map_or(&[][..], |c| c.cidrs.as_slice());
+                // Ours on its way, and ours landed (the watch may still show an older one).
+                let sent = self.network_in_flight.iter().chain(&self.network_landed);
+                let sent = sent.filter_map(|d| d.get(index));
+                let sent: Vec<&[IpNet]> = sent.map(|c| c.cidrs.as_slice()).collect();
                 let missing: Vec<String> = ranges
                     .iter()
-                    .filter(|r| !covered(r, cidrs))
+                    .filter(|r| !covered(r, cidrs) || sent.iter().any(|c| !covered(r, c)))
                     .map(ToString::to_string)
                     .collect();
                 (!missing.is_empty())
@@ -1134,6 +1368,14 @@ impl Machine {
         }
         input
     }
+}
+
+fn says_drained(status: Option<&NodeIPAMConfigStatus>) -> bool {
+    status.is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == nodeipam_crd::CONDITION_DRAINED && c.status == "True")
+    })
 }
 
 /// The allocation state's view of a config object. An unparsable spec becomes `invalid` with
@@ -1170,6 +1412,7 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
         deleting: obj.meta().deletion_timestamp.is_some(),
         invalid,
         gate: None,
+        provisional: !obj.finalizers().iter().any(|f| f == FINALIZER),
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
-use nodeipam_crd::{FINALIZER, NodeIPAMConfig};
+use nodeipam_crd::{FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -16,17 +16,11 @@ use super::node_writer::backoff;
 use super::{Context, MANAGER};
 use crate::alloc::effects::ConfigJob;
 
-/// Tells the allocation loop that a finalizer change is done, so it can lift its gate.
-#[derive(Debug)]
-pub enum ConfigWritten {
-    FinalizerAdded(String),
-    FinalizerRemoved(String),
-}
-
 pub async fn run(
     ctx: Arc<Context>,
     mut jobs: mpsc::UnboundedReceiver<ConfigJob>,
-    done: mpsc::UnboundedSender<ConfigWritten>,
+    // Each job once it is done (or moot: its config is gone), for the allocation loop.
+    done: mpsc::UnboundedSender<ConfigJob>,
 ) {
     let mut pending: BTreeMap<(String, u8), (ConfigJob, u32)> = BTreeMap::new();
     loop {
@@ -45,10 +39,9 @@ pub async fn run(
         let mut failed = 0u32;
         for (key, (job, attempt)) in std::mem::take(&mut pending) {
             match execute(&ctx, &job).await {
-                Ok(Some(written)) => {
-                    let _ = done.send(written);
+                Ok(()) => {
+                    let _ = done.send(job);
                 }
-                Ok(None) => {}
                 Err(e) => {
                     ctx.metrics.reconcile_error("config_write");
                     warn!(config = %key.0, error = %e, attempt, "writing NodeIPAMConfig failed; will retry");
@@ -69,51 +62,62 @@ pub async fn run(
     }
 }
 
-async fn execute(ctx: &Context, job: &ConfigJob) -> Result<Option<ConfigWritten>, kube::Error> {
+async fn execute(ctx: &Context, job: &ConfigJob) -> Result<(), kube::Error> {
     let api: Api<NodeIPAMConfig> = Api::all(ctx.client.clone());
     ctx.limiter.acquire().await;
     let result = match job {
-        ConfigJob::Status { name, status } => {
-            let body = json!({
-                "apiVersion": NodeIPAMConfig::api_version(&()),
-                "kind": NodeIPAMConfig::kind(&()),
-                "metadata": { "name": name },
-                "status": status,
-            });
-            api.patch_status(
-                name,
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(&body),
-            )
+        ConfigJob::Status { name, uid, status } => write_status(&api, name, uid.as_deref(), status)
             .await
-            .map(|_| None)
-        }
-        ConfigJob::AddFinalizer { name } => {
-            edit_finalizers(&api, name, true, None)
-                .await
-                .map(|changed| {
-                    debug!(config = %name, changed, "finalizer present");
-                    Some(ConfigWritten::FinalizerAdded(name.clone()))
-                })
-        }
+            .map(|written| {
+                if !written {
+                    debug!(config = %name, "status not written: the config was created again");
+                }
+            }),
+        ConfigJob::AddFinalizer { name } => edit_finalizers(&api, name, true, None)
+            .await
+            .map(|changed| debug!(config = %name, changed, "finalizer present")),
         ConfigJob::RemoveFinalizer { name, uid } => {
             edit_finalizers(&api, name, false, uid.as_deref())
                 .await
-                .map(|changed| {
-                    debug!(config = %name, changed, "finalizer removed");
-                    Some(ConfigWritten::FinalizerRemoved(name.clone()))
-                })
+                .map(|changed| debug!(config = %name, changed, "finalizer removed"))
         }
     };
     match result {
         // The config is gone: nothing left to write.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(match job {
-            ConfigJob::RemoveFinalizer { name, .. } => {
-                Some(ConfigWritten::FinalizerRemoved(name.clone()))
-            }
-            _ => None,
-        }),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         other => other,
+    }
+}
+
+/// Writes the status of the object `uid` (when given) and of no other: a status computed for
+/// a config that was deleted and created again under the same name is not the new one's.
+/// Returns whether it was written.
+pub async fn write_status(
+    api: &Api<NodeIPAMConfig>,
+    name: &str,
+    uid: Option<&str>,
+    status: &NodeIPAMConfigStatus,
+) -> Result<bool, kube::Error> {
+    // A JSON patch with a test of the UID: the API server refuses it (422) on another object.
+    // (Server-side apply ignores a UID in the applied body.)
+    let mut ops = Vec::new();
+    if let Some(uid) = uid {
+        ops.push(json!({ "op": "test", "path": "/metadata/uid", "value": uid }));
+    }
+    ops.push(json!({ "op": "add", "path": "/status", "value": status }));
+    let patch: json_patch::Patch =
+        serde_json::from_value(serde_json::Value::Array(ops)).map_err(kube::Error::SerdeError)?;
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch_status(name, &params, &Patch::Json::<()>(patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 422 && uid.is_some() => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

@@ -15,7 +15,7 @@ use kube::{Api, Client};
 use nodeipam_crd::NodeIPAMConfig;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::{Context, Error, Fault, config_writer, events, node_writer, publisher};
 use crate::alloc::effects::{ConfigJob, Note, WriteJob};
@@ -47,6 +47,7 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
     let (note_tx, note_rx) = mpsc::unbounded_channel();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let (network_tx, network_rx) = mpsc::unbounded_channel();
+    let (published_tx, mut published) = mpsc::unbounded_channel();
     tasks.spawn(node_writer::run(ctx.clone(), write_rx, result_tx));
     tasks.spawn(config_writer::run(ctx.clone(), config_rx, done_tx));
     let (client, instance) = (ctx.client.clone(), ctx.options.instance.clone());
@@ -54,7 +55,12 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
     let options = machine_options(&ctx, serves_service_cidrs(&ctx.client).await);
     if !options.outputs.is_empty() {
         let publish = ctx.options.publish.clone();
-        tasks.spawn(publisher::run(ctx.clone(), publish, network_rx));
+        tasks.spawn(publisher::run(
+            ctx.clone(),
+            publish,
+            network_rx,
+            published_tx,
+        ));
     }
     let mut watches = watches(&ctx.client, &options);
     let mut machine = Machine::new(options);
@@ -88,10 +94,8 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
                 Ok(input) => input,
                 Err(e) => return Err(helper_ended(Err(e))),
             },
-            Some(written) = done_rx.recv() => {
-                debug!(?written, "config write done");
-                continue;
-            }
+            Some(job) = done_rx.recv() => Input::ConfigWritten(job),
+            Some(network) = published.recv() => Input::Published(network),
             _ = status_tick.tick() => Input::Tick,
             _ = resync.tick() => Input::Resync,
         };

@@ -36,6 +36,8 @@ pub async fn run(
     ctx: Arc<Context>,
     options: PublishOptions,
     mut jobs: mpsc::UnboundedReceiver<PodNetwork>,
+    // Each network once every output holds it, for the allocation loop's gate.
+    done: mpsc::UnboundedSender<PodNetwork>,
 ) {
     let Some(target) = options.pod_network.clone() else {
         return;
@@ -50,6 +52,7 @@ pub async fn run(
             match publish(&ctx, &options, &target, &network).await {
                 Ok(()) => {
                     info!(configmap = %target, cidrs = network.cidrs().len(), "pod network published");
+                    let _ = done.send(network);
                     break;
                 }
                 Err(e) => {

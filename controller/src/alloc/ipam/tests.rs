@@ -20,6 +20,7 @@ fn config(name: &str, created: i64, v4: Option<(&str, u8)>, v6: Option<(&str, u8
         deleting: false,
         invalid: None,
         gate: None,
+        provisional: false,
     }
 }
 

@@ -1,0 +1,1222 @@
+//! The simulator: controller processes (a leader, a deposed leader whose writes still land, a
+//! restarted one) around the model API server, driven by a list of actions. A seeded generator
+//! makes the list; the run checks the invariants after every action, then lets the world calm
+//! down and checks liveness against a freshly started machine.
+
+pub mod world;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use nodeipam_controller::alloc::effects::{ConfigJob, WriteJob, WriteResult};
+use nodeipam_controller::alloc::fixtures;
+use nodeipam_controller::alloc::ipam::{Holder, nets_overlap};
+use nodeipam_controller::alloc::machine::{self, Effect, Input, Machine, Now};
+use nodeipam_controller::alloc::outcome::{NodeNow, WriteOutcome};
+use nodeipam_controller::alloc::podnetwork::{
+    ConfigMapRef, OutputKind, PodNetwork, covered, ip_masq_agent_config,
+};
+use nodeipam_crd::{Allocation, CONDITION_DRAINED, NodeIPAMConfig};
+use serde::{Deserialize, Serialize};
+
+use world::{Change, NodeObj, OUTPUT_NAMES, Patched, Stream, World};
+
+/// How a podCIDR write fares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WriteFault {
+    None,
+    /// It landed but the answer was lost.
+    LandedUnanswered,
+    /// It never reached etcd and the answer was lost.
+    LostUnanswered,
+    /// An admission policy or RBAC refused it (403).
+    Refused,
+    Throttled,
+    /// As `LostUnanswered`, and the GET after it failed too.
+    LostUnreadable,
+}
+
+/// What a user (or another controller) does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum User {
+    CreateNode { name: u8, pool_b: bool },
+    CreateUnmanagedNode { name: u8 },
+    DeleteNode { pick: u8 },
+    RecreateNode { pick: u8 },
+    CreateConfig { menu: u8 },
+    DeleteConfig { pick: u8 },
+    ToggleConfig { pick: u8 },
+    SetService { name: u8, menu: u8 },
+    DeleteService { name: u8 },
+    EditOutput { index: u8, delete: bool },
+    EditStatus { pick: u8 },
+}
+
+/// One step of a schedule. `pick`s choose among what is there at that moment (modulo), so a
+/// shrunk schedule still means something.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Action {
+    Deliver {
+        proc: u8,
+        stream: Stream,
+    },
+    Answer {
+        proc: u8,
+        pick: u8,
+    },
+    Write {
+        proc: u8,
+        pick: u8,
+        fault: WriteFault,
+    },
+    ConfigJob {
+        proc: u8,
+        pick: u8,
+        fail: bool,
+    },
+    Publish {
+        proc: u8,
+        fail_first: bool,
+        fail_second: bool,
+    },
+    Reread {
+        proc: u8,
+        pick: u8,
+        fail: bool,
+    },
+    Tick {
+        proc: u8,
+        advance_ms: u32,
+    },
+    Resync {
+        proc: u8,
+    },
+    Relist {
+        proc: u8,
+        stream: Stream,
+    },
+    /// The leader loses its lease; a new process takes over (its writes in flight may land
+    /// until the new one lists, as the takeover delay allows).
+    Failover,
+    /// The new leader, after its takeover delay, lists everything.
+    StartLeader,
+    ClockJump {
+        seconds: i32,
+    },
+    User(User),
+}
+
+/// A broken invariant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub rule: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.rule, self.detail)
+    }
+}
+
+/// The settings of one simulated cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Setup {
+    pub outputs: usize,
+    pub service_flag: bool,
+}
+
+/// A config of the menu: name, IPv4 and IPv6 `(cidr, mask)`, whether it selects `pool=b`.
+type MenuConfig = (
+    &'static str,
+    Option<(&'static str, u8)>,
+    Option<(&'static str, u8)>,
+    bool,
+);
+
+const CONFIG_MENU: [MenuConfig; 6] = [
+    ("a", Some(("10.0.0.0/28", 30)), None, false),
+    ("b", Some(("10.0.0.16/29", 30)), None, true),
+    ("c", Some(("10.0.0.0/27", 30)), None, false),
+    (
+        "d",
+        Some(("10.0.1.0/29", 30)),
+        Some(("fd00::/124", 126)),
+        true,
+    ),
+    ("e", None, Some(("fd00:1::/125", 126)), false),
+    ("f", Some(("10.0.2.0/30", 30)), None, false),
+];
+const SERVICE_MENU: [&[&str]; 4] = [
+    &["10.0.0.4/30"],
+    &["10.0.0.16/30", "fd00::/126"],
+    &["10.0.1.0/30"],
+    &["10.0.2.0/30", "fd00:1::/126"],
+];
+const SERVICE_FLAG: &str = "10.0.0.24/30";
+const RETRY_REJECTED_AFTER: Duration = Duration::from_secs(60);
+
+/// One controller process.
+struct Process {
+    machine: Machine,
+    queues: BTreeMap<Stream, VecDeque<Change>>,
+    writes: Vec<WriteJob>,
+    config_jobs: Vec<ConfigJob>,
+    publish: Option<PodNetwork>,
+    rereads: Vec<(String, Option<String>)>,
+    answers: Vec<Input>,
+    mono: Duration,
+    /// Service ranges as this process's watch delivered them, and the flag's.
+    services: BTreeMap<String, Vec<IpNet>>,
+    /// The names a Service (re)list in progress returned.
+    services_listed: BTreeSet<String>,
+    /// Subscribed to the watches: the leader; a deposed one only finishes its writes.
+    leading: bool,
+    /// Started: has listed.
+    started: bool,
+}
+
+pub struct Sim {
+    pub setup: Setup,
+    world: World,
+    procs: Vec<Process>,
+    wall: i64,
+    pub steps: usize,
+}
+
+fn streams(outputs: usize, services: bool) -> Vec<Stream> {
+    let mut s = vec![Stream::Nodes, Stream::Configs];
+    s.extend((0..outputs).map(Stream::Output));
+    if services {
+        s.push(Stream::Services);
+    }
+    s
+}
+
+impl Sim {
+    pub fn new(setup: Setup) -> Self {
+        let mut sim = Sim {
+            world: World::new(setup.outputs),
+            setup,
+            procs: Vec::new(),
+            wall: 1_800_000_000,
+            steps: 0,
+        };
+        sim.procs.push(sim.process());
+        sim.start(0);
+        sim
+    }
+
+    fn options(&self) -> machine::Options {
+        let kinds = [OutputKind::PodNetwork, OutputKind::IpMasqAgent];
+        machine::Options {
+            service_cidrs: if self.setup.service_flag {
+                vec![SERVICE_FLAG.parse().expect("flag literal")]
+            } else {
+                Vec::new()
+            },
+            service_cidr_api: true,
+            write_attempts: 3,
+            retry_rejected_after: RETRY_REJECTED_AFTER,
+            outputs: (0..self.setup.outputs)
+                .map(|i| {
+                    let target = ConfigMapRef {
+                        namespace: "kube-system".into(),
+                        name: OUTPUT_NAMES[i].into(),
+                    };
+                    (target, kinds[i])
+                })
+                .collect(),
+            extra_non_masquerade: Vec::new(),
+            panic_on_node: None,
+        }
+    }
+
+    fn process(&self) -> Process {
+        let mut services = BTreeMap::new();
+        if self.setup.service_flag {
+            services.insert(
+                "--service-cidr".to_string(),
+                vec![SERVICE_FLAG.parse().expect("flag literal")],
+            );
+        }
+        Process {
+            machine: Machine::new(self.options()),
+            queues: BTreeMap::new(),
+            writes: Vec::new(),
+            config_jobs: Vec::new(),
+            publish: None,
+            rereads: Vec::new(),
+            answers: Vec::new(),
+            mono: Duration::ZERO,
+            services,
+            services_listed: BTreeSet::new(),
+            leading: true,
+            started: false,
+        }
+    }
+
+    /// The process lists every watch: from now on it sees every change.
+    fn start(&mut self, p: usize) {
+        for s in streams(self.setup.outputs, true) {
+            let list = self.world.list(s);
+            self.procs[p].queues.insert(s, list.into());
+        }
+        self.procs[p].started = true;
+    }
+
+    fn leader(&self) -> usize {
+        self.procs.len() - 1
+    }
+
+    fn now(&self, p: usize) -> Now {
+        Now {
+            mono: self.procs[p].mono,
+            wall_seconds: self.wall,
+        }
+    }
+
+    /// Changes of the world go to every process that watches.
+    fn broadcast(&mut self) {
+        for change in self.world.drain_changes() {
+            for proc in self.procs.iter_mut().filter(|p| p.leading && p.started) {
+                proc.queues
+                    .entry(change.stream())
+                    .or_default()
+                    .push_back(change.clone());
+            }
+        }
+    }
+
+    fn handle(&mut self, p: usize, input: Input) -> Result<(), Violation> {
+        let now = self.now(p);
+        if let Input::Service(w) = &input {
+            let proc = &mut self.procs[p];
+            track_service(&mut proc.services, &mut proc.services_listed, w);
+        }
+        if verbose() {
+            eprintln!("  [{p}] <- {}", brief(&format!("{input:?}")));
+        }
+        let effects = self.procs[p].machine.handle(now, input);
+        for effect in effects {
+            if verbose() && !matches!(effect, Effect::Metric(_)) {
+                eprintln!("  [{p}] -> {}", brief(&format!("{effect:?}")));
+            }
+            self.take(p, effect)?;
+        }
+        Ok(())
+    }
+
+    /// Queues an effect as the driver would, checking what can be checked when it is asked.
+    fn take(&mut self, p: usize, effect: Effect) -> Result<(), Violation> {
+        let proc = &mut self.procs[p];
+        match effect {
+            Effect::Write(job) => {
+                for block in &job.cidrs {
+                    for (source, ranges) in &proc.services {
+                        if ranges.iter().any(|r| nets_overlap(r, block)) {
+                            return Err(Violation {
+                                rule: "no podCIDR in a Service range",
+                                detail: format!(
+                                    "process {p} asked to write {block} to {} while Service range {source} {ranges:?} was known",
+                                    job.node
+                                ),
+                            });
+                        }
+                    }
+                }
+                proc.writes.push(job);
+            }
+            Effect::Config(job) => {
+                // One pending job per config and kind, the newest, as the config writer keeps.
+                proc.config_jobs.retain(|j| j.key() != job.key());
+                proc.config_jobs.push(job);
+            }
+            Effect::Publish(network) => proc.publish = Some(network),
+            Effect::Reread { node, uid } => proc.rereads.push((node, uid)),
+            Effect::Note(_) | Effect::Metric(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Carries out one action; actions that do not apply now do nothing.
+    pub fn act(&mut self, action: &Action) -> Result<(), Violation> {
+        self.steps += 1;
+        if verbose() {
+            eprintln!("{}: {action:?}", self.steps);
+        }
+        match action {
+            Action::Deliver { proc, stream } => {
+                let p = self.proc(*proc);
+                let Some(p) = p.filter(|&p| self.procs[p].leading) else {
+                    return Ok(());
+                };
+                let change = self.procs[p]
+                    .queues
+                    .get_mut(stream)
+                    .and_then(VecDeque::pop_front);
+                if let Some(change) = change {
+                    self.handle(p, change.into_input())?;
+                }
+            }
+            Action::Answer { proc, pick } => {
+                if let Some(p) = self.proc(*proc).filter(|&p| self.procs[p].leading) {
+                    let answers = &mut self.procs[p].answers;
+                    if !answers.is_empty() {
+                        let input = answers.remove(*pick as usize % answers.len());
+                        self.handle(p, input)?;
+                    }
+                }
+            }
+            Action::Write { proc, pick, fault } => {
+                if let Some(p) = self.proc(*proc) {
+                    self.write(p, *pick, *fault)?;
+                }
+            }
+            Action::ConfigJob { proc, pick, fail } => {
+                if let Some(p) = self.proc(*proc) {
+                    self.config_job(p, *pick, *fail)?;
+                }
+            }
+            Action::Publish {
+                proc,
+                fail_first,
+                fail_second,
+            } => {
+                if let Some(p) = self.proc(*proc) {
+                    self.publish(p, *fail_first, *fail_second);
+                }
+            }
+            Action::Reread { proc, pick, fail } => {
+                if let Some(p) = self.proc(*proc) {
+                    let rereads = &mut self.procs[p].rereads;
+                    if !rereads.is_empty() {
+                        let (node, uid) = rereads.remove(*pick as usize % rereads.len());
+                        let now = if *fail {
+                            NodeNow::Unknown("GET timed out".into())
+                        } else {
+                            self.world.read_node(&node)
+                        };
+                        self.procs[p].answers.push(Input::Reread { node, uid, now });
+                    }
+                }
+            }
+            Action::Tick { proc, advance_ms } => {
+                if let Some(p) = self.proc(*proc).filter(|&p| self.procs[p].leading) {
+                    self.procs[p].mono += Duration::from_millis(u64::from(*advance_ms));
+                    self.wall += i64::from(*advance_ms / 1000);
+                    self.handle(p, Input::Tick)?;
+                }
+            }
+            Action::Resync { proc } => {
+                if let Some(p) = self.proc(*proc).filter(|&p| self.procs[p].leading) {
+                    self.handle(p, Input::Resync)?;
+                }
+            }
+            Action::Relist { proc, stream } => {
+                let p = self.proc(*proc);
+                if let Some(p) = p.filter(|&p| self.procs[p].leading && self.procs[p].started) {
+                    // A watch that expired lists again: what was queued is superseded.
+                    let list = self.world.list(*stream);
+                    self.procs[p].queues.insert(*stream, list.into());
+                }
+            }
+            Action::Failover => self.failover(),
+            Action::StartLeader => {
+                let l = self.leader();
+                if !self.procs[l].started {
+                    // The takeover delay is over: whatever the old leaders still had in flight
+                    // timed out without landing.
+                    for old in &mut self.procs[..l] {
+                        old.writes.clear();
+                        old.config_jobs.clear();
+                        old.publish = None;
+                        old.rereads.clear();
+                    }
+                    self.start(l);
+                }
+            }
+            Action::ClockJump { seconds } => self.wall += i64::from(*seconds),
+            Action::User(u) => self.user(u),
+        }
+        self.broadcast();
+        self.check()
+    }
+
+    /// `proc` counts back from the newest process: 0 is the leader, 1 the one before.
+    fn proc(&self, proc: u8) -> Option<usize> {
+        self.leader().checked_sub(usize::from(proc))
+    }
+
+    fn failover(&mut self) {
+        let l = self.leader();
+        if !self.procs[l].started {
+            return;
+        }
+        let old = &mut self.procs[l];
+        old.leading = false;
+        old.queues.clear();
+        old.answers.clear();
+        let new = self.process();
+        self.procs.push(Process {
+            started: false,
+            ..new
+        });
+    }
+
+    fn write(&mut self, p: usize, pick: u8, fault: WriteFault) -> Result<(), Violation> {
+        let proc = &mut self.procs[p];
+        if proc.writes.is_empty() {
+            return Ok(());
+        }
+        let job = proc.writes.remove(pick as usize % proc.writes.len());
+        let lands = matches!(fault, WriteFault::None | WriteFault::LandedUnanswered);
+        let patched = if lands {
+            Some(
+                self.world
+                    .patch_node(&job.node, job.uid.as_deref(), &job.cidrs),
+            )
+        } else {
+            None
+        };
+        let reread = |world: &World| world.read_node(&job.node);
+        let outcome = match (fault, patched) {
+            (WriteFault::None, Some(Patched::Applied(cidrs, uid))) => WriteOutcome::Applied {
+                uid: Some(uid),
+                cidrs,
+            },
+            (WriteFault::None, Some(Patched::Missing)) => WriteOutcome::Missing,
+            (WriteFault::None, Some(Patched::Refused(reason))) => WriteOutcome::Rejected {
+                reason,
+                now: reread(&self.world),
+            },
+            (WriteFault::Refused, _) => WriteOutcome::Rejected {
+                reason: "403 Forbidden: denied by an admission policy".into(),
+                now: reread(&self.world),
+            },
+            (WriteFault::Throttled, _) => WriteOutcome::Throttled,
+            (WriteFault::LostUnreadable, _) => WriteOutcome::Ambiguous {
+                reason: "connection reset".into(),
+                now: NodeNow::Unknown("GET timed out".into()),
+            },
+            _ => WriteOutcome::Ambiguous {
+                reason: "no answer within 10s".into(),
+                now: reread(&self.world),
+            },
+        };
+        self.procs[p]
+            .answers
+            .push(Input::Written(WriteResult { job, outcome }));
+        Ok(())
+    }
+
+    fn config_job(&mut self, p: usize, pick: u8, fail: bool) -> Result<(), Violation> {
+        let proc = &mut self.procs[p];
+        if proc.config_jobs.is_empty() || fail {
+            // A failed write stays queued: the config writer retries it.
+            return Ok(());
+        }
+        let job = proc
+            .config_jobs
+            .remove(pick as usize % proc.config_jobs.len());
+        proc.answers.push(Input::ConfigWritten(job.clone()));
+        match job {
+            ConfigJob::Status { name, uid, status } => {
+                self.world.write_status(&name, uid.as_deref(), status);
+            }
+            ConfigJob::AddFinalizer { name } => self.world.add_finalizer(&name),
+            ConfigJob::RemoveFinalizer { name, uid } => {
+                if let Some(gone) = self.world.remove_finalizer(&name, uid.as_deref()) {
+                    self.check_released(&gone)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The publisher: our ConfigMap first, then ip-masq-agent's; either may fail.
+    fn publish(&mut self, p: usize, fail_first: bool, fail_second: bool) {
+        let Some(network) = self.procs[p].publish.clone() else {
+            return;
+        };
+        if fail_first {
+            return;
+        }
+        let data = network.configmap_data(&self.wall.to_string());
+        self.world.put_output(0, Some(data));
+        self.world.output_tampered[0] = false;
+        if self.setup.outputs > 1 {
+            if fail_second {
+                return;
+            }
+            let current = self.world.outputs[1]
+                .as_ref()
+                .and_then(|d| d.get("config"))
+                .map(String::as_str);
+            let config = ip_masq_agent_config(current, &network, &[]).expect("our own config");
+            let mut data = self.world.outputs[1].clone().unwrap_or_default();
+            data.insert("config".into(), config);
+            self.world.put_output(1, Some(data));
+            self.world.output_tampered[1] = false;
+        }
+        self.procs[p].publish = None;
+        self.procs[p].answers.push(Input::Published(network));
+    }
+
+    fn user(&mut self, u: &User) {
+        let pick = |n: usize, i: u8| (n > 0).then(|| usize::from(i) % n);
+        match u {
+            User::CreateNode { name, pool_b } => {
+                let name = format!("n{}", name % 8);
+                if !self.world.nodes.contains_key(&name) {
+                    let labels = if *pool_b {
+                        vec![("pool".to_string(), "b".to_string())]
+                    } else {
+                        Vec::new()
+                    };
+                    let uid = self.world.uid("node");
+                    let node = NodeObj {
+                        uid,
+                        labels,
+                        cidrs: Vec::new(),
+                        ours: false,
+                    };
+                    self.world.put_node(&name, node);
+                }
+            }
+            User::CreateUnmanagedNode { name } => {
+                let name = format!("u{}", name % 3);
+                if !self.world.nodes.contains_key(&name) {
+                    let uid = self.world.uid("node");
+                    let cidr = format!("192.168.{}.0/24", name.trim_start_matches('u'));
+                    let node = NodeObj {
+                        uid,
+                        labels: Vec::new(),
+                        cidrs: vec![cidr],
+                        ours: false,
+                    };
+                    self.world.put_node(&name, node);
+                }
+            }
+            User::DeleteNode { pick: i } => {
+                if let Some(i) = pick(self.world.nodes.len(), *i) {
+                    let name = self.world.nodes.keys().nth(i).cloned().unwrap_or_default();
+                    self.world.delete_node(&name);
+                }
+            }
+            User::RecreateNode { pick: i } => {
+                if let Some(i) = pick(self.world.nodes.len(), *i) {
+                    let name = self.world.nodes.keys().nth(i).cloned().unwrap_or_default();
+                    if name.starts_with('n') {
+                        let labels = self.world.nodes[&name].labels.clone();
+                        self.world.delete_node(&name);
+                        let uid = self.world.uid("node");
+                        let node = NodeObj {
+                            uid,
+                            labels,
+                            cidrs: Vec::new(),
+                            ours: false,
+                        };
+                        self.world.put_node(&name, node);
+                    }
+                }
+            }
+            User::CreateConfig { menu } => {
+                let (name, v4, v6, pool_b) = CONFIG_MENU[usize::from(*menu) % CONFIG_MENU.len()];
+                if !self.world.configs.contains_key(name) {
+                    let uid = self.world.uid("config");
+                    let selector = pool_b.then(|| fixtures::selecting("pool", "b"));
+                    let c = fixtures::config(name, &uid, self.wall, (v4, v6), selector, false);
+                    self.world.put_config(c);
+                }
+            }
+            User::DeleteConfig { pick: i } => {
+                if let Some(i) = pick(self.world.configs.len(), *i) {
+                    let name = self
+                        .world
+                        .configs
+                        .keys()
+                        .nth(i)
+                        .cloned()
+                        .unwrap_or_default();
+                    self.world.delete_config(&name, self.wall);
+                }
+            }
+            User::ToggleConfig { pick: i } => {
+                if let Some(i) = pick(self.world.configs.len(), *i) {
+                    let mut c = self.world.configs.values().nth(i).cloned().expect("picked");
+                    c.spec.allocation = match c.spec.allocation {
+                        Allocation::Enabled => Allocation::Disabled,
+                        Allocation::Disabled => Allocation::Enabled,
+                    };
+                    c.metadata.generation = Some(c.metadata.generation.unwrap_or(1) + 1);
+                    self.world.put_config(c);
+                }
+            }
+            User::SetService { name, menu } => {
+                let cidrs = SERVICE_MENU[usize::from(*menu) % SERVICE_MENU.len()];
+                let cidrs = cidrs.iter().map(ToString::to_string).collect();
+                self.world.put_service(&format!("s{}", name % 2), cidrs);
+            }
+            User::DeleteService { name } => self.world.delete_service(&format!("s{}", name % 2)),
+            User::EditOutput { index, delete } => {
+                let i = usize::from(*index);
+                if i < self.setup.outputs {
+                    let data =
+                        (!delete).then(|| BTreeMap::from([("edited".into(), "by hand".into())]));
+                    self.world.put_output(i, data);
+                    self.world.output_tampered[i] = true;
+                }
+            }
+            User::EditStatus { pick: i } => {
+                if let Some(i) = pick(self.world.configs.len(), *i) {
+                    let mut c = self.world.configs.values().nth(i).cloned().expect("picked");
+                    let name = c.metadata.name.clone().unwrap_or_default();
+                    let mut status = c.status.clone().unwrap_or_default();
+                    status.nodes = Some(999);
+                    c.status = Some(status);
+                    self.world.put_config(c);
+                    self.world.status_tampered.insert(name, true);
+                }
+            }
+        }
+    }
+
+    // ----- invariants -----
+
+    /// Checked after every action.
+    fn check(&self) -> Result<(), Violation> {
+        self.check_no_overlap()?;
+        self.check_published()?;
+        self.check_drained()?;
+        self.check_blocks_have_a_config()
+    }
+
+    fn held(&self) -> Vec<(&str, IpNet, bool)> {
+        self.world
+            .nodes
+            .iter()
+            .flat_map(|(name, n)| {
+                n.nets()
+                    .into_iter()
+                    .map(move |c| (name.as_str(), c, n.ours))
+            })
+            .collect()
+    }
+
+    fn check_no_overlap(&self) -> Result<(), Violation> {
+        let held = self.held();
+        for (i, (a, ca, _)) in held.iter().enumerate() {
+            for (b, cb, _) in &held[i + 1..] {
+                if a != b && nets_overlap(ca, cb) {
+                    return Err(Violation {
+                        rule: "no two nodes hold overlapping podCIDRs",
+                        detail: format!("{a} holds {ca} and {b} holds {cb}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_published(&self) -> Result<(), Violation> {
+        let kinds = [OutputKind::PodNetwork, OutputKind::IpMasqAgent];
+        for (i, data) in self.world.outputs.iter().enumerate() {
+            if self.world.output_tampered[i] {
+                continue;
+            }
+            let cidrs = data
+                .as_ref()
+                .map(|d| kinds[i].read(d).cidrs)
+                .unwrap_or_default();
+            for (node, block, ours) in self.held() {
+                if ours && !covered(&block, &cidrs) {
+                    return Err(Violation {
+                        rule: "every range a node holds a block from is published",
+                        detail: format!(
+                            "{node} holds {block} but {} has {cidrs:?}",
+                            OUTPUT_NAMES[i]
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The config that owns a block: the oldest whose range contains it.
+    fn owner(&self, block: &IpNet) -> Option<&NodeIPAMConfig> {
+        self.world
+            .configs
+            .values()
+            .filter(|c| ranges(c).iter().any(|r| r.contains(block)))
+            .min_by_key(|c| order(c))
+    }
+
+    fn check_drained(&self) -> Result<(), Violation> {
+        for (name, c) in &self.world.configs {
+            if self
+                .world
+                .status_tampered
+                .get(name)
+                .copied()
+                .unwrap_or(false)
+            {
+                continue;
+            }
+            let drained = c.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|k| k.type_ == CONDITION_DRAINED && k.status == "True")
+            });
+            if !drained {
+                continue;
+            }
+            for (node, block, _) in self.held() {
+                if self.owner(&block).and_then(|o| o.metadata.name.as_deref()) == Some(name) {
+                    return Err(Violation {
+                        rule: "Drained only when no node holds a block",
+                        detail: format!("{name} is Drained while {node} holds {block}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every block we wrote lies in a config that still exists (its finalizer held it).
+    fn check_blocks_have_a_config(&self) -> Result<(), Violation> {
+        for (node, block, ours) in self.held() {
+            if ours && self.owner(&block).is_none() {
+                return Err(Violation {
+                    rule: "a config is removed only when no node holds a block from it",
+                    detail: format!("{node} holds {block}, which no config contains"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn check_released(&self, gone: &NodeIPAMConfig) -> Result<(), Violation> {
+        let name = gone.metadata.name.clone().unwrap_or_default();
+        for (node, block, _) in self.held() {
+            let older_owner = self.owner(&block).is_some_and(|o| order(o) < order(gone));
+            if ranges(gone).iter().any(|r| r.contains(&block)) && !older_owner {
+                return Err(Violation {
+                    rule: "the finalizer goes only when no node holds a block",
+                    detail: format!("{name} released while {node} holds {block}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    // ----- quiescence and liveness -----
+
+    /// No more faults and no user: everything in flight lands, every event is delivered, time
+    /// passes beyond every retry. Then a freshly started machine must agree with the world.
+    pub fn calm(&mut self) -> Result<(), Violation> {
+        if !self.procs[self.leader()].started {
+            self.act(&Action::StartLeader)?;
+        }
+        let l = self.leader();
+        for round in 0..400 {
+            let mut busy = false;
+            for s in streams(self.setup.outputs, true) {
+                while self.procs[l].queues.get(&s).is_some_and(|q| !q.is_empty()) {
+                    self.act(&Action::Deliver { proc: 0, stream: s })?;
+                    busy = true;
+                }
+            }
+            while !self.procs[l].writes.is_empty() {
+                let fault = WriteFault::None;
+                self.act(&Action::Write {
+                    proc: 0,
+                    pick: 0,
+                    fault,
+                })?;
+                busy = true;
+            }
+            while !self.procs[l].rereads.is_empty() {
+                self.act(&Action::Reread {
+                    proc: 0,
+                    pick: 0,
+                    fail: false,
+                })?;
+                busy = true;
+            }
+            while !self.procs[l].answers.is_empty() {
+                self.act(&Action::Answer { proc: 0, pick: 0 })?;
+                busy = true;
+            }
+            while !self.procs[l].config_jobs.is_empty() {
+                self.act(&Action::ConfigJob {
+                    proc: 0,
+                    pick: 0,
+                    fail: false,
+                })?;
+                busy = true;
+            }
+            if self.procs[l].publish.is_some() {
+                let publish = Action::Publish {
+                    proc: 0,
+                    fail_first: false,
+                    fail_second: false,
+                };
+                self.act(&publish)?;
+                busy = true;
+            }
+            // Time passes: parked nodes wake, coalesced status and publication go out.
+            let advance_ms = if round % 10 == 9 { 61_000 } else { 300 };
+            self.act(&Action::Tick {
+                proc: 0,
+                advance_ms,
+            })?;
+            if !busy && round > 20 && self.quiet(l) {
+                return self.check_liveness();
+            }
+        }
+        Err(Violation {
+            rule: "the controller comes to rest",
+            detail: format!(
+                "still busy after 400 calm rounds: {} writes, {} config jobs, publish {}",
+                self.procs[l].writes.len(),
+                self.procs[l].config_jobs.len(),
+                self.procs[l].publish.is_some()
+            ),
+        })
+    }
+
+    fn quiet(&self, l: usize) -> bool {
+        let p = &self.procs[l];
+        p.queues.values().all(VecDeque::is_empty)
+            && p.writes.is_empty()
+            && p.config_jobs.is_empty()
+            && p.publish.is_none()
+            && p.answers.is_empty()
+            && p.rereads.is_empty()
+    }
+
+    /// A machine started now from the world: it must find nothing to do but what the running
+    /// one already did.
+    fn check_liveness(&self) -> Result<(), Violation> {
+        let mut fresh = Machine::new(self.options());
+        let now = Now {
+            mono: Duration::from_secs(3600),
+            wall_seconds: self.wall,
+        };
+        let mut effects = Vec::new();
+        for s in streams(self.setup.outputs, true) {
+            for change in self.world.list(s) {
+                effects.extend(fresh.handle(now, change.into_input()));
+            }
+        }
+        effects.extend(fresh.handle(now, Input::Tick));
+        let leaked: Vec<IpNet> = self.procs[self.leader()]
+            .machine
+            .ipam()
+            .holders()
+            .filter(|(_, holders)| holders.iter().any(|h| matches!(h, Holder::Leaked(_))))
+            .map(|(block, _)| *block)
+            .collect();
+        let leaky = |name: &str| {
+            self.world.configs.get(name).is_some_and(|c| {
+                ranges(c)
+                    .iter()
+                    .any(|r| leaked.iter().any(|b| nets_overlap(r, b)))
+            })
+        };
+        for e in &effects {
+            match e {
+                // A block the running machine leaked is taken for it until a restart.
+                Effect::Write(job)
+                    if job
+                        .cidrs
+                        .iter()
+                        .any(|c| leaked.iter().any(|b| nets_overlap(b, c))) => {}
+                Effect::Write(job) => {
+                    return Err(Violation {
+                        rule: "every node some config can serve has podCIDRs",
+                        detail: format!(
+                            "at rest, {} has none, yet a fresh start gives it {:?} from {}",
+                            job.node, job.cidrs, job.config
+                        ),
+                    });
+                }
+                Effect::Config(ConfigJob::RemoveFinalizer { name, .. }) => {
+                    return Err(Violation {
+                        rule: "every drained config loses our finalizer",
+                        detail: format!("at rest, {name} is drained but keeps the finalizer"),
+                    });
+                }
+                Effect::Config(ConfigJob::AddFinalizer { name }) => {
+                    return Err(Violation {
+                        rule: "every config gets our finalizer",
+                        detail: format!("at rest, {name} has no finalizer"),
+                    });
+                }
+                // Leaked blocks count as allocated until a restart forgets them.
+                Effect::Config(ConfigJob::Status { name, .. }) if leaky(name) => {}
+                Effect::Config(ConfigJob::Status { name, status, .. }) => {
+                    let world = self.world.configs.get(name).and_then(|c| c.status.as_ref());
+                    let counts = |s: &nodeipam_crd::NodeIPAMConfigStatus| (s.nodes, s.ipv4, s.ipv6);
+                    if world.map(counts) != Some(counts(status)) {
+                        return Err(Violation {
+                            rule: "status counts equal a recount",
+                            detail: format!("{name}: status {world:?}, recount {status:?}"),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        let truth = fresh.network();
+        let kinds = [OutputKind::PodNetwork, OutputKind::IpMasqAgent];
+        for (i, kind) in kinds.iter().enumerate().take(self.setup.outputs) {
+            let want = kind.desired(&truth, &[]).cidrs;
+            let have = self.world.outputs[i]
+                .as_ref()
+                .map(|d| kind.read(d).cidrs)
+                .unwrap_or_default();
+            if want != have {
+                return Err(Violation {
+                    rule: "the published outputs equal the truth",
+                    detail: format!("{}: published {have:?}, truth {want:?}", OUTPUT_NAMES[i]),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `NODEIPAM_SIM_VERBOSE=1` prints every action, input and effect of a replay.
+fn verbose() -> bool {
+    std::env::var_os("NODEIPAM_SIM_VERBOSE").is_some()
+}
+
+fn brief(text: &str) -> String {
+    let text: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match text.char_indices().nth(400) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text,
+    }
+}
+
+fn track_service(
+    services: &mut BTreeMap<String, Vec<IpNet>>,
+    listed: &mut BTreeSet<String>,
+    w: &nodeipam_controller::alloc::machine::Watch<k8s_openapi::api::networking::v1::ServiceCIDR>,
+) {
+    use nodeipam_controller::alloc::machine::Watch;
+    let cidrs = |s: &k8s_openapi::api::networking::v1::ServiceCIDR| -> Vec<IpNet> {
+        s.spec
+            .as_ref()
+            .and_then(|s| s.cidrs.clone())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|c| c.parse().ok())
+            .collect()
+    };
+    let name = |s: &k8s_openapi::api::networking::v1::ServiceCIDR| {
+        s.metadata.name.clone().unwrap_or_default()
+    };
+    match w {
+        Watch::ListStart => listed.clear(),
+        Watch::Listed(s) => {
+            listed.insert(name(s));
+            services.insert(name(s), cidrs(s));
+        }
+        Watch::Applied(s) => {
+            services.insert(name(s), cidrs(s));
+        }
+        // Removal is safe to forget at once: a later block in the range is no longer wrong.
+        Watch::Deleted(s) => {
+            services.remove(&name(s));
+        }
+        // What a relist lacks is gone (the flag's ranges are not a watched object).
+        Watch::ListDone => {
+            services.retain(|source, _| source.starts_with("--") || listed.contains(source));
+        }
+    }
+}
+
+fn ranges(c: &NodeIPAMConfig) -> Vec<IpNet> {
+    [&c.spec.ipv4, &c.spec.ipv6]
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.cidr.parse().ok())
+        .collect()
+}
+
+/// Which of two overlapping configs is the older, as the allocation state decides it.
+fn order(c: &NodeIPAMConfig) -> (i64, String) {
+    let created = c.metadata.creation_timestamp.as_ref();
+    let name = c.metadata.name.clone().unwrap_or_default();
+    (created.map_or(i64::MAX, |t| t.0.as_second()), name)
+}
+
+// ----- schedules -----
+
+/// SplitMix64: small, fast, and the same on every machine.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn byte(&mut self) -> u8 {
+        (self.next() & 0xff) as u8
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A seed's setup and schedule.
+pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
+    let mut rng = Rng::new(seed);
+    let setup = Setup {
+        outputs: rng.below(3) as usize,
+        service_flag: rng.chance(50),
+    };
+    let all_streams = streams(setup.outputs, true);
+    let mut actions = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let proc = u8::from(rng.chance(15));
+        let action = match rng.below(100) {
+            0..=34 => Action::Deliver {
+                proc: 0,
+                stream: all_streams[rng.below(all_streams.len() as u64) as usize],
+            },
+            35..=46 => Action::Write {
+                proc,
+                pick: rng.byte(),
+                fault: match rng.below(20) {
+                    0 => WriteFault::LandedUnanswered,
+                    1 => WriteFault::LostUnanswered,
+                    2 | 3 => WriteFault::Refused,
+                    4 => WriteFault::Throttled,
+                    5 => WriteFault::LostUnreadable,
+                    _ => WriteFault::None,
+                },
+            },
+            47..=56 => Action::Answer {
+                proc: 0,
+                pick: rng.byte(),
+            },
+            57..=63 => Action::ConfigJob {
+                proc,
+                pick: rng.byte(),
+                fail: rng.chance(10),
+            },
+            64..=67 => Action::Publish {
+                proc,
+                fail_first: rng.chance(10),
+                fail_second: rng.chance(20),
+            },
+            68..=69 => Action::Reread {
+                proc: 0,
+                pick: rng.byte(),
+                fail: rng.chance(20),
+            },
+            70..=76 => Action::Tick {
+                proc: 0,
+                advance_ms: if rng.chance(5) { 61_000 } else { 200 },
+            },
+            77 => Action::Resync { proc: 0 },
+            78 => Action::Relist {
+                proc: 0,
+                stream: all_streams[rng.below(all_streams.len() as u64) as usize],
+            },
+            79 => {
+                if rng.chance(30) {
+                    Action::Failover
+                } else {
+                    Action::StartLeader
+                }
+            }
+            80 => Action::ClockJump {
+                seconds: if rng.chance(50) { -3600 } else { 86_400 },
+            },
+            _ => Action::User(user(&mut rng)),
+        };
+        actions.push(action);
+    }
+    (setup, actions)
+}
+
+fn user(rng: &mut Rng) -> User {
+    match rng.below(100) {
+        0..=29 => User::CreateNode {
+            name: rng.byte(),
+            pool_b: rng.chance(30),
+        },
+        30..=32 => User::CreateUnmanagedNode { name: rng.byte() },
+        33..=47 => User::DeleteNode { pick: rng.byte() },
+        48..=52 => User::RecreateNode { pick: rng.byte() },
+        53..=67 => User::CreateConfig { menu: rng.byte() },
+        68..=75 => User::DeleteConfig { pick: rng.byte() },
+        76..=80 => User::ToggleConfig { pick: rng.byte() },
+        81..=86 => User::SetService {
+            name: rng.byte(),
+            menu: rng.byte(),
+        },
+        87..=89 => User::DeleteService { name: rng.byte() },
+        90..=94 => User::EditOutput {
+            index: rng.byte() % 2,
+            delete: rng.chance(50),
+        },
+        _ => User::EditStatus { pick: rng.byte() },
+    }
+}
+
+/// Runs a schedule, then calms the world and checks liveness. On a violation: which action.
+pub fn run(setup: &Setup, actions: &[Action]) -> Result<(), (usize, Violation)> {
+    let mut sim = Sim::new(setup.clone());
+    for (i, action) in actions.iter().enumerate() {
+        sim.act(action).map_err(|v| (i, v))?;
+    }
+    sim.calm().map_err(|v| (actions.len(), v))
+}
+
+/// The shortest schedule found that still breaks the same rule: drops chunks, then single
+/// actions, while the failure stays.
+pub fn shrink(setup: &Setup, actions: &[Action], rule: &str) -> Vec<Action> {
+    let fails = |a: &[Action]| matches!(run(setup, a), Err((_, v)) if v.rule == rule);
+    let mut current = actions.to_vec();
+    if let Err((at, _)) = run(setup, &current) {
+        current.truncate((at + 1).min(current.len()));
+    }
+    let mut chunk = current.len() / 2;
+    while chunk >= 1 {
+        let mut start = 0;
+        while start < current.len() {
+            let mut candidate = current.clone();
+            let end = (start + chunk).min(candidate.len());
+            candidate.drain(start..end);
+            if fails(&candidate) {
+                current = candidate;
+            } else {
+                start += chunk;
+            }
+        }
+        chunk /= 2;
+    }
+    current
+}

@@ -1,0 +1,339 @@
+//! The model API server: Nodes, NodeIPAMConfigs, ServiceCIDRs and the published ConfigMaps,
+//! with UIDs, UID preconditions, podCIDRs immutable once set, finalizers and deletion, and the
+//! status subresource. Every change becomes a watch event for each subscribed process.
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use nodeipam_controller::alloc::fixtures;
+use nodeipam_controller::alloc::machine::Input;
+use nodeipam_controller::alloc::machine::Watch;
+use nodeipam_controller::alloc::outcome::NodeNow;
+use nodeipam_controller::node::IpamNode;
+use nodeipam_crd::{FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus};
+
+/// A watch stream of one process.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub enum Stream {
+    Nodes,
+    Configs,
+    Services,
+    Output(usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct NodeObj {
+    pub uid: String,
+    pub labels: Vec<(String, String)>,
+    pub cidrs: Vec<String>,
+    /// podCIDRs written by a controller (not by the user who created the node).
+    pub ours: bool,
+}
+
+impl NodeObj {
+    pub fn as_ipam(&self, name: &str) -> IpamNode {
+        let labels: Vec<(&str, &str)> = self
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let cidrs: Vec<&str> = self.cidrs.iter().map(String::as_str).collect();
+        fixtures::node(name, &self.uid, &labels, &cidrs)
+    }
+
+    pub fn nets(&self) -> Vec<IpNet> {
+        self.cidrs.iter().filter_map(|c| c.parse().ok()).collect()
+    }
+}
+
+/// A change, as a watch delivers it.
+#[derive(Clone, Debug)]
+pub enum Change {
+    Node(Watch<IpamNode>),
+    Config(Watch<NodeIPAMConfig>),
+    Service(Watch<ServiceCIDR>),
+    Output(usize, Watch<ConfigMap>),
+}
+
+impl Change {
+    pub fn stream(&self) -> Stream {
+        match self {
+            Change::Node(_) => Stream::Nodes,
+            Change::Config(_) => Stream::Configs,
+            Change::Service(_) => Stream::Services,
+            Change::Output(i, _) => Stream::Output(*i),
+        }
+    }
+
+    pub fn into_input(self) -> Input {
+        match self {
+            Change::Node(w) => Input::Node(w),
+            Change::Config(w) => Input::Config(w),
+            Change::Service(w) => Input::Service(w),
+            Change::Output(i, w) => Input::Output(i, w),
+        }
+    }
+}
+
+/// What a podCIDR patch did.
+pub enum Patched {
+    Applied(Vec<IpNet>, String),
+    Missing,
+    /// 409 (UID precondition) or 422 (podCIDRs are immutable).
+    Refused(String),
+}
+
+#[derive(Default)]
+pub struct World {
+    uids: u64,
+    pub nodes: BTreeMap<String, NodeObj>,
+    pub configs: BTreeMap<String, NodeIPAMConfig>,
+    pub services: BTreeMap<String, Vec<String>>,
+    pub outputs: Vec<Option<BTreeMap<String, String>>>,
+    /// Changes since the last `drain_changes`.
+    changes: Vec<Change>,
+    /// An output edited by the user and not written by a controller since.
+    pub output_tampered: Vec<bool>,
+    /// A status edited by the user and not written by a controller since.
+    pub status_tampered: BTreeMap<String, bool>,
+}
+
+impl World {
+    pub fn new(outputs: usize) -> Self {
+        World {
+            outputs: vec![None; outputs],
+            output_tampered: vec![false; outputs],
+            ..World::default()
+        }
+    }
+
+    pub fn uid(&mut self, kind: &str) -> String {
+        self.uids += 1;
+        format!("{kind}-{}", self.uids)
+    }
+
+    pub fn drain_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Everything, as a list of one stream shows it.
+    pub fn list(&self, stream: Stream) -> Vec<Change> {
+        let mut out = Vec::new();
+        match stream {
+            Stream::Nodes => {
+                out.push(Change::Node(Watch::ListStart));
+                for (name, n) in &self.nodes {
+                    out.push(Change::Node(Watch::Listed(n.as_ipam(name))));
+                }
+                out.push(Change::Node(Watch::ListDone));
+            }
+            Stream::Configs => {
+                out.push(Change::Config(Watch::ListStart));
+                for c in self.configs.values() {
+                    out.push(Change::Config(Watch::Listed(c.clone())));
+                }
+                out.push(Change::Config(Watch::ListDone));
+            }
+            Stream::Services => {
+                out.push(Change::Service(Watch::ListStart));
+                for (name, cidrs) in &self.services {
+                    out.push(Change::Service(Watch::Listed(service(name, cidrs))));
+                }
+                out.push(Change::Service(Watch::ListDone));
+            }
+            Stream::Output(i) => {
+                out.push(Change::Output(i, Watch::ListStart));
+                if let Some(data) = &self.outputs[i] {
+                    out.push(Change::Output(i, Watch::Listed(configmap(i, data))));
+                }
+                out.push(Change::Output(i, Watch::ListDone));
+            }
+        }
+        out
+    }
+
+    // ----- nodes -----
+
+    pub fn put_node(&mut self, name: &str, node: NodeObj) {
+        self.changes
+            .push(Change::Node(Watch::Applied(node.as_ipam(name))));
+        self.nodes.insert(name.to_string(), node);
+    }
+
+    pub fn delete_node(&mut self, name: &str) {
+        if let Some(n) = self.nodes.remove(name) {
+            self.changes
+                .push(Change::Node(Watch::Deleted(n.as_ipam(name))));
+        }
+    }
+
+    /// The controller's merge patch of podCIDRs with the UID precondition.
+    pub fn patch_node(&mut self, name: &str, uid: Option<&str>, cidrs: &[IpNet]) -> Patched {
+        let Some(node) = self.nodes.get(name) else {
+            return Patched::Missing;
+        };
+        if uid.is_some_and(|u| u != node.uid) {
+            return Patched::Refused("409 Conflict: uid precondition failed".into());
+        }
+        let wanted: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+        if !node.cidrs.is_empty() && node.cidrs != wanted {
+            return Patched::Refused("422 Invalid: spec.podCIDRs may not change once set".into());
+        }
+        let uid = node.uid.clone();
+        if node.cidrs.is_empty() {
+            let mut node = node.clone();
+            node.cidrs = wanted;
+            node.ours = true;
+            self.put_node(name, node);
+        }
+        Patched::Applied(cidrs.to_vec(), uid)
+    }
+
+    /// A fresh GET of a node.
+    pub fn read_node(&self, name: &str) -> NodeNow {
+        match self.nodes.get(name) {
+            None => NodeNow::Gone,
+            Some(n) if n.cidrs.is_empty() => NodeNow::Empty {
+                uid: Some(n.uid.clone()),
+            },
+            Some(n) => NodeNow::Has {
+                uid: Some(n.uid.clone()),
+                cidrs: n.nets(),
+            },
+        }
+    }
+
+    // ----- configs -----
+
+    pub fn put_config(&mut self, config: NodeIPAMConfig) {
+        let name = config.metadata.name.clone().unwrap_or_default();
+        self.changes
+            .push(Change::Config(Watch::Applied(config.clone())));
+        self.configs.insert(name, config);
+    }
+
+    /// A delete: marked while finalizers remain, gone when none do.
+    pub fn delete_config(&mut self, name: &str, now: i64) {
+        let Some(mut c) = self.configs.get(name).cloned() else {
+            return;
+        };
+        if c.metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| !f.is_empty())
+        {
+            if c.metadata.deletion_timestamp.is_none() {
+                c.metadata.deletion_timestamp = Some(time(now));
+                self.put_config(c);
+            }
+        } else {
+            self.configs.remove(name);
+            self.changes.push(Change::Config(Watch::Deleted(c)));
+        }
+    }
+
+    pub fn add_finalizer(&mut self, name: &str) {
+        let Some(mut c) = self.configs.get(name).cloned() else {
+            return;
+        };
+        let finalizers = c.metadata.finalizers.get_or_insert_with(Vec::new);
+        // The API server refuses new finalizers on an object being deleted.
+        if c.metadata.deletion_timestamp.is_some() || finalizers.iter().any(|f| f == FINALIZER) {
+            return;
+        }
+        finalizers.push(FINALIZER.into());
+        self.put_config(c);
+    }
+
+    /// Removes our finalizer from the object `uid` only; the last finalizer of an object being
+    /// deleted takes the object with it. Returns the removed object, if it went.
+    pub fn remove_finalizer(&mut self, name: &str, uid: Option<&str>) -> Option<NodeIPAMConfig> {
+        let mut c = self.configs.get(name).cloned()?;
+        if uid.is_some() && c.metadata.uid.as_deref() != uid {
+            return None;
+        }
+        let finalizers = c.metadata.finalizers.get_or_insert_with(Vec::new);
+        let before = finalizers.len();
+        finalizers.retain(|f| f != FINALIZER);
+        if finalizers.len() == before {
+            return None;
+        }
+        if finalizers.is_empty() && c.metadata.deletion_timestamp.is_some() {
+            self.configs.remove(name);
+            self.changes.push(Change::Config(Watch::Deleted(c.clone())));
+            return Some(c);
+        }
+        self.put_config(c);
+        None
+    }
+
+    /// The status subresource, with the UID precondition.
+    pub fn write_status(&mut self, name: &str, uid: Option<&str>, status: NodeIPAMConfigStatus) {
+        let Some(mut c) = self.configs.get(name).cloned() else {
+            return;
+        };
+        if uid.is_some() && c.metadata.uid.as_deref() != uid {
+            return;
+        }
+        self.status_tampered.remove(name);
+        if c.status.as_ref() == Some(&status) {
+            return;
+        }
+        c.status = Some(status);
+        self.put_config(c);
+    }
+
+    // ----- services and outputs -----
+
+    pub fn put_service(&mut self, name: &str, cidrs: Vec<String>) {
+        self.changes
+            .push(Change::Service(Watch::Applied(service(name, &cidrs))));
+        self.services.insert(name.to_string(), cidrs);
+    }
+
+    pub fn delete_service(&mut self, name: &str) {
+        if let Some(cidrs) = self.services.remove(name) {
+            self.changes
+                .push(Change::Service(Watch::Deleted(service(name, &cidrs))));
+        }
+    }
+
+    pub fn put_output(&mut self, index: usize, data: Option<BTreeMap<String, String>>) {
+        if self.outputs[index] == data {
+            return;
+        }
+        match &data {
+            Some(d) => self
+                .changes
+                .push(Change::Output(index, Watch::Applied(configmap(index, d)))),
+            None => {
+                let old = self.outputs[index].clone().unwrap_or_default();
+                self.changes.push(Change::Output(
+                    index,
+                    Watch::Deleted(configmap(index, &old)),
+                ));
+            }
+        }
+        self.outputs[index] = data;
+    }
+}
+
+pub fn time(seconds: i64) -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap_or_default())
+}
+
+fn service(name: &str, cidrs: &[String]) -> ServiceCIDR {
+    let cidrs: Vec<&str> = cidrs.iter().map(String::as_str).collect();
+    fixtures::service_cidr(name, &cidrs)
+}
+
+pub const OUTPUT_NAMES: [&str; 2] = ["nodeipam-pod-network", "ip-masq-agent"];
+
+fn configmap(index: usize, data: &BTreeMap<String, String>) -> ConfigMap {
+    fixtures::configmap("kube-system", OUTPUT_NAMES[index], data.clone())
+}
