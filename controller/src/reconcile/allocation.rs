@@ -877,6 +877,7 @@ impl Session {
                         .usage
                         .get_or_create(&cidr_label(&range))
                         .set(f.allocated as f64 / f.capacity as f64);
+                    self.ctx.metrics.range_capacity(&range, f.capacity);
                 }
                 if let Some(f) = f {
                     let label = ConfigFamily {
@@ -901,6 +902,7 @@ impl Session {
                 .or(seen.status.as_ref())
                 .map_or(&[], |s| s.conditions.as_slice());
             let (status, transitions) = desired_status(&facts, seen.generation, previous, &now);
+            self.ctx.metrics.observe_status(&name, &status);
             let unchanged = self.written.get(&name).or(seen.status.as_ref()) == Some(&status);
             let (uid, deleting, has_finalizer) =
                 (seen.uid.clone(), seen.deleting, seen.has_finalizer);
