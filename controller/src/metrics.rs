@@ -271,6 +271,35 @@ impl Metrics {
             .set(i64::from(draining));
     }
 
+    /// Drops the per-config series of a config that is gone, so that no alert fires on the
+    /// last state of an object that no longer exists.
+    pub fn forget_config(&self, config: &str) {
+        for condition in [
+            nodeipam_crd::CONDITION_READY,
+            nodeipam_crd::CONDITION_EXHAUSTED,
+            nodeipam_crd::CONDITION_DRAINED,
+        ] {
+            for status in ["True", "False", "Unknown"] {
+                self.conditions.remove(&ConfigCondition {
+                    config: config.into(),
+                    condition: condition.into(),
+                    status: status.into(),
+                });
+            }
+        }
+        self.draining.remove(&ConfigName {
+            config: config.into(),
+        });
+        for family in ["ipv4", "ipv6"] {
+            let label = ConfigFamily {
+                config: config.into(),
+                family: family.into(),
+            };
+            self.blocks_allocated.remove(&label);
+            self.blocks_capacity.remove(&label);
+        }
+    }
+
     /// Every metric family this registry exposes, as Prometheus names them in queries
     /// (`_total` on counters; `_bucket`, `_sum`, `_count` on histograms), whether or not it has
     /// a series yet (the text encoding leaves out families without one).
@@ -431,6 +460,10 @@ mod tests {
             sample(&m, "nodeipam_config_draining{config=\"a\"}").as_deref(),
             Some("1")
         );
+
+        m.forget_config("a");
+        assert_eq!(sample(&m, "nodeipam_config_draining{config=\"a\"}"), None);
+        assert_eq!(cond("Exhausted", "True"), None);
 
         // An active config is not draining though its Drained condition is False; a drained
         // one is not draining any more.

@@ -791,6 +791,7 @@ impl Session {
 
     fn on_config_gone(&mut self, name: &str) {
         info!(config = %name, "NodeIPAMConfig gone");
+        self.ctx.metrics.forget_config(name);
         self.configs.remove(name);
         self.written.remove(name);
         self.ipam.remove_config(name);
