@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 
 fn check(rel: &str) -> Result<(), String> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel);
     let committed = std::fs::read_to_string(&path).map_err(|err| {
         format!(
             "cannot read {}: {err}; run `cargo run -p nodeipam-crd --bin crdgen -- --write`",
