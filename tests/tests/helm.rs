@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use nodeipam_testenv::{ControlPlane, default_assets_dir, workspace_root};
+use nodeipam_testenv::{ControlPlane, default_assets_dir, default_helm_path, workspace_root};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "nodeipam-system";
@@ -23,33 +23,9 @@ const RELEASE: &str = "nodeipam";
 // ----- tools -----
 
 /// The Helm binary: `$NODEIPAM_HELM`, else where `hack/helm.sh` puts the version
-/// `hack/helm/go.mod` pins, next to the control-plane binaries.
+/// `hack/helm/go.mod` pins.
 fn helm_bin() -> PathBuf {
-    let path = match std::env::var_os("NODEIPAM_HELM").filter(|v| !v.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let go_mod = workspace_root().join("hack/helm/go.mod");
-            let text = std::fs::read_to_string(&go_mod).unwrap_or_else(|e| {
-                panic!("step=locate-helm: cannot read {}: {e}", go_mod.display())
-            });
-            let version = text
-                .lines()
-                .find_map(|l| l.strip_prefix("require helm.sh/helm/v3 "))
-                .map(str::trim)
-                .unwrap_or_else(|| {
-                    panic!(
-                        "step=locate-helm: no `require helm.sh/helm/v3` in {}",
-                        go_mod.display()
-                    )
-                });
-            let assets = default_assets_dir();
-            assets
-                .parent()
-                .unwrap_or(&assets)
-                .join(format!("helm-{version}"))
-                .join("helm")
-        }
-    };
+    let path = default_helm_path().unwrap_or_else(|e| panic!("step=locate-helm: {e}"));
     assert!(
         path.is_file(),
         "step=locate-helm: no helm binary at {}: run `hack/helm.sh build` (hack/test.sh does), \
