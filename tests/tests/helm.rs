@@ -587,3 +587,30 @@ async fn the_chart_applies_to_the_real_api_server() {
 
     cp.stop().await;
 }
+
+// ----- versions -----
+
+/// The chart follows the workspace's version (docs/versioning.md): `version` is the Cargo
+/// version and `appVersion` the image tag `v<version>`; CHANGELOG.md has a section for it.
+#[test]
+fn the_chart_and_the_workspace_share_one_version() {
+    let text = std::fs::read_to_string(workspace_root().join("charts/nodeipam/Chart.yaml"))
+        .expect("read Chart.yaml");
+    let chart: Value = serde_yaml::from_str(&text).expect("Chart.yaml parses");
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(chart["version"], version, "Chart.yaml version");
+    assert_eq!(
+        chart["appVersion"],
+        format!("v{version}"),
+        "Chart.yaml appVersion"
+    );
+    let changelog =
+        std::fs::read_to_string(workspace_root().join("CHANGELOG.md")).expect("read CHANGELOG.md");
+    assert!(
+        changelog
+            .lines()
+            .any(|l| l.starts_with(&format!("## [{version}]"))),
+        "CHANGELOG.md has no section for {version}"
+    );
+    assert!(changelog.contains("## [Unreleased]"));
+}
