@@ -2,13 +2,18 @@
 //! really registers (`Metrics::new()`): `config/prometheus` parses, every alert's PromQL names
 //! only registered metrics, every alert has a runbook section in `docs/runbooks.md` and a
 //! `runbook_url` pointing at it, the chart carries the same alerts, and `docs/metrics.md`
-//! documents every registered metric and no other. Pure file checks: no API server.
+//! documents every registered metric and no other. Those are file checks; the last test runs
+//! the controller against a real API server and reads the metrics the alerts are built on.
+
+mod support;
 
 use std::collections::BTreeSet;
 
 use nodeipam_controller::metrics::Metrics;
+use nodeipam_controller::reconcile::Options;
 use nodeipam_testenv::workspace_root;
 use serde_json::Value;
+use support::*;
 
 /// Where the runbooks are published: the repository's docs/runbooks.md.
 const RUNBOOKS: &str = "https://github.com/nodeipam/nodeipam/blob/main/docs/runbooks.md";
@@ -353,4 +358,97 @@ fn every_metric_is_documented() {
             .expect("row");
         assert!(row.contains(&format!("| {kind} |")), "{name}: {row}");
     }
+}
+
+/// The value of the sample `series` (name and labels exactly as exposed), if present.
+fn sample(text: &str, series: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|rest| rest.strip_prefix(' '))
+        .map(|v| v.trim().to_string())
+}
+
+/// Through the real API server: kcm's max gauge, the condition gauges behind
+/// `NodeIPAMConfigExhausted`, the draining gauge behind `NodeIPAMRangeDraining`, and the
+/// series dropped once the config is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_alert_metrics_follow_a_config_through_exhaustion_drain_and_removal() {
+    let cp = control_plane().await;
+    let client = cp.client();
+    let ctl = start_controller(client.clone(), Options::default());
+    // 10.30.0.0/24 in /26 blocks: 4 blocks, so 4 nodes exhaust it.
+    create_ready_config(
+        &client,
+        "small",
+        spec(family("10.30.0.0/24", 26), None, None),
+    )
+    .await;
+    for i in 0..4 {
+        create_node(&client, &format!("n{i}"), &[]).await;
+    }
+    for i in 0..4 {
+        wait_cidrs(&client, &format!("n{i}")).await;
+    }
+    wait_condition(&client, "small", "Exhausted", "True", None).await;
+    let m = &ctl.metrics;
+    let text = wait_for("the exhausted config in the metrics", || async {
+        let text = m.encode();
+        (sample(
+            &text,
+            r#"nodeipam_config_condition{config="small",condition="Exhausted",status="True"}"#,
+        )
+        .as_deref()
+            == Some("1"))
+        .then_some(text)
+    })
+    .await;
+    assert_eq!(
+        sample(
+            &text,
+            r#"node_ipam_controller_cirdset_max_cidrs{clusterCIDR="10.30.0.0/24"}"#
+        )
+        .as_deref(),
+        Some("4"),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"node_ipam_controller_cidrset_usage_cidrs{clusterCIDR="10.30.0.0/24"}"#
+        )
+        .as_deref(),
+        Some("1.0"),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"nodeipam_config_draining{config="small"}"#).as_deref(),
+        Some("0"),
+        "an active config is not draining: {text}"
+    );
+
+    // Deleted while nodes hold its blocks: draining.
+    delete_config(&client, "small").await;
+    wait_condition(&client, "small", "Drained", "False", Some("NodesRemaining")).await;
+    wait_for("draining=1", || async {
+        (sample(&m.encode(), r#"nodeipam_config_draining{config="small"}"#).as_deref() == Some("1"))
+            .then_some(())
+    })
+    .await;
+
+    // The nodes go: drained, finalizer removed, config gone, and its series with it.
+    for i in 0..4 {
+        delete_node(&client, &format!("n{i}")).await;
+    }
+    wait_for("the config gone", || async {
+        get_config(&client, "small").await.is_none().then_some(())
+    })
+    .await;
+    let text = wait_for("the config's series gone", || async {
+        let text = m.encode();
+        (!text.contains(r#"config="small""#)).then_some(text)
+    })
+    .await;
+    assert!(!text.contains("nodeipam_config_draining{"), "{text}");
+    stop_controller(ctl).await;
+    cp.stop().await;
 }
