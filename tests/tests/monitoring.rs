@@ -314,6 +314,33 @@ fn config_prometheus_parses_and_the_monitor_selects_the_metrics_service() {
             .is_some_and(|ps| ps.iter().any(|p| &p["name"] == port)),
         "the ServiceMonitor's port {port} is a port of the Service"
     );
+    // The Service selects the controller's pods and targets a port their container declares
+    // (config/manager): a renamed or moved metrics port must move here too.
+    let deployment = yaml_docs(&read("config/manager/manager.yaml"))
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("config/manager has the Deployment");
+    let pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .expect("pod labels");
+    for (k, v) in service[0]["spec"]["selector"]
+        .as_object()
+        .expect("selector")
+    {
+        assert_eq!(
+            pod_labels.get(k),
+            Some(v),
+            "the metrics Service selects {k}={v}"
+        );
+    }
+    let target = &service[0]["spec"]["ports"][0]["targetPort"];
+    let ports = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+        .as_array()
+        .expect("container ports");
+    assert!(
+        ports.iter().any(|p| &p["name"] == target),
+        "the metrics Service targets port {target}, which the manager container does not declare: {ports:?}"
+    );
 }
 
 /// docs/metrics.md names every registered metric (as queried: counters with `_total`) in a
