@@ -24,6 +24,7 @@ cmd_build() {
   fi
   command -v go >/dev/null || die "step=helm-build: 'go' is not installed (needed once to build helm $HELM_VERSION)"
   mkdir -p "$out"
+  timed "go mod download (helm $HELM_VERSION)" bash -c "cd '$MOD_DIR' && go mod download"
   # Helm's own Makefile sets these: the version it reports, and the Kubernetes version that
   # `helm template` and `helm lint` assume (that of its client-go, which the chart's
   # kubeVersion is checked against).
@@ -37,7 +38,6 @@ cmd_build() {
   for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
     ldflags+=" -X $pkg.k8sVersionMajor=$major -X $pkg.k8sVersionMinor=$minor"
   done
-  timed "go mod download (helm $HELM_VERSION)" bash -c "cd '$MOD_DIR' && go mod download"
   timed "build helm $HELM_VERSION" bash -c "cd '$MOD_DIR' && CGO_ENABLED=0 GOFLAGS=-mod=readonly \
     go build -trimpath -ldflags '$ldflags' -o '$out/' helm.sh/helm/v3/cmd/helm"
   "$NODEIPAM_HELM" version >&2
