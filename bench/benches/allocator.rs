@@ -7,7 +7,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use nodeipam_controller::cidrset::CidrSet;
+use nodeipam_controller::alloc::cidrset::CidrSet;
 
 fn allocate_all(c: &mut Criterion) {
     let mut group = c.benchmark_group("allocate_all");

@@ -7,8 +7,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ipnet::IpNet;
-use nodeipam_controller::cidrset::CidrSet;
-use nodeipam_controller::ipam::{ConfigInput, Ipam};
+use nodeipam_controller::alloc::cidrset::CidrSet;
+use nodeipam_controller::alloc::ipam::{ConfigInput, Ipam};
 
 fn cluster(nodes: u64) -> Ipam {
     let range: IpNet = "10.0.0.0/8".parse().expect("range literal");

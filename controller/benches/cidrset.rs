@@ -8,7 +8,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ipnet::IpNet;
-use nodeipam_controller::cidrset::CidrSet;
+use nodeipam_controller::alloc::cidrset::CidrSet;
 
 fn new_set(range: &str, mask: u8) -> CidrSet {
     let range: IpNet = range.parse().expect("benchmark range literal");

@@ -9,7 +9,7 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
-use nodeipam_controller::ipam::{ConfigInput, Ipam};
+use nodeipam_controller::alloc::ipam::{ConfigInput, Ipam};
 
 fn selecting(pool: &str) -> NodeSelector {
     NodeSelector {

@@ -7,9 +7,9 @@ use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use nodeipam_crd::{Allocation, CONDITION_DRAINED, NodeIPAMConfig};
 
-use crate::ipam::nets_overlap;
+use crate::alloc::ipam::nets_overlap;
+use crate::alloc::podnetwork::{ConfigRanges, PodNetwork, ip_masq_agent_config};
 use crate::node::IpamNode;
-use crate::podnetwork::{ConfigRanges, PodNetwork, ip_masq_agent_config};
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum Format {

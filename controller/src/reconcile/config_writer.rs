@@ -7,41 +7,14 @@ use std::sync::Arc;
 
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
-use nodeipam_crd::{FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus};
+use nodeipam_crd::{FINALIZER, NodeIPAMConfig};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::node_writer::backoff;
 use super::{Context, MANAGER};
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum ConfigJob {
-    Status {
-        name: String,
-        status: NodeIPAMConfigStatus,
-    },
-    AddFinalizer {
-        name: String,
-    },
-    /// Only from the object `uid`, the one found drained: never from a config re-created
-    /// under the same name meanwhile.
-    RemoveFinalizer {
-        name: String,
-        uid: Option<String>,
-    },
-}
-
-impl ConfigJob {
-    fn key(&self) -> (String, u8) {
-        match self {
-            ConfigJob::Status { name, .. } => (name.clone(), 0),
-            ConfigJob::AddFinalizer { name } | ConfigJob::RemoveFinalizer { name, .. } => {
-                (name.clone(), 1)
-            }
-        }
-    }
-}
+use crate::alloc::effects::ConfigJob;
 
 /// Tells the allocation loop that a finalizer change is done, so it can lift its gate.
 #[derive(Debug)]

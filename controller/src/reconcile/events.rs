@@ -1,92 +1,13 @@
 //! Publishes Kubernetes Events on Nodes and NodeIPAMConfigs off the allocation loop, so a slow
 //! events API never delays an allocation. Events are best effort: a failure is logged.
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::MANAGER;
-
-/// Reasons on Nodes, named like kube-controller-manager's where the meaning is the same.
-pub const CIDR_NOT_AVAILABLE: &str = "CIDRNotAvailable";
-pub const CIDR_ASSIGNMENT_FAILED: &str = "CIDRAssignmentFailed";
-pub const UNMANAGED_POD_CIDR: &str = "UnmanagedPodCIDR";
-pub const OVERLAPPING_POD_CIDR: &str = "OverlappingPodCIDR";
-pub const INVALID_POD_CIDR: &str = "InvalidPodCIDR";
-/// Reasons on NodeIPAMConfigs.
-pub const DRAINED: &str = "Drained";
-pub const EXHAUSTED: &str = "Exhausted";
-
-#[derive(Clone, Debug)]
-pub struct Note {
-    pub regarding: ObjectReference,
-    pub warning: bool,
-    pub reason: &'static str,
-    pub action: &'static str,
-    pub message: String,
-}
-
-impl Note {
-    pub fn node(
-        name: &str,
-        uid: Option<&str>,
-        warning: bool,
-        reason: &'static str,
-        message: String,
-    ) -> Self {
-        Self::about(
-            ("v1", "Node", "AllocatePodCIDR"),
-            name,
-            uid,
-            warning,
-            reason,
-            message,
-        )
-    }
-
-    pub fn config(
-        name: &str,
-        uid: Option<&str>,
-        warning: bool,
-        reason: &'static str,
-        message: String,
-    ) -> Self {
-        Self::about(
-            ("nodeipam.io/v1alpha1", "NodeIPAMConfig", "Reconcile"),
-            name,
-            uid,
-            warning,
-            reason,
-            message,
-        )
-    }
-
-    /// `(apiVersion, kind, action)` name the object and what the controller was doing.
-    fn about(
-        (api_version, kind, action): (&str, &str, &'static str),
-        name: &str,
-        uid: Option<&str>,
-        warning: bool,
-        reason: &'static str,
-        message: String,
-    ) -> Self {
-        Note {
-            regarding: ObjectReference {
-                api_version: Some(api_version.into()),
-                kind: Some(kind.into()),
-                name: Some(name.into()),
-                uid: uid.map(str::to_string),
-                ..ObjectReference::default()
-            },
-            warning,
-            reason,
-            action,
-            message,
-        }
-    }
-}
+use crate::alloc::effects::Note;
 
 pub async fn run(
     client: Client,

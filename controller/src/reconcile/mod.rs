@@ -1,8 +1,8 @@
 //! The API side of the controller: the shared `Context`, the error type, and `run`, which
 //! allocates only while leadership is held and rebuilds its state each time it is gained.
 
-pub mod allocation;
 pub mod config_writer;
+pub mod driver;
 pub mod events;
 pub mod leader;
 pub mod node_writer;
@@ -165,7 +165,7 @@ pub async fn run(ctx: Arc<Context>, mut leadership: watch::Receiver<bool>) {
         info!("leadership held: rebuilding allocation state from the API");
         ctx.metrics.allocation_stepped();
         ctx.metrics.set_leader(true);
-        let session = allocation::Session::run(ctx.clone());
+        let session = driver::run(ctx.clone());
         tokio::pin!(session);
         let lost = async {
             let _ = leadership.wait_for(|leader| !*leader).await;

@@ -1,11 +1,9 @@
 //! Writes chosen blocks into `node.spec.podCIDRs` and reports what the API server made of it.
 //! It decides nothing: the allocation loop turns each outcome into a decision.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ipnet::IpNet;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -13,31 +11,9 @@ use tokio::sync::{Semaphore, mpsc};
 use tracing::debug;
 
 use super::{CONFIG_ANNOTATION, Context, MANAGER};
+use crate::alloc::effects::{WriteJob, WriteResult};
+use crate::alloc::outcome::{NodeNow, WriteOutcome};
 use crate::node::IpamNode;
-use crate::outcome::{NodeNow, WriteOutcome};
-
-/// One podCIDR write, as the allocation loop asks for it.
-#[derive(Clone, Debug)]
-pub struct WriteJob {
-    pub node: String,
-    pub uid: Option<String>,
-    /// The node's labels when its blocks were chosen, to choose again if this write is given up.
-    pub labels: BTreeMap<String, String>,
-    pub config: String,
-    pub cidrs: Vec<IpNet>,
-    pub ticket: u64,
-    pub attempt: u32,
-    /// How many attempts for these blocks the API server refused outright.
-    pub rejections: u32,
-    /// An earlier attempt for these blocks had an ambiguous outcome.
-    pub was_ambiguous: bool,
-}
-
-#[derive(Debug)]
-pub struct WriteResult {
-    pub job: WriteJob,
-    pub outcome: WriteOutcome,
-}
 
 /// Runs jobs with bounded concurrency until the job channel closes.
 pub async fn run(

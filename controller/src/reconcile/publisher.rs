@@ -14,36 +14,9 @@ use tracing::{info, warn};
 
 use super::node_writer::backoff;
 use super::{Context, MANAGER};
-use crate::podnetwork::{PodNetwork, ip_masq_agent_config};
+use crate::alloc::podnetwork::{PodNetwork, ip_masq_agent_config};
 
-/// A ConfigMap by namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigMapRef {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl std::str::FromStr for ConfigMapRef {
-    type Err = String;
-    /// `namespace/name`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.split_once('/') {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-                Ok(ConfigMapRef {
-                    namespace: ns.into(),
-                    name: name.into(),
-                })
-            }
-            _ => Err(format!("{s:?} is not namespace/name")),
-        }
-    }
-}
-
-impl std::fmt::Display for ConfigMapRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
+pub use crate::alloc::podnetwork::ConfigMapRef;
 
 /// Where and what to publish.
 #[derive(Clone, Debug, Default)]

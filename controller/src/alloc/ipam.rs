@@ -12,8 +12,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::NodeSelector;
 
-use crate::cidrset::CidrSet;
-use crate::selection::{self, Candidate, NodeView};
+use crate::alloc::cidrset::CidrSet;
+use crate::alloc::selection::{self, Candidate, NodeView};
 
 /// What the state needs to know about one NodeIPAMConfig, prepared by the caller.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -1,0 +1,13 @@
+//! The allocation core, pure: no kube client, no tokio, no clock. The bitmaps (`cidrset`), the
+//! allocation state (`ipam`), config selection, write outcomes, status and the pod network are
+//! decided here, and `machine` puts them together behind one `handle(input) -> effects`.
+
+pub mod cidrset;
+pub mod effects;
+pub mod fixtures;
+pub mod ipam;
+pub mod machine;
+pub mod outcome;
+pub mod podnetwork;
+pub mod selection;
+pub mod status;

@@ -1,0 +1,1198 @@
+//! The allocation core as a state machine: `Machine::handle` takes one fact (a watch event, a
+//! write's outcome, a re-read, a tick) with the time, and returns the effects (writes, config
+//! jobs, the pod network to publish, events, metrics). It never awaits and never reads a
+//! clock, so the same inputs always give the same effects: the simulator in the tests drives it
+//! through event orders and faults no end-to-end test could reach.
+//!
+//! One machine owns the state of one leadership term; being its only owner is what makes the
+//! controller a single writer.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{Resource, ResourceExt};
+use nodeipam_crd::{
+    Allocation as AllocationSwitch, FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus,
+};
+use tracing::{debug, error, info, warn};
+
+use super::effects::{self, ConfigJob, Note, WriteJob, WriteResult};
+use super::ipam::{AllocateError, ConfigInput, Ipam, Phase};
+use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
+use super::podnetwork::{
+    ConfigMapRef, ConfigRanges, OutputContent, OutputKind, PodNetwork, covered,
+};
+use super::status::desired_status;
+use crate::node::IpamNode;
+
+/// The source name of the `--service-cidr` flag among the Service ranges.
+const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
+
+/// What a machine is told once, when it starts.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Service CIDRs from the `--service-cidr` flag, for clusters without ServiceCIDR objects.
+    pub service_cidrs: Vec<IpNet>,
+    /// Whether the API serves ServiceCIDR objects: then their list is awaited before allocating.
+    pub service_cidr_api: bool,
+    /// How many refused writes of the same blocks before we give up on them.
+    pub write_attempts: u32,
+    /// How long a node whose write we gave up on waits before it is tried again from scratch.
+    pub retry_rejected_after: Duration,
+    /// The consumer outputs of the pod network; a range is allocated from only once every one
+    /// of them holds it.
+    pub outputs: Vec<(ConfigMapRef, OutputKind)>,
+    /// Added to ip-masq-agent's `nonMasqueradeCIDRs`.
+    pub extra_non_masquerade: Vec<IpNet>,
+    /// A test fault: the machine panics when it sees a Node of this name.
+    pub panic_on_node: Option<String>,
+}
+
+/// The time, as the driver's clocks tell it: monotonic since the machine started, and the wall
+/// clock in whole seconds (what conditions carry).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Now {
+    pub mono: Duration,
+    pub wall_seconds: i64,
+}
+
+/// One event of a watch: a (re)list is `ListStart`, one `Listed` per object, `ListDone`.
+#[derive(Clone, Debug)]
+pub enum Watch<T> {
+    ListStart,
+    Listed(T),
+    ListDone,
+    Applied(T),
+    Deleted(T),
+}
+
+/// Every fact the world can tell the machine.
+// Each input is moved once into `handle`; boxing would only add allocations.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum Input {
+    Node(Watch<IpamNode>),
+    Config(Watch<NodeIPAMConfig>),
+    Service(Watch<ServiceCIDR>),
+    /// A published ConfigMap, by its index in `Options::outputs`.
+    Output(usize, Watch<ConfigMap>),
+    /// The answer to `Effect::Reread`.
+    Reread {
+        node: String,
+        uid: Option<String>,
+        now: NodeNow,
+    },
+    /// The outcome of an `Effect::Write`.
+    Written(WriteResult),
+    /// Periodic: coalesced status, publication, parked nodes whose time came.
+    Tick,
+    /// Rarely: every pending node is tried again.
+    Resync,
+}
+
+/// Every action the machine asks for.
+#[derive(Clone, Debug)]
+pub enum Effect {
+    /// Write podCIDRs (with the Node's UID as a precondition) and answer with `Input::Written`.
+    Write(WriteJob),
+    Config(ConfigJob),
+    /// Write the pod network to every output.
+    Publish(PodNetwork),
+    Note(Note),
+    /// GET the node and answer with `Input::Reread`: it was missing from a relist.
+    Reread {
+        node: String,
+        uid: Option<String>,
+    },
+    Metric(Metric),
+}
+
+/// A metric change; ranges are the config ranges the blocks came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Metric {
+    Allocated(IpNet),
+    Released(IpNet),
+    Leaked(u64),
+    AssignmentFailure,
+    Error(&'static str),
+    Usage {
+        range: IpNet,
+        ratio: f64,
+    },
+    Blocks {
+        config: String,
+        family: &'static str,
+        allocated: u64,
+        capacity: u64,
+    },
+    Pending(usize),
+    Unmanaged(usize),
+    /// kcm's max gauge: the blocks in a range.
+    Capacity {
+        range: IpNet,
+        blocks: u64,
+    },
+    /// The status the machine computed for a config (its condition and draining gauges).
+    Status {
+        config: String,
+        status: NodeIPAMConfigStatus,
+    },
+    /// A config is gone: drop its series.
+    ConfigGone(String),
+}
+
+/// What the machine remembers of a config object besides the allocation state.
+#[derive(Clone, Debug)]
+struct ConfigSeen {
+    /// The allocation state's view, before gates.
+    base: ConfigInput,
+    uid: Option<String>,
+    generation: Option<i64>,
+    has_finalizer: bool,
+    deleting: bool,
+    status: Option<NodeIPAMConfigStatus>,
+    finalizer_requested: bool,
+}
+
+/// A node waiting for a block.
+#[derive(Clone, Debug)]
+struct PendingNode {
+    uid: Option<String>,
+    labels: BTreeMap<String, String>,
+    warned: bool,
+    /// Not before then: the API server refused every write of its last blocks.
+    retry_at: Option<Duration>,
+}
+
+/// A consumer output of the pod network and what its watch last showed.
+#[derive(Clone, Debug)]
+struct Output {
+    target: ConfigMapRef,
+    kind: OutputKind,
+    /// `None` until the watch has listed it; an absent ConfigMap holds nothing.
+    seen: Option<OutputContent>,
+    /// Whether the current (re)list returned the object.
+    listed: bool,
+}
+
+/// A watch, to track its lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Source {
+    Nodes,
+    Configs,
+    Services,
+    Output(usize),
+}
+
+pub struct Machine {
+    options: Options,
+    now: Now,
+    ipam: Ipam,
+    synced: bool,
+    /// Watches whose first list is complete.
+    listed: HashSet<Source>,
+    /// Names returned by a (re)list in progress.
+    relist: HashMap<Source, HashSet<String>>,
+    pending: BTreeMap<String, PendingNode>,
+    configs: BTreeMap<String, ConfigSeen>,
+    /// The status we last wrote per config: the previous conditions for the next one, even
+    /// before the watch shows our write.
+    written: HashMap<String, NodeIPAMConfigStatus>,
+    dirty: BTreeSet<String>,
+    unmanaged_dirty: bool,
+    reported: HashSet<(String, IpNet)>,
+    invalid_reported: HashSet<String>,
+    outputs: Vec<Output>,
+    /// What the outputs were last asked to hold; sent again when an output drifts from it.
+    network_sent: Option<Vec<OutputContent>>,
+    network_dirty: bool,
+    effects: Vec<Effect>,
+}
+
+impl Machine {
+    pub fn new(options: Options) -> Self {
+        let mut ipam = Ipam::new();
+        ipam.set_service_cidrs(SERVICE_FLAG_SOURCE, options.service_cidrs.clone());
+        let outputs = options
+            .outputs
+            .iter()
+            .map(|(target, kind)| Output {
+                target: target.clone(),
+                kind: *kind,
+                seen: None,
+                listed: false,
+            })
+            .collect();
+        Machine {
+            options,
+            now: Now::default(),
+            ipam,
+            synced: false,
+            listed: HashSet::new(),
+            relist: HashMap::new(),
+            pending: BTreeMap::new(),
+            configs: BTreeMap::new(),
+            written: HashMap::new(),
+            dirty: BTreeSet::new(),
+            unmanaged_dirty: false,
+            reported: HashSet::new(),
+            invalid_reported: HashSet::new(),
+            outputs,
+            network_sent: None,
+            network_dirty: true,
+            effects: Vec::new(),
+        }
+    }
+
+    /// Takes one fact at `now`; returns what to do about it.
+    pub fn handle(&mut self, now: Now, input: Input) -> Vec<Effect> {
+        self.now = now;
+        match input {
+            Input::Node(w) => self.on_node_watch(w),
+            Input::Config(w) => self.on_config_watch(w),
+            Input::Service(w) => self.on_service_watch(w),
+            Input::Output(i, w) => self.on_output_watch(i, w),
+            Input::Reread { node, uid, now } => self.on_reread(&node, uid.as_deref(), now),
+            Input::Written(result) => self.on_write_result(result),
+            Input::Tick => {
+                self.wake_parked();
+                self.flush_status();
+                self.publish_network();
+            }
+            Input::Resync => {
+                if self.synced {
+                    self.retry_pending();
+                }
+            }
+        }
+        // Gauges that follow the state are set after every step so they are never stale.
+        self.effects
+            .push(Effect::Metric(Metric::Pending(self.pending.len())));
+        std::mem::take(&mut self.effects)
+    }
+
+    /// Whether everything has been read once: only then is anything allocated.
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
+
+    /// The allocation state, for the simulator's checks and for logs.
+    pub fn ipam(&self) -> &Ipam {
+        &self.ipam
+    }
+
+    /// How many nodes wait for a block.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The configs this machine knows, for `retry_pending` benches and checks.
+    pub fn config_count(&self) -> usize {
+        self.configs.len()
+    }
+
+    fn push(&mut self, effect: Effect) {
+        self.effects.push(effect);
+    }
+
+    fn note(&mut self, note: Note) {
+        self.push(Effect::Note(note));
+    }
+
+    fn metric(&mut self, metric: Metric) {
+        self.push(Effect::Metric(metric));
+    }
+
+    // ----- watches and lists -----
+
+    fn on_node_watch(&mut self, w: Watch<IpamNode>) {
+        match w {
+            Watch::ListStart => self.list_started(Source::Nodes),
+            Watch::Listed(n) => {
+                self.list_saw(Source::Nodes, n.name_any());
+                self.on_node(n);
+            }
+            Watch::Applied(n) => self.on_node(n),
+            Watch::Deleted(n) => self.on_node_gone(&n.name_any(), n.uid().as_deref()),
+            Watch::ListDone => self.list_done(Source::Nodes),
+        }
+    }
+
+    fn on_config_watch(&mut self, w: Watch<NodeIPAMConfig>) {
+        match w {
+            Watch::ListStart => self.list_started(Source::Configs),
+            Watch::Listed(c) => {
+                self.list_saw(Source::Configs, c.name_any());
+                self.on_config(c);
+            }
+            Watch::Applied(c) => self.on_config(c),
+            Watch::Deleted(c) => self.on_config_gone(&c.name_any()),
+            Watch::ListDone => self.list_done(Source::Configs),
+        }
+    }
+
+    fn on_service_watch(&mut self, w: Watch<ServiceCIDR>) {
+        match w {
+            Watch::ListStart => self.list_started(Source::Services),
+            Watch::Listed(s) => {
+                self.list_saw(Source::Services, s.name_any());
+                self.on_service(&s);
+            }
+            Watch::Applied(s) => self.on_service(&s),
+            Watch::Deleted(s) => self.on_service_gone(&s.name_any()),
+            Watch::ListDone => self.list_done(Source::Services),
+        }
+    }
+
+    fn on_output_watch(&mut self, index: usize, w: Watch<ConfigMap>) {
+        match w {
+            Watch::ListStart => {
+                if let Some(o) = self.outputs.get_mut(index) {
+                    o.listed = false;
+                }
+            }
+            Watch::Listed(cm) | Watch::Applied(cm) => {
+                self.on_output(index, Some(&cm.data.unwrap_or_default()));
+            }
+            Watch::Deleted(_) => self.on_output(index, None),
+            Watch::ListDone => {
+                // Listed without the object: it does not exist, and holds nothing.
+                if self.outputs.get(index).is_some_and(|o| !o.listed) {
+                    self.on_output(index, None);
+                }
+                self.list_done(Source::Output(index));
+            }
+        }
+    }
+
+    fn list_started(&mut self, source: Source) {
+        self.relist.insert(source, HashSet::new());
+    }
+
+    fn list_saw(&mut self, source: Source, name: String) {
+        self.relist.entry(source).or_default().insert(name);
+    }
+
+    fn list_done(&mut self, source: Source) {
+        let seen = self.relist.remove(&source).unwrap_or_default();
+        self.on_relisted(source, &seen);
+        self.listed.insert(source);
+        let needed = 2 + self.outputs.len() + usize::from(self.options.service_cidr_api);
+        if !self.synced && self.listed.len() >= needed {
+            self.on_synced();
+        }
+    }
+
+    /// Everything is read: only now may anything be allocated.
+    fn on_synced(&mut self) {
+        self.synced = true;
+        info!(
+            nodes = self.ipam.node_count(),
+            configs = self.configs.len(),
+            pending = self.pending.len(),
+            "allocation state rebuilt from the API"
+        );
+        self.unmanaged_dirty = true;
+        self.dirty.extend(self.configs.keys().cloned());
+        self.retry_pending();
+        self.flush_status();
+    }
+
+    /// After a (re)list, what we know but the list lacks may be gone. Nodes are confirmed with
+    /// a fresh GET before their blocks are released: a watch may lag, a GET does not.
+    fn on_relisted(&mut self, source: Source, seen: &HashSet<String>) {
+        match source {
+            Source::Nodes => {
+                let missing: Vec<(String, Option<String>)> = self
+                    .ipam
+                    .node_names()
+                    .chain(self.pending.keys().map(String::as_str))
+                    .filter(|n| !seen.contains(*n))
+                    .map(|n| {
+                        let uid = match self.ipam.node(n) {
+                            Some(r) => r.uid.clone(),
+                            None => self.pending.get(n).and_then(|p| p.uid.clone()),
+                        };
+                        (n.to_string(), uid)
+                    })
+                    .collect();
+                for (node, uid) in missing {
+                    self.push(Effect::Reread { node, uid });
+                }
+            }
+            Source::Configs => {
+                let gone: Vec<String> = self
+                    .configs
+                    .keys()
+                    .filter(|n| !seen.contains(*n))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    self.on_config_gone(&name);
+                }
+            }
+            Source::Services => {
+                let gone: Vec<String> = self
+                    .ipam
+                    .service_sources()
+                    .filter_map(|s| s.strip_prefix("servicecidr/"))
+                    .filter(|n| !seen.contains(*n))
+                    .map(str::to_string)
+                    .collect();
+                for name in gone {
+                    self.on_service_gone(&name);
+                }
+            }
+            Source::Output(_) => {}
+        }
+    }
+
+    /// A node missing from a relist, read again. `uid` is the object we asked about: a newer
+    /// object of the same name keeps its blocks.
+    fn on_reread(&mut self, node: &str, uid: Option<&str>, now: NodeNow) {
+        match now {
+            NodeNow::Gone => self.on_node_gone(node, uid),
+            other => debug!(node, ?other, "missing from the relist but still there"),
+        }
+    }
+
+    // ----- nodes -----
+
+    fn on_node(&mut self, node: IpamNode) {
+        let name = node.name_any();
+        if self.options.panic_on_node.as_deref() == Some(name.as_str()) {
+            // A bug in the loop itself, for the supervision tests.
+            panic!("injected fault: panic on node {name}");
+        }
+        let uid = node.uid();
+        match node.cidrs() {
+            Ok(cidrs) if cidrs.is_empty() => self.on_empty_node(name, uid, node.labels().clone()),
+            Ok(cidrs) => self.on_node_with_cidrs(&name, uid.as_deref(), &cidrs),
+            Err(message) => {
+                // Immutable garbage: nothing we may change; say so once.
+                self.pending.remove(&name);
+                if self.invalid_reported.insert(name.clone()) {
+                    warn!(node = %name, %message, "node has an invalid podCIDR");
+                    let note = Note::node(
+                        &name,
+                        uid.as_deref(),
+                        true,
+                        effects::INVALID_POD_CIDR,
+                        message,
+                    );
+                    self.note(note);
+                }
+            }
+        }
+    }
+
+    fn on_node_with_cidrs(&mut self, name: &str, uid: Option<&str>, cidrs: &[IpNet]) {
+        self.pending.remove(name);
+        let unchanged = self
+            .ipam
+            .node(name)
+            .is_some_and(|r| r.cidrs == cidrs && r.phase == Phase::Held);
+        if unchanged {
+            return;
+        }
+        let adoption = self.ipam.observe_node(name, uid, cidrs);
+        for (other, ours, theirs) in &adoption.conflicts {
+            let message = format!(
+                "podCIDR {ours} of node {name} overlaps podCIDR {theirs} of node {other}; both stay occupied"
+            );
+            warn!(node = %name, %other, %ours, %theirs, "overlapping podCIDRs");
+            let about_this = Note::node(
+                name,
+                uid,
+                true,
+                effects::OVERLAPPING_POD_CIDR,
+                message.clone(),
+            );
+            let about_other = Note::node(other, None, true, effects::OVERLAPPING_POD_CIDR, message);
+            self.note(about_this);
+            self.note(about_other);
+        }
+        if !adoption.unmanaged.is_empty() {
+            self.unmanaged_dirty = true;
+        }
+        self.touch(cidrs);
+        if !adoption.released.is_empty() {
+            self.touch(&adoption.released);
+            self.retry_pending();
+        }
+    }
+
+    fn on_empty_node(
+        &mut self,
+        name: String,
+        uid: Option<String>,
+        labels: BTreeMap<String, String>,
+    ) {
+        match self.ipam.node(&name).map(|r| r.uid.clone()) {
+            // Our write is in flight or landed and the watch lags: nothing to do.
+            Some(old) if uid.is_none() || old.is_none() || old == uid => return,
+            // A new object under an old name: the old one is gone.
+            Some(old) => {
+                let freed = self.ipam.node_gone(&name, old.as_deref());
+                self.freed(&freed);
+            }
+            None => {}
+        }
+        let (warned, retry_at) = self
+            .pending
+            .get(&name)
+            .map_or((false, None), |p| (p.warned, p.retry_at));
+        let node = PendingNode {
+            uid,
+            labels,
+            warned,
+            retry_at,
+        };
+        self.pending.insert(name.clone(), node);
+        if self.synced {
+            self.try_allocate(&name);
+        }
+    }
+
+    fn on_node_gone(&mut self, name: &str, uid: Option<&str>) {
+        if self
+            .pending
+            .get(name)
+            .is_some_and(|p| uid.is_none() || p.uid.is_none() || p.uid.as_deref() == uid)
+        {
+            self.pending.remove(name);
+        }
+        self.reported.retain(|(n, _)| n != name);
+        self.invalid_reported.remove(name);
+        let freed = self.ipam.node_gone(name, uid);
+        if !freed.is_empty() {
+            debug!(node = %name, ?freed, "node gone: blocks released");
+            self.freed(&freed);
+        }
+    }
+
+    fn freed(&mut self, cidrs: &[IpNet]) {
+        for c in cidrs {
+            let range = self
+                .ipam
+                .owner_of(c)
+                .and_then(|o| self.ipam.config_range(o, c));
+            if let Some(range) = range {
+                self.metric(Metric::Released(range));
+            }
+        }
+        self.touch(cidrs);
+        self.unmanaged_dirty = true;
+        if self.synced {
+            self.retry_pending();
+        }
+    }
+
+    /// Marks the configs whose ranges `cidrs` touch for a status update.
+    fn touch(&mut self, cidrs: &[IpNet]) {
+        for c in cidrs {
+            self.dirty.extend(self.ipam.configs_touching(c));
+        }
+    }
+
+    fn try_allocate(&mut self, name: &str) {
+        let Some(p) = self.pending.get(name) else {
+            return;
+        };
+        if p.retry_at.is_some_and(|at| at > self.now.mono) {
+            return;
+        }
+        let (uid, labels) = (p.uid.clone(), p.labels.clone());
+        match self.ipam.allocate(name, uid.as_deref(), &labels) {
+            Ok(a) => {
+                self.pending.remove(name);
+                debug!(node = %name, config = %a.config, cidrs = ?a.cidrs, "allocated");
+                for c in &a.cidrs {
+                    if let Some(range) = self.ipam.config_range(&a.config, c) {
+                        self.metric(Metric::Allocated(range));
+                    }
+                }
+                self.touch(&a.cidrs);
+                self.push(Effect::Write(WriteJob {
+                    node: name.to_string(),
+                    uid,
+                    labels,
+                    config: a.config,
+                    cidrs: a.cidrs,
+                    ticket: a.ticket,
+                    attempt: 0,
+                    rejections: 0,
+                    was_ambiguous: false,
+                }));
+            }
+            Err(AllocateError::AlreadyHolds) => {
+                // The previous record resolves first (its write outcome); then we come back.
+            }
+            Err(e) => {
+                let first = self.pending.get_mut(name).is_some_and(|p| {
+                    let first = !p.warned;
+                    p.warned = true;
+                    first
+                });
+                if first {
+                    info!(node = %name, reason = %e, "no block available; node stays pending");
+                    let message = format!("Node {name} has no podCIDR yet: {e}");
+                    let note = Note::node(
+                        name,
+                        uid.as_deref(),
+                        true,
+                        effects::CIDR_NOT_AVAILABLE,
+                        message,
+                    );
+                    self.note(note);
+                }
+            }
+        }
+    }
+
+    /// Tries every pending node again: capacity may have appeared.
+    fn retry_pending(&mut self) {
+        let names: Vec<String> = self.pending.keys().cloned().collect();
+        for name in names {
+            self.try_allocate(&name);
+        }
+    }
+
+    /// Nodes whose writes we gave up on are tried again, from scratch, once their time comes.
+    fn wake_parked(&mut self) {
+        if !self.synced {
+            return;
+        }
+        let now = self.now.mono;
+        let due: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.retry_at.is_some_and(|at| at <= now))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in due {
+            if let Some(p) = self.pending.get_mut(&name) {
+                p.retry_at = None;
+            }
+            self.try_allocate(&name);
+        }
+    }
+
+    // ----- write outcomes -----
+
+    fn on_write_result(&mut self, result: WriteResult) {
+        let WriteResult { job, outcome } = result;
+        let current = matches!(
+            self.ipam.node(&job.node).map(|r| r.phase),
+            Some(Phase::Writing { ticket, .. }) if ticket == job.ticket
+        );
+        if !current {
+            debug!(node = %job.node, "stale write outcome ignored");
+            return;
+        }
+        let decision = decide(&outcome, &job.cidrs, job.uid.as_deref(), job.was_ambiguous);
+        debug!(node = %job.node, ?outcome, ?decision, "write outcome");
+        match decision {
+            Decision::Confirm { uid } => {
+                self.ipam.confirm(&job.node, job.ticket, uid.as_deref());
+                if self.ipam.node(&job.node).is_none() {
+                    // It landed on an object deleted meanwhile.
+                    self.freed(&job.cidrs);
+                }
+                self.touch(&job.cidrs);
+            }
+            Decision::Adopt { uid, cidrs } => {
+                let adoption = self.ipam.observe_node(&job.node, uid.as_deref(), &cidrs);
+                self.touch(&cidrs);
+                self.freed(&adoption.released);
+            }
+            Decision::Release => {
+                let freed = self.ipam.abandon(&job.node, job.ticket);
+                self.freed(&freed);
+            }
+            Decision::Leak => {
+                let leaked = self.leak(&job);
+                error!(node = %job.node, ?leaked, "write outcome unknowable: blocks kept occupied until restart");
+            }
+            Decision::Retry => return self.retry_write(job, &outcome),
+        }
+        // The record is resolved; a newer object of the same name may be waiting.
+        if self.pending.contains_key(&job.node) {
+            self.try_allocate(&job.node);
+        }
+    }
+
+    /// The same blocks again, unless the API server refused them too often.
+    fn retry_write(&mut self, job: WriteJob, outcome: &WriteOutcome) {
+        let ambiguous = job.was_ambiguous || matches!(outcome, WriteOutcome::Ambiguous { .. });
+        let rejected = matches!(outcome, WriteOutcome::Rejected { .. });
+        let rejections = job.rejections + u32::from(rejected);
+        let why = match outcome {
+            WriteOutcome::Rejected { reason, .. } | WriteOutcome::Ambiguous { reason, .. } => {
+                reason.clone()
+            }
+            other => format!("{other:?}"),
+        };
+        if rejected && rejections >= self.options.write_attempts.max(1) {
+            return self.give_up(job, rejections, ambiguous, &why);
+        }
+        let attempt = job.attempt + 1;
+        if attempt == 3 {
+            let message = format!(
+                "writing podCIDRs {:?} keeps failing: {why}; retrying",
+                job.cidrs
+            );
+            let note = Note::node(
+                &job.node,
+                job.uid.as_deref(),
+                true,
+                effects::CIDR_ASSIGNMENT_FAILED,
+                message,
+            );
+            self.note(note);
+        }
+        warn!(node = %job.node, attempt, ?outcome, "podCIDR write did not land; retrying the same blocks");
+        self.metric(Metric::Error("node_write"));
+        self.push(Effect::Write(WriteJob {
+            attempt,
+            rejections,
+            was_ambiguous: ambiguous,
+            ..job
+        }));
+    }
+
+    /// The API server refused every write of these blocks (an admission policy on Nodes, a
+    /// 403): stop, free the blocks so a Terminating config can drain, and try the node again
+    /// from scratch later. Refused writes changed nothing; only if an earlier attempt was
+    /// ambiguous might the blocks be on the node, and then they stay occupied.
+    fn give_up(&mut self, job: WriteJob, rejections: u32, ambiguous: bool, why: &str) {
+        let after = self.options.retry_rejected_after;
+        if ambiguous {
+            self.leak(&job);
+        } else {
+            let freed = self.ipam.abandon(&job.node, job.ticket);
+            self.touch(&freed);
+            self.unmanaged_dirty = true;
+        }
+        self.metric(Metric::AssignmentFailure);
+        self.metric(Metric::Error("node_write"));
+        warn!(node = %job.node, rejections, reason = %why, "podCIDR write refused every time: gave up; the node is tried again later");
+        let message = format!(
+            "gave up writing podCIDRs {:?} after {rejections} refused attempts: {why}; {} and the node is tried again in {}s",
+            job.cidrs,
+            if ambiguous {
+                "the blocks stay reserved (an earlier attempt may have landed)"
+            } else {
+                "the blocks are released"
+            },
+            after.as_secs()
+        );
+        let note = Note::node(
+            &job.node,
+            job.uid.as_deref(),
+            true,
+            effects::CIDR_ASSIGNMENT_FAILED,
+            message,
+        );
+        self.note(note);
+        let parked = PendingNode {
+            uid: job.uid,
+            labels: job.labels,
+            warned: true,
+            retry_at: Some(self.now.mono + after),
+        };
+        self.pending.insert(job.node, parked);
+        if self.synced {
+            self.retry_pending();
+        }
+    }
+
+    /// Keeps a write's blocks occupied (until the next rebuild) rather than risk a duplicate.
+    fn leak(&mut self, job: &WriteJob) -> Vec<IpNet> {
+        let leaked = self.ipam.leak(&job.node, job.ticket);
+        self.metric(Metric::Leaked(leaked.len() as u64));
+        self.touch(&leaked);
+        leaked
+    }
+
+    // ----- configs -----
+
+    fn on_config(&mut self, obj: NodeIPAMConfig) {
+        let name = obj.name_any();
+        let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
+        let deleting = obj.meta().deletion_timestamp.is_some();
+        let previous = self.configs.remove(&name);
+        let finalizer_requested = previous
+            .as_ref()
+            .is_some_and(|p| p.finalizer_requested && !has_finalizer);
+        let mut seen = ConfigSeen {
+            base: config_input(&obj),
+            uid: obj.uid(),
+            generation: obj.meta().generation,
+            has_finalizer,
+            deleting,
+            status: obj.status.clone(),
+            finalizer_requested,
+        };
+        if !has_finalizer && !deleting && !seen.finalizer_requested {
+            seen.finalizer_requested = true;
+            self.push(Effect::Config(ConfigJob::AddFinalizer {
+                name: name.clone(),
+            }));
+        }
+        // A status that is not the one we wrote was edited by someone else (or predates us):
+        // the object, not our memory of the write, is what the next flush compares with.
+        if self
+            .written
+            .get(&name)
+            .is_some_and(|w| Some(w) != seen.status.as_ref())
+        {
+            self.written.remove(&name);
+        }
+        let before = previous.map(|p| (p.base, p.has_finalizer));
+        let unchanged = before.as_ref() == Some(&(seen.base.clone(), seen.has_finalizer));
+        self.configs.insert(name.clone(), seen);
+        self.dirty.insert(name.clone());
+        if unchanged {
+            // Only status or metadata moved (our own status write, most often): nothing that
+            // allocation or other configs depend on.
+            return;
+        }
+        let input = self.gated(&name);
+        self.ipam.upsert_config(input);
+        // Overlaps, and so every config's Ready, may change with any config.
+        self.dirty.extend(self.configs.keys().cloned());
+        self.unmanaged_dirty = true;
+        self.network_dirty = true;
+        if self.synced {
+            self.retry_pending();
+        }
+    }
+
+    fn on_config_gone(&mut self, name: &str) {
+        info!(config = %name, "NodeIPAMConfig gone");
+        self.metric(Metric::ConfigGone(name.to_string()));
+        self.configs.remove(name);
+        self.written.remove(name);
+        self.ipam.remove_config(name);
+        self.network_dirty = true;
+        self.dirty.extend(self.configs.keys().cloned());
+        self.unmanaged_dirty = true;
+        if self.synced {
+            self.retry_pending();
+        }
+    }
+
+    // ----- Service CIDRs -----
+
+    fn on_service(&mut self, obj: &ServiceCIDR) {
+        let name = obj.name_any();
+        let cidrs: Vec<IpNet> = obj
+            .spec
+            .as_ref()
+            .and_then(|s| s.cidrs.clone())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|c| c.parse::<IpNet>().ok())
+            .collect();
+        self.ipam
+            .set_service_cidrs(&format!("servicecidr/{name}"), cidrs.clone());
+        self.touch(&cidrs);
+    }
+
+    fn on_service_gone(&mut self, name: &str) {
+        self.ipam
+            .set_service_cidrs(&format!("servicecidr/{name}"), Vec::new());
+        self.dirty.extend(self.configs.keys().cloned());
+        if self.synced {
+            self.retry_pending();
+        }
+    }
+
+    // ----- status -----
+
+    fn flush_status(&mut self) {
+        if !self.synced {
+            return;
+        }
+        // Before the flag is cleared below: unmanaged podCIDRs are part of the pod network.
+        if !self.dirty.is_empty() || self.unmanaged_dirty {
+            self.network_dirty = true;
+        }
+        if std::mem::take(&mut self.unmanaged_dirty) {
+            self.report_unmanaged();
+        }
+        let now = Time(
+            k8s_openapi::jiff::Timestamp::from_second(self.now.wall_seconds).unwrap_or_default(),
+        );
+        for name in std::mem::take(&mut self.dirty) {
+            self.flush_config(&name, &now);
+        }
+    }
+
+    fn report_unmanaged(&mut self) {
+        let unmanaged = self.ipam.unmanaged();
+        self.metric(Metric::Unmanaged(unmanaged.len()));
+        for (cidr, node) in unmanaged {
+            if self.reported.insert((node.clone(), cidr)) {
+                warn!(node = %node, %cidr, "podCIDR lies in no NodeIPAMConfig: unmanaged, left as it is");
+                let uid = self.ipam.node(&node).and_then(|r| r.uid.clone());
+                let message = format!(
+                    "podCIDR {cidr} lies in no NodeIPAMConfig; it is kept and counted as unmanaged"
+                );
+                let note = Note::node(
+                    &node,
+                    uid.as_deref(),
+                    true,
+                    effects::UNMANAGED_POD_CIDR,
+                    message,
+                );
+                self.note(note);
+            }
+        }
+    }
+
+    /// One config's status, its metrics and its finalizer, from the allocation state.
+    fn flush_config(&mut self, name: &str, now: &Time) {
+        let (Some(seen), Some(facts)) = (self.configs.get(name), self.ipam.config_facts(name))
+        else {
+            return;
+        };
+        let ranges = [seen.base.ipv4, seen.base.ipv6];
+        let mut metrics = Vec::new();
+        for ((family, f), range) in [("ipv4", facts.ipv4), ("ipv6", facts.ipv6)]
+            .into_iter()
+            .zip(ranges)
+        {
+            let Some(f) = f else { continue };
+            if let Some((range, _)) = range
+                && f.capacity > 0
+            {
+                // kcm's usage gauge: the fraction of the range's blocks in use.
+                let ratio = f.allocated as f64 / f.capacity as f64;
+                metrics.push(Metric::Usage { range, ratio });
+                metrics.push(Metric::Capacity {
+                    range,
+                    blocks: f.capacity,
+                });
+            }
+            metrics.push(Metric::Blocks {
+                config: name.to_string(),
+                family,
+                allocated: f.allocated,
+                capacity: f.capacity,
+            });
+        }
+        let previous: &[Condition] = self
+            .written
+            .get(name)
+            .or(seen.status.as_ref())
+            .map_or(&[], |s| s.conditions.as_slice());
+        let (status, transitions) = desired_status(&facts, seen.generation, previous, now);
+        metrics.push(Metric::Status {
+            config: name.to_string(),
+            status: status.clone(),
+        });
+        let unchanged = self.written.get(name).or(seen.status.as_ref()) == Some(&status);
+        let (uid, deleting, has_finalizer) = (seen.uid.clone(), seen.deleting, seen.has_finalizer);
+        for m in metrics {
+            self.metric(m);
+        }
+        for t in transitions.iter().filter(|t| t.status == "True") {
+            let (warning, reason) = match t.type_ {
+                nodeipam_crd::CONDITION_DRAINED => (false, effects::DRAINED),
+                nodeipam_crd::CONDITION_EXHAUSTED => (true, effects::EXHAUSTED),
+                _ => continue,
+            };
+            info!(config = %name, reason, "condition turned True");
+            let note = Note::config(name, uid.as_deref(), warning, reason, t.message.clone());
+            self.note(note);
+        }
+        if !unchanged {
+            self.push(Effect::Config(ConfigJob::Status {
+                name: name.to_string(),
+                status: status.clone(),
+            }));
+            self.written.insert(name.to_string(), status);
+        }
+        // The finalizer goes only when nothing holds or is being given a block.
+        if deleting && has_finalizer && facts.nodes == 0 && facts.writing == 0 {
+            self.push(Effect::Config(ConfigJob::RemoveFinalizer {
+                name: name.to_string(),
+                uid,
+            }));
+        }
+    }
+
+    // ----- the published pod network -----
+
+    /// Publishes the pod network when what consumers read changed. Drained configs leave it
+    /// here, and only here, so a range leaves consumers' view only after its last node is gone.
+    fn publish_network(&mut self) {
+        if !self.synced || self.outputs.is_empty() || !std::mem::take(&mut self.network_dirty) {
+            return;
+        }
+        let network = self.network();
+        // What consumers read, not the counts beside it: a new node changes no output.
+        let extra = &self.options.extra_non_masquerade;
+        let desired: Vec<OutputContent> = self
+            .outputs
+            .iter()
+            .map(|o| o.kind.desired(&network, extra))
+            .collect();
+        if self.network_sent.as_ref() != Some(&desired) {
+            self.push(Effect::Publish(network));
+            self.network_sent = Some(desired);
+        }
+    }
+
+    /// The pod network as the allocation state has it now.
+    pub fn network(&self) -> PodNetwork {
+        let configs: Vec<ConfigRanges> = self
+            .configs
+            .iter()
+            .filter_map(|(name, seen)| {
+                let facts = self.ipam.config_facts(name)?;
+                let families = [(seen.base.ipv4, facts.ipv4), (seen.base.ipv6, facts.ipv6)]
+                    .into_iter()
+                    .filter_map(|(range, f)| {
+                        range.map(|(r, _)| {
+                            (r, f.map_or(0, |f| f.allocated), f.map_or(0, |f| f.capacity))
+                        })
+                    })
+                    .collect();
+                let stopped = facts.deleting || !facts.enabled;
+                Some(ConfigRanges {
+                    name: name.clone(),
+                    families,
+                    nodes: facts.nodes,
+                    deleting: facts.deleting,
+                    enabled: facts.enabled,
+                    drained: stopped && facts.nodes == 0 && facts.writing == 0,
+                })
+            })
+            .collect();
+        PodNetwork::new(&configs, &self.ipam.unmanaged())
+    }
+
+    /// An output's ConfigMap changed (our write, a user's edit, a delete): gate allocation on
+    /// what it holds now, and write it again when it is not what we last asked for.
+    fn on_output(&mut self, index: usize, data: Option<&BTreeMap<String, String>>) {
+        let Some(output) = self.outputs.get_mut(index) else {
+            return;
+        };
+        output.listed |= data.is_some();
+        let content = data.map(|d| output.kind.read(d)).unwrap_or_default();
+        let drifted = self
+            .network_sent
+            .as_ref()
+            .and_then(|sent| sent.get(index))
+            .is_some_and(|sent| *sent != content);
+        if drifted {
+            info!(configmap = %output.target, "published pod network differs from what was written; writing it again");
+            self.network_sent = None;
+            self.network_dirty = true;
+        }
+        if output.seen.as_ref() == Some(&content) {
+            return;
+        }
+        output.seen = Some(content);
+        self.regate();
+    }
+
+    /// Every config's gate again, after what consumers know changed.
+    fn regate(&mut self) {
+        let names: Vec<String> = self.configs.keys().cloned().collect();
+        for name in names {
+            let input = self.gated(&name);
+            self.ipam.upsert_config(input);
+            self.dirty.insert(name);
+        }
+        if self.synced {
+            self.retry_pending();
+        }
+    }
+
+    /// The config's input with the gates that hold back allocation: our finalizer must be on
+    /// it (so it cannot vanish while nodes hold blocks), and consumers must know its ranges.
+    fn gated(&self, name: &str) -> ConfigInput {
+        let Some(seen) = self.configs.get(name) else {
+            return ConfigInput {
+                name: name.to_string(),
+                ..ConfigInput::default()
+            };
+        };
+        let mut input = seen.base.clone();
+        if !seen.has_finalizer {
+            input.gate = Some(format!("waiting for the {FINALIZER} finalizer"));
+            return input;
+        }
+        let ranges: Vec<IpNet> = [input.ipv4, input.ipv6]
+            .into_iter()
+            .flatten()
+            .map(|(r, _)| r)
+            .collect();
+        let behind: Vec<String> = self
+            .outputs
+            .iter()
+            .filter_map(|o| {
+                let cidrs = o.seen.as_ref().map_or(&[][..], |c| c.cidrs.as_slice());
+                let missing: Vec<String> = ranges
+                    .iter()
+                    .filter(|r| !covered(r, cidrs))
+                    .map(ToString::to_string)
+                    .collect();
+                (!missing.is_empty())
+                    .then(|| format!("ConfigMap {} includes {}", o.target, missing.join(", ")))
+            })
+            .collect();
+        if !behind.is_empty() {
+            input.gate = Some(format!("waiting until {}", behind.join(" and ")));
+        }
+        input
+    }
+}
+
+/// The allocation state's view of a config object. An unparsable spec becomes `invalid` with
+/// the validation errors, never a panic.
+pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
+    let spec = &obj.spec;
+    let errors = nodeipam_crd::validation::validate_spec(spec);
+    let invalid = (!errors.is_empty()).then(|| {
+        errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
+    let family = |f: &Option<nodeipam_crd::FamilySpec>| {
+        f.as_ref().and_then(|f| {
+            f.cidr
+                .parse::<IpNet>()
+                .ok()
+                .map(|c| (c, f.per_node_mask_size))
+        })
+    };
+    ConfigInput {
+        name: obj.name_any(),
+        created: obj
+            .meta()
+            .creation_timestamp
+            .as_ref()
+            .map_or(i64::MAX, |t| t.0.as_second()),
+        ipv4: family(&spec.ipv4),
+        ipv6: family(&spec.ipv6),
+        selector: spec.node_selector.clone(),
+        enabled: spec.allocation == AllocationSwitch::Enabled,
+        deleting: obj.meta().deletion_timestamp.is_some(),
+        invalid,
+        gate: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,298 @@
+//! The leader's allocation loop on the API side: it turns watch events, write results, re-reads
+//! and ticks into inputs of the allocation `Machine`, and carries out the effects it returns
+//! (writes, config jobs, publication, events, metrics). It decides nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::api::ListParams;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use nodeipam_crd::NodeIPAMConfig;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tracing::{debug, warn};
+
+use super::{Context, Error, Fault, config_writer, events, node_writer, publisher};
+use crate::alloc::effects::{ConfigJob, Note, WriteJob};
+use crate::alloc::machine::{self, Effect, Input, Machine, Metric, Now, Watch};
+use crate::alloc::podnetwork::{OutputKind, PodNetwork};
+use crate::metrics::{ConfigFamily, Metrics, cidr_label};
+use crate::node::IpamNode;
+
+/// How often every pending node is tried again, whatever happened.
+const RESYNC: Duration = Duration::from_secs(30);
+
+/// Where the effects go: the writer tasks' channels, and re-reads in flight.
+struct Effects {
+    ctx: Arc<Context>,
+    writes: mpsc::UnboundedSender<WriteJob>,
+    config_jobs: mpsc::UnboundedSender<ConfigJob>,
+    notes: mpsc::UnboundedSender<Note>,
+    network: mpsc::UnboundedSender<PodNetwork>,
+    rereads: JoinSet<Input>,
+}
+
+/// Reads everything, rebuilds the state, then allocates until an error ends the loop (or the
+/// caller drops it when leadership is lost; every writer task goes with it).
+pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
+    let mut tasks = JoinSet::new();
+    let (write_tx, write_rx) = mpsc::unbounded_channel();
+    let (result_tx, mut results) = mpsc::unbounded_channel();
+    let (config_tx, config_rx) = mpsc::unbounded_channel();
+    let (note_tx, note_rx) = mpsc::unbounded_channel();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let (network_tx, network_rx) = mpsc::unbounded_channel();
+    tasks.spawn(node_writer::run(ctx.clone(), write_rx, result_tx));
+    tasks.spawn(config_writer::run(ctx.clone(), config_rx, done_tx));
+    let (client, instance) = (ctx.client.clone(), ctx.options.instance.clone());
+    tasks.spawn(events::run(client, instance, note_rx));
+    let options = machine_options(&ctx, serves_service_cidrs(&ctx.client).await);
+    if !options.outputs.is_empty() {
+        let publish = ctx.options.publish.clone();
+        tasks.spawn(publisher::run(ctx.clone(), publish, network_rx));
+    }
+    let mut watches = watches(&ctx.client, &options);
+    let mut machine = Machine::new(options);
+    let mut effects = Effects {
+        ctx: ctx.clone(),
+        writes: write_tx,
+        config_jobs: config_tx,
+        notes: note_tx,
+        network: network_tx,
+        rereads: JoinSet::new(),
+    };
+    let clock = Clock::start();
+    ctx.metrics.allocation_stepped();
+    let mut status_tick = tokio::time::interval(ctx.options.status_interval);
+    let mut resync = tokio::time::interval(RESYNC);
+    loop {
+        let input = tokio::select! {
+            item = watches.next() => match item {
+                None => return Err(Error::WatchEnded { resource: "all" }),
+                Some((_, Ok(input))) => input,
+                Some((resource, Err(source))) => {
+                    // The watcher reconnects with backoff by itself; the state stays valid.
+                    ctx.metrics.reconcile_error("watch");
+                    warn!(resource, error = %source, "watch error; retrying");
+                    continue;
+                }
+            },
+            Some(ended) = tasks.join_next() => return Err(helper_ended(ended)),
+            Some(result) = results.recv() => Input::Written(result),
+            Some(reread) = effects.rereads.join_next() => match reread {
+                Ok(input) => input,
+                Err(e) => return Err(helper_ended(Err(e))),
+            },
+            Some(written) = done_rx.recv() => {
+                debug!(?written, "config write done");
+                continue;
+            }
+            _ = status_tick.tick() => Input::Tick,
+            _ = resync.tick() => Input::Resync,
+        };
+        let started = Instant::now();
+        let out = machine.handle(clock.now(), input);
+        effects.carry_out(out);
+        ctx.metrics
+            .reconcile_duration
+            .observe(started.elapsed().as_secs_f64());
+        ctx.metrics.allocation_stepped();
+    }
+}
+
+/// The machine's settings from the controller's.
+fn machine_options(ctx: &Context, service_cidr_api: bool) -> machine::Options {
+    let o = &ctx.options;
+    let publish = &o.publish;
+    // ip-masq-agent's output only beside ours: its flag without ours is refused at start.
+    let outputs = match &publish.pod_network {
+        None => Vec::new(),
+        Some(pod_network) => std::iter::once((pod_network.clone(), OutputKind::PodNetwork))
+            .chain(
+                publish
+                    .ip_masq_agent
+                    .iter()
+                    .map(|m| (m.clone(), OutputKind::IpMasqAgent)),
+            )
+            .collect(),
+    };
+    machine::Options {
+        service_cidrs: o.service_cidrs.clone(),
+        service_cidr_api,
+        write_attempts: o.write_attempts,
+        retry_rejected_after: o.retry_rejected_after,
+        outputs,
+        extra_non_masquerade: publish.extra_non_masquerade.clone(),
+        panic_on_node: match &o.fault {
+            Some(Fault::PanicOnNode(name)) => Some(name.clone()),
+            _ => None,
+        },
+    }
+}
+
+/// The machine's time: monotonic since the loop started, and the wall clock.
+struct Clock(Instant);
+
+impl Clock {
+    fn start() -> Self {
+        Clock(Instant::now())
+    }
+
+    fn now(&self) -> Now {
+        let wall = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        Now {
+            mono: self.0.elapsed(),
+            wall_seconds: i64::try_from(wall.as_secs()).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+impl Effects {
+    fn carry_out(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            // A send fails only when its writer ended, which ends the loop on its next turn.
+            match effect {
+                Effect::Write(job) => drop(self.writes.send(job)),
+                Effect::Config(job) => drop(self.config_jobs.send(job)),
+                Effect::Publish(network) => drop(self.network.send(network)),
+                Effect::Note(note) => drop(self.notes.send(note)),
+                Effect::Reread { node, uid } => {
+                    let ctx = self.ctx.clone();
+                    self.rereads.spawn(async move {
+                        let now = node_writer::reread(&ctx, &node).await;
+                        Input::Reread { node, uid, now }
+                    });
+                }
+                Effect::Metric(m) => record(&self.ctx.metrics, m),
+            }
+        }
+    }
+}
+
+fn record(metrics: &Metrics, metric: Metric) {
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    match metric {
+        Metric::Allocated(range) => {
+            let label = cidr_label(&range);
+            metrics.tries.get_or_create(&label).observe(1.0);
+            metrics.allocations.get_or_create(&label).inc();
+        }
+        Metric::Released(range) => {
+            metrics.releases.get_or_create(&cidr_label(&range)).inc();
+        }
+        Metric::Leaked(n) => {
+            metrics.leaked_blocks.inc_by(i64::try_from(n).unwrap_or(0));
+        }
+        Metric::AssignmentFailure => {
+            metrics.assignment_failures.inc();
+        }
+        Metric::Error(kind) => metrics.reconcile_error(kind),
+        Metric::Usage { range, ratio } => {
+            metrics.usage.get_or_create(&cidr_label(&range)).set(ratio);
+        }
+        Metric::Blocks {
+            config,
+            family,
+            allocated,
+            capacity,
+        } => {
+            let label = ConfigFamily {
+                config,
+                family: family.into(),
+            };
+            let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            metrics
+                .blocks_allocated
+                .get_or_create(&label)
+                .set(gauge(allocated));
+            metrics
+                .blocks_capacity
+                .get_or_create(&label)
+                .set(gauge(capacity));
+        }
+        Metric::Pending(n) => {
+            metrics.pending_nodes.set(count(n));
+        }
+        Metric::Unmanaged(n) => {
+            metrics.unmanaged_pod_cidrs.set(count(n));
+        }
+        Metric::Capacity { range, blocks } => metrics.range_capacity(&range, blocks),
+        Metric::Status { config, status } => metrics.observe_status(&config, &status),
+        Metric::ConfigGone(config) => metrics.forget_config(&config),
+    }
+}
+
+/// A watch event as the machine's input.
+fn watch<T>(event: Event<T>) -> Watch<T> {
+    match event {
+        Event::Init => Watch::ListStart,
+        Event::InitApply(x) => Watch::Listed(x),
+        Event::InitDone => Watch::ListDone,
+        Event::Apply(x) => Watch::Applied(x),
+        Event::Delete(x) => Watch::Deleted(x),
+    }
+}
+
+type Watches =
+    std::pin::Pin<Box<dyn Stream<Item = (&'static str, Result<Input, watcher::Error>)> + Send>>;
+
+/// One merged stream of the node, config, output and Service CIDR watches.
+fn watches(client: &Client, options: &machine::Options) -> futures::stream::SelectAll<Watches> {
+    // Nodes are read slim: status and managedFields are most of a Node and none of our business.
+    let nodes = watcher::watcher(Api::<IpamNode>::all(client.clone()), Default::default())
+        .default_backoff()
+        .map(|e| ("nodes", e.map(|e| Input::Node(watch(e)))));
+    let configs = watcher::watcher(
+        Api::<NodeIPAMConfig>::all(client.clone()),
+        Default::default(),
+    )
+    .default_backoff()
+    .map(|e| ("nodeipamconfigs", e.map(|e| Input::Config(watch(e)))));
+    let mut all: Vec<Watches> = vec![Box::pin(nodes), Box::pin(configs)];
+    for (index, (target, _)) in options.outputs.iter().enumerate() {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &target.namespace);
+        // By name: RBAC grants list and watch on these ConfigMaps only.
+        let by_name = watcher::Config::default().fields(&format!("metadata.name={}", target.name));
+        let stream = watcher::watcher(api, by_name)
+            .default_backoff()
+            .map(move |e| ("configmaps", e.map(|e| Input::Output(index, watch(e)))));
+        all.push(Box::pin(stream));
+    }
+    if options.service_cidr_api {
+        let services =
+            watcher::watcher(Api::<ServiceCIDR>::all(client.clone()), Default::default())
+                .default_backoff()
+                .map(|e| ("servicecidrs", e.map(|e| Input::Service(watch(e)))));
+        all.push(Box::pin(services));
+    }
+    futures::stream::select_all(all)
+}
+
+/// Older clusters have no ServiceCIDR API; the `--service-cidr` flag covers them.
+async fn serves_service_cidrs(client: &Client) -> bool {
+    let api: Api<ServiceCIDR> = Api::all(client.clone());
+    match api.list_metadata(&ListParams::default().limit(1)).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) if s.code == 404 => false,
+        // Unknown (API briefly away): watch it; the watcher retries.
+        Err(_) => true,
+    }
+}
+
+/// A helper task of the loop (a writer, the publisher, events) ended: its panic goes on up, so
+/// that the process supervisor ends the replica instead of a leader that writes nothing.
+fn helper_ended(ended: Result<(), tokio::task::JoinError>) -> Error {
+    match ended {
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        _ => Error::WatchEnded {
+            resource: "a writer task",
+        },
+    }
+}
