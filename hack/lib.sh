@@ -14,6 +14,10 @@ ETCD_VERSION="v3.6.16"
 NODEIPAM_BIN_DIR="$NODEIPAM_CACHE/bin"
 # The harness finds the binaries here (see tests/harness).
 export NODEIPAM_ASSETS="${NODEIPAM_ASSETS:-$NODEIPAM_BIN_DIR/k8s-$K8S_VERSION-etcd-$ETCD_VERSION}"
+# Helm v3 for the chart tests (tests/tests/helm.rs), built by hack/helm.sh; must be the
+# version hack/helm/go.mod requires (hack/helm.sh checks).
+HELM_VERSION="v3.22.0"
+export NODEIPAM_HELM="${NODEIPAM_HELM:-$NODEIPAM_BIN_DIR/helm-$HELM_VERSION/helm}"
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test: builds the pinned control-plane binaries (cached), then lint and the whole
+# Runs every test: builds the pinned control-plane binaries and Helm (cached), then lint and the whole
 # cargo test suite, which includes the end-to-end tests against a real kube-apiserver and etcd;
 # then the real-cluster suite: kubelets, containerd, kube-proxy and nodeipam from its own image.
 set -euo pipefail
@@ -8,6 +8,8 @@ cd "$NODEIPAM_ROOT"
 claim_target
 
 timed "control-plane binaries" "$NODEIPAM_ROOT/hack/control-plane.sh" build
+# Helm v3 for the chart tests (tests/tests/helm.rs); cached and stamped like the above.
+timed "helm" "$NODEIPAM_ROOT/hack/helm.sh" build
 timed "cargo fmt --check" cargo fmt --all -- --check
 timed "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 # The end-to-end tests run the real `nodeipam` binary as a process (failover, RBAC).

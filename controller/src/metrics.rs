@@ -8,7 +8,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Metric, Registry};
 
 /// kcm's `clusterCIDR` label, kept by name for dashboard compatibility.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -26,6 +27,20 @@ pub struct ConfigFamily {
     pub family: String,
 }
 
+/// A condition of a config, as kube-state-metrics labels conditions: the series of the
+/// current status is 1, the other two are 0.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConfigCondition {
+    pub config: String,
+    pub condition: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConfigName {
+    pub config: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Kind {
     pub kind: String,
@@ -40,9 +55,13 @@ pub struct Metrics {
     pub allocations: Family<ClusterCidr, Counter>,
     pub releases: Family<ClusterCidr, Counter>,
     pub usage: Family<ClusterCidr, Gauge<f64, AtomicU64>>,
+    /// kcm's `cirdset_max_cidrs` (kcm's spelling): blocks in the range.
+    pub max_cidrs: Family<ClusterCidr, Gauge>,
     pub tries: Family<ClusterCidr, Histogram>,
     pub blocks_allocated: Family<ConfigFamily, Gauge>,
     pub blocks_capacity: Family<ConfigFamily, Gauge>,
+    pub conditions: Family<ConfigCondition, Gauge>,
+    pub draining: Family<ConfigName, Gauge>,
     pub pending_nodes: Gauge,
     pub unmanaged_pod_cidrs: Gauge,
     pub leaked_blocks: Gauge,
@@ -54,6 +73,23 @@ pub struct Metrics {
     pub allocation_step: Gauge,
     pub admissions: Family<Outcome, Counter>,
     pub registry: Registry,
+    /// Every registered family: its full name and type (for [`Metrics::exposed_names`]).
+    registered: Vec<(String, MetricType)>,
+}
+
+/// Registers into one prefixed sub-registry and records what it registered.
+struct Registrar<'a> {
+    registry: &'a mut Registry,
+    prefix: &'static str,
+    names: &'a mut Vec<(String, MetricType)>,
+}
+
+impl Registrar<'_> {
+    fn register<M: Metric + TypedMetric>(&mut self, name: &str, help: &str, metric: M) {
+        self.names
+            .push((format!("{}_{name}", self.prefix), M::TYPE));
+        self.registry.register(name, help, metric);
+    }
 }
 
 impl Default for Metrics {
@@ -69,9 +105,12 @@ impl Metrics {
             allocations: Family::default(),
             releases: Family::default(),
             usage: Family::default(),
+            max_cidrs: Family::default(),
             tries: Family::new_with_constructor(tries),
             blocks_allocated: Family::default(),
             blocks_capacity: Family::default(),
+            conditions: Family::default(),
+            draining: Family::default(),
             pending_nodes: Gauge::default(),
             unmanaged_pod_cidrs: Gauge::default(),
             leaked_blocks: Gauge::default(),
@@ -82,8 +121,14 @@ impl Metrics {
             allocation_step: Gauge::default(),
             admissions: Family::default(),
             registry: Registry::default(),
+            registered: Vec::new(),
         };
-        let kcm = m.registry.sub_registry_with_prefix("node_ipam_controller");
+        let mut names = Vec::new();
+        let mut kcm = Registrar {
+            prefix: "node_ipam_controller",
+            registry: m.registry.sub_registry_with_prefix("node_ipam_controller"),
+            names: &mut names,
+        };
         kcm.register(
             "cidrset_cidrs_allocations",
             "Blocks handed out, per range",
@@ -99,12 +144,22 @@ impl Metrics {
             "Fraction of the range's blocks in use",
             m.usage.clone(),
         );
+        // kcm registers this one misspelled ("cirdset"); the same name keeps its dashboards.
+        kcm.register(
+            "cirdset_max_cidrs",
+            "Blocks in the range (the most that can be allocated)",
+            m.max_cidrs.clone(),
+        );
         kcm.register(
             "cidrset_allocation_tries_per_request",
             "Configs tried per allocation request",
             m.tries.clone(),
         );
-        let own = m.registry.sub_registry_with_prefix("nodeipam");
+        let mut own = Registrar {
+            prefix: "nodeipam",
+            registry: m.registry.sub_registry_with_prefix("nodeipam"),
+            names: &mut names,
+        };
         own.register(
             "config_blocks_allocated",
             "Blocks held by nodes, per config and family",
@@ -114,6 +169,16 @@ impl Metrics {
             "config_blocks_capacity",
             "Blocks in the range, per config and family",
             m.blocks_capacity.clone(),
+        );
+        own.register(
+            "config_condition",
+            "A config's status conditions: 1 for the current status of each condition",
+            m.conditions.clone(),
+        );
+        own.register(
+            "config_draining",
+            "1 while a deleted or disabled config still has nodes holding its blocks",
+            m.draining.clone(),
         );
         own.register(
             "pending_nodes",
@@ -160,6 +225,7 @@ impl Metrics {
             "Admission reviews answered, by result",
             m.admissions.clone(),
         );
+        m.registered = names;
         m
     }
 
@@ -171,6 +237,104 @@ impl Metrics {
     pub fn allocation_stepped(&self) {
         self.allocation_step
             .set(k8s_openapi::jiff::Timestamp::now().as_second());
+    }
+
+    /// kcm's max gauge for `range`: `capacity` blocks.
+    pub fn range_capacity(&self, range: &ipnet::IpNet, capacity: u64) {
+        self.max_cidrs
+            .get_or_create(&cidr_label(range))
+            .set(i64::try_from(capacity).unwrap_or(i64::MAX));
+    }
+
+    /// The condition and draining gauges of `config` from the status the leader computed.
+    pub fn observe_status(&self, config: &str, status: &nodeipam_crd::NodeIPAMConfigStatus) {
+        for c in &status.conditions {
+            for value in ["True", "False", "Unknown"] {
+                self.conditions
+                    .get_or_create(&ConfigCondition {
+                        config: config.into(),
+                        condition: c.type_.clone(),
+                        status: value.into(),
+                    })
+                    .set(i64::from(c.status == value));
+            }
+        }
+        let draining = status.conditions.iter().any(|c| {
+            c.type_ == nodeipam_crd::CONDITION_DRAINED
+                && c.status == "False"
+                && c.reason == nodeipam_crd::REASON_NODES_REMAINING
+        });
+        self.draining
+            .get_or_create(&ConfigName {
+                config: config.into(),
+            })
+            .set(i64::from(draining));
+    }
+
+    /// Drops the per-config series of a config that is gone, so that no alert fires on the
+    /// last state of an object that no longer exists.
+    pub fn forget_config(&self, config: &str) {
+        for condition in [
+            nodeipam_crd::CONDITION_READY,
+            nodeipam_crd::CONDITION_EXHAUSTED,
+            nodeipam_crd::CONDITION_DRAINED,
+        ] {
+            for status in ["True", "False", "Unknown"] {
+                self.conditions.remove(&ConfigCondition {
+                    config: config.into(),
+                    condition: condition.into(),
+                    status: status.into(),
+                });
+            }
+        }
+        self.draining.remove(&ConfigName {
+            config: config.into(),
+        });
+        for family in ["ipv4", "ipv6"] {
+            let label = ConfigFamily {
+                config: config.into(),
+                family: family.into(),
+            };
+            self.blocks_allocated.remove(&label);
+            self.blocks_capacity.remove(&label);
+        }
+    }
+
+    /// Every metric family this registry exposes, as Prometheus names them in queries
+    /// (`_total` on counters; `_bucket`, `_sum`, `_count` on histograms), whether or not it has
+    /// a series yet (the text encoding leaves out families without one).
+    pub fn exposed_names(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (name, kind) in &self.registered {
+            match kind {
+                MetricType::Counter => out.push(format!("{name}_total")),
+                MetricType::Histogram => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        out.push(format!("{name}{suffix}"));
+                    }
+                }
+                _ => out.push(name.clone()),
+            }
+        }
+        out
+    }
+
+    /// Every registered family by its base name (a counter without `_total`), with its type
+    /// as the text encoding spells it: what docs/metrics.md documents.
+    pub fn families(&self) -> Vec<(String, &'static str)> {
+        self.registered
+            .iter()
+            .map(|(name, kind)| {
+                let kind = match kind {
+                    MetricType::Counter => "counter",
+                    MetricType::Gauge => "gauge",
+                    MetricType::Histogram => "histogram",
+                    MetricType::Info => "info",
+                    _ => "unknown",
+                };
+                (name.clone(), kind)
+            })
+            .collect()
     }
 
     pub fn reconcile_error(&self, kind: &str) {
@@ -198,4 +362,125 @@ impl Metrics {
 /// The kcm label for a range.
 pub fn cidr_label(range: &ipnet::IpNet) -> ClusterCidr {
     ClusterCidr(range.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use nodeipam_crd::NodeIPAMConfigStatus;
+
+    /// kube-controller-manager's cidrset metrics, names and label as its
+    /// pkg/controller/nodeipam/ipam/cidrset/metrics.go registers them (v1.37), including
+    /// its spelling of `cirdset_max_cidrs`.
+    const KCM: [&str; 5] = [
+        "node_ipam_controller_cidrset_cidrs_allocations_total",
+        "node_ipam_controller_cidrset_cidrs_releases_total",
+        "node_ipam_controller_cirdset_max_cidrs",
+        "node_ipam_controller_cidrset_usage_cidrs",
+        "node_ipam_controller_cidrset_allocation_tries_per_request_bucket",
+    ];
+
+    #[test]
+    fn kcm_cidrset_metrics_are_all_exposed() {
+        let m = Metrics::new();
+        let names = m.exposed_names();
+        for name in KCM {
+            assert!(names.iter().any(|n| n == name), "{name} missing: {names:?}");
+        }
+    }
+
+    #[test]
+    fn kcm_metrics_carry_the_cluster_cidr_label() {
+        let m = Metrics::new();
+        let range: ipnet::IpNet = "10.0.0.0/16".parse().unwrap();
+        m.range_capacity(&range, 256);
+        m.usage.get_or_create(&cidr_label(&range)).set(0.5);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "node_ipam_controller_cirdset_max_cidrs{clusterCIDR=\"10.0.0.0/16\"} 256"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "node_ipam_controller_cidrset_usage_cidrs{clusterCIDR=\"10.0.0.0/16\"} 0.5"
+            ),
+            "{text}"
+        );
+    }
+
+    fn status(conditions: &[(&str, &str, &str)]) -> NodeIPAMConfigStatus {
+        NodeIPAMConfigStatus {
+            conditions: conditions
+                .iter()
+                .map(|(t, s, r)| Condition {
+                    type_: (*t).into(),
+                    status: (*s).into(),
+                    reason: (*r).into(),
+                    message: String::new(),
+                    observed_generation: None,
+                    last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                })
+                .collect(),
+            ..NodeIPAMConfigStatus::default()
+        }
+    }
+
+    fn sample(m: &Metrics, series: &str) -> Option<String> {
+        m.encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(series).map(|v| v.trim().to_string()))
+    }
+
+    #[test]
+    fn conditions_and_draining_follow_the_status() {
+        let m = Metrics::new();
+        m.observe_status(
+            "a",
+            &status(&[
+                ("Ready", "False", "Terminating"),
+                ("Exhausted", "True", "Exhausted"),
+                ("Drained", "False", "NodesRemaining"),
+            ]),
+        );
+        let cond = |c: &str, s: &str| {
+            sample(
+                &m,
+                &format!(
+                    "nodeipam_config_condition{{config=\"a\",condition=\"{c}\",status=\"{s}\"}}"
+                ),
+            )
+        };
+        assert_eq!(cond("Exhausted", "True").as_deref(), Some("1"));
+        assert_eq!(cond("Exhausted", "False").as_deref(), Some("0"));
+        assert_eq!(cond("Ready", "False").as_deref(), Some("1"));
+        assert_eq!(
+            sample(&m, "nodeipam_config_draining{config=\"a\"}").as_deref(),
+            Some("1")
+        );
+
+        m.forget_config("a");
+        assert_eq!(sample(&m, "nodeipam_config_draining{config=\"a\"}"), None);
+        assert_eq!(cond("Exhausted", "True"), None);
+
+        // An active config is not draining though its Drained condition is False; a drained
+        // one is not draining any more.
+        for (config, drained) in [
+            ("b", ("Drained", "False", "Active")),
+            ("a", ("Drained", "True", "NoNodes")),
+        ] {
+            m.observe_status(config, &status(&[drained]));
+            assert_eq!(
+                sample(
+                    &m,
+                    &format!("nodeipam_config_draining{{config=\"{config}\"}}")
+                )
+                .as_deref(),
+                Some("0"),
+                "{config}"
+            );
+        }
+    }
 }

@@ -20,7 +20,8 @@ pub enum Format {
     IpMasqAgent,
     /// A kube-proxy `--cluster-cidr` value, when one range per family covers it.
     KubeProxy,
-    /// A KubeProxyConfiguration snippet with `noMasqueradeCIDRs`.
+    /// A KubeProxyConfiguration snippet with `noMasqueradeCIDRs`: a field only proposed
+    /// (KEP-6246) that no released kube-proxy reads.
     NoMasqueradeCidrs,
 }
 

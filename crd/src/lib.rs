@@ -17,6 +17,12 @@ use kube::CustomResourceExt;
 /// Where `crdgen --write` puts the CRD, relative to the workspace root.
 pub const CRD_PATH: &str = "config/crd/bases/nodeipam.io_nodeipamconfigs.yaml";
 
+/// The Helm chart's copy of the same CRD (Helm installs `crds/` before the templates).
+pub const CHART_CRD_PATH: &str = "charts/nodeipam/crds/nodeipam.io_nodeipamconfigs.yaml";
+
+/// Every file `crdgen --write` writes; each must hold exactly [`crd_yaml`].
+pub const CRD_PATHS: [&str; 2] = [CRD_PATH, CHART_CRD_PATH];
+
 /// The `NodeIPAMConfig` CustomResourceDefinition as YAML, with a header naming its generator.
 pub fn crd_yaml() -> String {
     // Serializing a CRD built from plain structs and string-keyed maps cannot fail.

@@ -48,6 +48,19 @@ impl FieldErrorKind {
         }
     }
 
+    /// The `metav1.CauseType` Kubernetes gives a `StatusCause` of this kind
+    /// (`field.ErrorType` as a string, e.g. `FieldValueInvalid`).
+    pub fn cause_type(self) -> &'static str {
+        match self {
+            Self::Required => "FieldValueRequired",
+            Self::Invalid => "FieldValueInvalid",
+            Self::Forbidden => "FieldValueForbidden",
+            Self::NotSupported => "FieldValueNotSupported",
+            Self::TooLong => "FieldValueTooLong",
+            Self::TooMany => "FieldValueTooMany",
+        }
+    }
+
     /// Whether Kubernetes prints the offending value for this kind.
     fn shows_value(self) -> bool {
         matches!(self, Self::Invalid | Self::NotSupported)
@@ -90,6 +103,12 @@ fn body(kind: FieldErrorKind, value: Option<&str>, detail: &str) -> String {
 }
 
 impl FieldError {
+    /// The message without the field path (`field.Error.ErrorBody()`): what a `StatusCause`
+    /// carries next to its `field`, e.g. `Invalid value: "10.0.0.1/16": must be canonical ...`.
+    pub fn body(&self) -> String {
+        body(self.kind, self.value.as_deref(), &self.detail)
+    }
+
     fn new(
         path: impl Into<String>,
         kind: FieldErrorKind,

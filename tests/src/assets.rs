@@ -16,7 +16,14 @@ pub fn default_assets_dir() -> PathBuf {
     if let Some(dir) = non_empty_env("NODEIPAM_ASSETS") {
         return PathBuf::from(dir);
     }
-    let cache = match non_empty_env("NODEIPAM_CACHE") {
+    cache_dir()
+        .join("bin")
+        .join(format!("k8s-{K8S_VERSION}-etcd-{ETCD_VERSION}"))
+}
+
+/// `${NODEIPAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodeipam}`, as hack/lib.sh computes it.
+fn cache_dir() -> PathBuf {
+    match non_empty_env("NODEIPAM_CACHE") {
         Some(dir) => PathBuf::from(dir),
         None => {
             let base = non_empty_env("XDG_CACHE_HOME")
@@ -25,10 +32,28 @@ pub fn default_assets_dir() -> PathBuf {
                 .unwrap_or_else(|| PathBuf::from(".cache"));
             base.join("nodeipam")
         }
-    };
-    cache
+    }
+}
+
+/// Where `hack/helm.sh build` puts Helm: `$NODEIPAM_HELM`, else
+/// `<cache>/bin/helm-<version>/helm` with the version `hack/helm/go.mod` requires. Whether the
+/// file exists is the caller's check. Err names what could not be read.
+pub fn default_helm_path() -> Result<PathBuf, String> {
+    if let Some(path) = non_empty_env("NODEIPAM_HELM") {
+        return Ok(PathBuf::from(path));
+    }
+    let go_mod = crate::workspace_root().join("hack/helm/go.mod");
+    let text = std::fs::read_to_string(&go_mod)
+        .map_err(|e| format!("cannot read {}: {e}", go_mod.display()))?;
+    let version = text
+        .lines()
+        .find_map(|l| l.strip_prefix("require helm.sh/helm/v3 "))
+        .map(str::trim)
+        .ok_or_else(|| format!("no `require helm.sh/helm/v3` line in {}", go_mod.display()))?;
+    Ok(cache_dir()
         .join("bin")
-        .join(format!("k8s-{K8S_VERSION}-etcd-{ETCD_VERSION}"))
+        .join(format!("helm-{version}"))
+        .join("helm"))
 }
 
 fn non_empty_env(name: &str) -> Option<String> {

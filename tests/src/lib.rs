@@ -21,7 +21,7 @@ mod ports;
 mod process;
 mod webhook;
 
-pub use assets::{ETCD_VERSION, K8S_VERSION, default_assets_dir};
+pub use assets::{ETCD_VERSION, K8S_VERSION, default_assets_dir, default_helm_path};
 pub use control_plane::{
     ControlPlane, ControlPlaneBuilder, StartupTimings, crd_dir, workspace_root,
 };

@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::api::{GroupVersionKind, PostParams};
 use kube::{Client, ResourceExt};
-use nodeipam_testenv::workspace_root;
+use nodeipam_testenv::{default_helm_path, workspace_root};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -362,6 +362,266 @@ fn in_pod_network(data: &BTreeMap<String, String>, cidr: &str) -> bool {
         .iter()
         .filter_map(|k| data.get(*k))
         .any(|v| v.split(',').any(|c| c.trim() == cidr))
+}
+
+// ----- the Helm chart -----
+
+/// The image `hack/image.sh` builds and imports into every node (no registry).
+const LOCAL_IMAGE: (&str, &str) = ("localhost/nodeipam", "dev");
+/// The API server's address from the nodes (see hack/cluster/overlay for why nodeipam needs it).
+const API_SERVER: (&str, &str) = ("10.251.0.2", "6443");
+
+/// Runs Helm against the cluster (`--kubeconfig` of the admin), with its state in `home`;
+/// panics with `step=STEP` on failure. Returns stdout.
+fn helm(step: &str, home: &std::path::Path, args: &[&str]) -> String {
+    let bin = default_helm_path().unwrap_or_else(|e| panic!("step={step}: {e}"));
+    assert!(
+        bin.is_file(),
+        "step={step}: no helm at {}: run `hack/helm.sh build` (hack/test.sh does)",
+        bin.display()
+    );
+    let kubeconfig = dirs_cache().join("cluster/admin.kubeconfig");
+    let began = Instant::now();
+    let out = Command::new(&bin)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .unwrap_or_else(|e| panic!("step={step}: run {}: {e}", bin.display()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "step={step}: helm {args:?} failed ({}):\n{stderr}\n{stdout}",
+        out.status
+    );
+    eprintln!(
+        "cluster: step {step} took {:.1}s",
+        began.elapsed().as_secs_f64()
+    );
+    stdout
+}
+
+/// Installs charts/nodeipam as release `nodeipam` in [`NAMESPACE`] with the local image and
+/// the API server's address, and waits until the Deployment is available. What a user of the
+/// chart runs, with this cluster's two values.
+fn helm_install_chart(home: &std::path::Path, extra: &[&str]) -> String {
+    let chart = workspace_root().join("charts/nodeipam");
+    let chart = chart.to_string_lossy();
+    let mut args = vec![
+        "upgrade".to_string(),
+        "--install".into(),
+        "nodeipam".into(),
+        chart.to_string(),
+        "--namespace".into(),
+        NAMESPACE.into(),
+        "--create-namespace".into(),
+        "--set".into(),
+        format!("image.repository={}", LOCAL_IMAGE.0),
+        "--set".into(),
+        format!("image.tag={}", LOCAL_IMAGE.1),
+        "--set".into(),
+        "extraEnv[0].name=KUBERNETES_SERVICE_HOST".into(),
+        "--set-string".into(),
+        format!("extraEnv[0].value={}", API_SERVER.0),
+        "--set".into(),
+        "extraEnv[1].name=KUBERNETES_SERVICE_PORT".into(),
+        "--set-string".into(),
+        format!("extraEnv[1].value={}", API_SERVER.1),
+        "--wait".into(),
+        "--timeout".into(),
+        format!("{}s", STEP_LIMIT.as_secs()),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    helm("helm-install", home, &args)
+}
+
+/// The chart installed for real: replicas on two nodes from the local image, nodes Ready with
+/// podCIDRs from a config created afterwards, the webhook reached through its Service, then a
+/// drain and `helm uninstall`. Not run in the session that wrote it (the real cluster is one
+/// machine-wide resource); `hack/test.sh` runs it with the other `--ignored` cluster test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, hack/cluster.sh build, hack/image.sh and hack/helm.sh: hack/test.sh runs it with --ignored"]
+async fn the_helm_chart_installs_on_a_real_cluster() {
+    let mut cluster = Cluster { down_done: false };
+    script("cluster-up", &["up", "--nodes", "2"]);
+    let client = admin_client().await;
+    let home = tempfile::tempdir().expect("step=helm-home: temp folder");
+
+    helm_install_chart(home.path(), &[]);
+    let replicas = controller_pods(&client).await;
+    let on: BTreeMap<String, String> = replicas
+        .iter()
+        .filter_map(|p| {
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone())?;
+            Some((node, p.name_any()))
+        })
+        .collect();
+    assert_eq!(
+        on.len(),
+        2,
+        "step=helm-install: two replicas on two nodes: {on:?}"
+    );
+    for pod in &replicas {
+        let image = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.clone());
+        assert_eq!(
+            image.as_deref(),
+            Some(format!("{}:{}", LOCAL_IMAGE.0, LOCAL_IMAGE.1).as_str()),
+            "step=helm-install: the local image"
+        );
+    }
+
+    // A config through the webhook (its Service, the chart's ValidatingWebhookConfiguration),
+    // then every node Ready with podCIDRs from it.
+    script(
+        "apply-samples",
+        &[
+            "kubectl",
+            "apply",
+            "-k",
+            &workspace_root().join("config/samples").to_string_lossy(),
+        ],
+    );
+    for name in ["node-1", "node-2"] {
+        wait_ready_with_cidrs(&client, name, DEFAULT_POOL).await;
+    }
+    let refused = config_api(&client)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "nodeipam.io/v1alpha1",
+                "kind": "NodeIPAMConfig",
+                "metadata": {"name": "overlaps-the-default-pool"},
+                "spec": {"ipv4": {"cidr": "10.64.128.0/20", "perNodeMaskSize": 24}},
+            }))
+            .expect("config manifest"),
+        )
+        .await;
+    match refused {
+        Err(kube::Error::Api(s)) => assert!(
+            s.message.contains("overlaps"),
+            "step=helm-webhook: refused for another reason: {}",
+            s.message
+        ),
+        other => panic!("step=helm-webhook: an overlapping config was not refused: {other:?}"),
+    }
+
+    // An upgrade with ip-masq-agent sync on: its ConfigMap appears with the pod network.
+    helm_install_chart(home.path(), &["--set", "ipMasqAgent.enabled=true"]);
+    let ip_masq: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    wait_for("ip-masq-agent's ConfigMap holds the default pool", || {
+        let ip_masq = ip_masq.clone();
+        async move {
+            let cm = ip_masq
+                .get_opt("ip-masq-agent")
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("no ConfigMap yet")?;
+            let config = cm
+                .data
+                .as_ref()
+                .and_then(|d| d.get("config"))
+                .cloned()
+                .unwrap_or_default();
+            if config.contains(DEFAULT_POOL.1) {
+                Ok(())
+            } else {
+                Err(format!("config is {config:?}"))
+            }
+        }
+    })
+    .await;
+
+    // Uninstall with configs still draining (their nodes hold blocks): the configs outlive the
+    // controller, Terminating with our finalizer (docs/install.md), until it is released with
+    // the command the docs give, which leaves any other finalizer alone.
+    script(
+        "delete-samples",
+        &[
+            "kubectl",
+            "delete",
+            "-k",
+            &workspace_root().join("config/samples").to_string_lossy(),
+            "--wait=false",
+        ],
+    );
+    helm(
+        "helm-uninstall",
+        home.path(),
+        &["uninstall", "nodeipam", "--namespace", NAMESPACE, "--wait"],
+    );
+    let left = script(
+        "after-uninstall",
+        &[
+            "kubectl",
+            "-n",
+            NAMESPACE,
+            "get",
+            "deployment,service,role",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(
+        left.trim().is_empty(),
+        "step=helm-uninstall: left behind: {left}"
+    );
+    let stuck = config_api(&client)
+        .get(DEFAULT_POOL.0)
+        .await
+        .unwrap_or_else(|e| panic!("step=finalizer-after-uninstall: {e}"));
+    assert!(
+        stuck.metadata.deletion_timestamp.is_some()
+            && stuck
+                .finalizers()
+                .iter()
+                .any(|f| f == "nodeipam.io/finalizer"),
+        "step=finalizer-after-uninstall: {stuck:?}"
+    );
+    let index = stuck
+        .finalizers()
+        .iter()
+        .position(|f| f == "nodeipam.io/finalizer")
+        .expect("index");
+    let patch = format!(
+        r#"[{{"op":"test","path":"/metadata/finalizers/{index}","value":"nodeipam.io/finalizer"}},{{"op":"remove","path":"/metadata/finalizers/{index}"}}]"#
+    );
+    script(
+        "release-finalizer",
+        &[
+            "kubectl",
+            "patch",
+            "nodeipamconfig",
+            DEFAULT_POOL.0,
+            "--type=json",
+            "-p",
+            &patch,
+        ],
+    );
+    wait_for("the released config is gone", || {
+        let configs = config_api(&client);
+        async move {
+            match configs.get_opt(DEFAULT_POOL.0).await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+
+    if let Err(e) = try_script(&["down"]) {
+        eprintln!("cluster: first down failed, running it again: {e}");
+    }
+    script("cluster-down", &["down"]);
+    cluster.down_done = true;
 }
 
 // ----- the test -----

@@ -474,6 +474,43 @@ async fn admission_through_the_api_server() {
         running.counts.lock().unwrap()
     );
 
+    // The field path appears once: in the Status message with the path, and in each cause
+    // as `field` + a message without it (kubectl prints `<field>: <message>` per cause).
+    let err = configs(&client)
+        .create(
+            &PostParams::default(),
+            &object("dup-path", v4("10.64.0.0/14", 24)),
+        )
+        .await
+        .expect_err("an overlapping config is denied");
+    let kube::Error::Api(status) = err else {
+        panic!("expected an API error, got {err:?}");
+    };
+    let body = "Invalid value: \"10.64.0.0/14\": overlaps 10.64.0.0/14 of NodeIPAMConfig \
+                \"base\" (10.64.0.0/14 is the same range); ranges of NodeIPAMConfigs must not \
+                overlap";
+    assert_eq!(
+        status.message,
+        format!("admission webhook \"{HOOK}\" denied the request: spec.ipv4.cidr: {body}")
+    );
+    let causes = status
+        .details
+        .as_ref()
+        .map(|d| d.causes.clone())
+        .unwrap_or_default();
+    assert_eq!(causes.len(), 1, "{status:?}");
+    assert_eq!(causes[0].field, "spec.ipv4.cidr");
+    assert_eq!(causes[0].message, body);
+    let manifest = "apiVersion: nodeipam.io/v1alpha1\nkind: NodeIPAMConfig\nmetadata: {name: dup-path}\n\
+                    spec: {ipv4: {cidr: 10.64.0.0/14, perNodeMaskSize: 24}}\n";
+    let (ok, stderr) = kubectl_apply(&cp, manifest, false).await;
+    assert!(!ok, "kubectl apply of an overlapping config failed");
+    assert_eq!(
+        stderr.trim_end(),
+        format!("The NodeIPAMConfig \"dup-path\" is invalid: spec.ipv4.cidr: {body}"),
+        "what kubectl shows names the field once"
+    );
+
     // Immutable fields: a change is denied and says what to do instead.
     let patch = |spec: Value| Patch::Merge(json!({"spec": spec}));
     let api = configs(&client);

@@ -4,23 +4,38 @@
 use ipnet::IpNet;
 use nodeipam_crd::NodeIPAMConfigSpec;
 
-/// One rejected field.
+/// One rejected field, in the two parts a Kubernetes `StatusCause` has.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
     /// e.g. `spec.ipv4.cidr`.
     pub path: String,
+    /// The cause type, e.g. `FieldValueInvalid`.
+    pub reason: &'static str,
+    /// The message without the path, e.g. `Invalid value: "x": ...`: the API server and
+    /// kubectl print a cause as `<field>: <message>`, so the path must not be in it too.
+    pub body: String,
+}
+
+impl Problem {
     /// The whole line, path first, e.g. `spec.ipv4.cidr: Invalid value: "x": ...`.
-    pub message: String,
+    pub fn message(&self) -> String {
+        format!("{}: {}", self.path, self.body)
+    }
+}
+
+fn from_field_error(e: nodeipam_crd::validation::FieldError) -> Problem {
+    Problem {
+        reason: e.kind.cause_type(),
+        body: e.body(),
+        path: e.path,
+    }
 }
 
 /// Everything the shared rules reject in a spec.
 pub fn spec_problems(spec: &NodeIPAMConfigSpec) -> Vec<Problem> {
     nodeipam_crd::validation::validate_spec(spec)
         .into_iter()
-        .map(|e| Problem {
-            path: e.path.to_string(),
-            message: e.to_string(),
-        })
+        .map(from_field_error)
         .collect()
 }
 
@@ -28,10 +43,7 @@ pub fn spec_problems(spec: &NodeIPAMConfigSpec) -> Vec<Problem> {
 pub fn update_problems(old: &NodeIPAMConfigSpec, new: &NodeIPAMConfigSpec) -> Vec<Problem> {
     nodeipam_crd::validation::validate_update(old, new)
         .into_iter()
-        .map(|e| Problem {
-            path: e.path.to_string(),
-            message: e.to_string(),
-        })
+        .map(from_field_error)
         .collect()
 }
 

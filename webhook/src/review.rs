@@ -143,8 +143,8 @@ pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) ->
             checks::update_problems(&old.spec, &object.spec)
                 .into_iter()
                 .map(|mut p| {
-                    if !p.message.contains("create a new") {
-                        p.message.push_str(IMMUTABLE_HINT);
+                    if !p.body.contains("create a new") {
+                        p.body.push_str(IMMUTABLE_HINT);
                     }
                     p
                 }),
@@ -242,6 +242,9 @@ fn check_target(request: &AdmissionRequest<NodeIPAMConfig>) -> Result<(), String
     }
 }
 
+/// The cause type of an overlap: the value is invalid.
+const OVERLAP_REASON: &str = "FieldValueInvalid";
+
 /// Overlaps of `range` (at `path`) with other configs' ranges of the same family and with
 /// Service ranges.
 fn overlap_problems(name: &str, path: &str, range: &IpNet, view: &ClusterView) -> Vec<Problem> {
@@ -267,8 +270,9 @@ fn overlap_problems(name: &str, path: &str, range: &IpNet, view: &ClusterView) -
             let other_name = other.metadata.name.as_deref().unwrap_or("");
             out.push(Problem {
                 path: field.clone(),
-                message: format!(
-                    "{field}: Invalid value: \"{range}\": overlaps {theirs} of NodeIPAMConfig \
+                reason: OVERLAP_REASON,
+                body: format!(
+                    "Invalid value: \"{range}\": overlaps {theirs} of NodeIPAMConfig \
                      \"{other_name}\" ({}); ranges of NodeIPAMConfigs must not overlap",
                     describe(range, &theirs, how)
                 ),
@@ -279,8 +283,9 @@ fn overlap_problems(name: &str, path: &str, range: &IpNet, view: &ClusterView) -
         if let Some(how) = overlap(range, &service.cidr) {
             out.push(Problem {
                 path: field.clone(),
-                message: format!(
-                    "{field}: Invalid value: \"{range}\": overlaps the Service range {} of {} \
+                reason: OVERLAP_REASON,
+                body: format!(
+                    "Invalid value: \"{range}\": overlaps the Service range {} of {} \
                      ({}); pod and Service ranges must not overlap",
                     service.cidr,
                     service.source,
@@ -299,14 +304,14 @@ fn deny(
 ) -> AdmissionResponse {
     let message = problems
         .iter()
-        .map(|p| p.message.as_str())
+        .map(Problem::message)
         .collect::<Vec<_>>()
         .join("; ");
     let causes = problems
         .into_iter()
         .map(|p| StatusCause {
-            reason: "FieldValueInvalid".into(),
-            message: p.message,
+            reason: p.reason.into(),
+            message: p.body,
             field: p.path,
         })
         .collect();

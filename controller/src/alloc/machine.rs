@@ -139,6 +139,18 @@ pub enum Metric {
     },
     Pending(usize),
     Unmanaged(usize),
+    /// kcm's max gauge: the blocks in a range.
+    Capacity {
+        range: IpNet,
+        blocks: u64,
+    },
+    /// The status the machine computed for a config (its condition and draining gauges).
+    Status {
+        config: String,
+        status: NodeIPAMConfigStatus,
+    },
+    /// A config is gone: drop its series.
+    ConfigGone(String),
 }
 
 /// What the machine remembers of a config object besides the allocation state.
@@ -988,6 +1000,7 @@ impl Machine {
 
     fn on_config_gone(&mut self, name: &str) {
         info!(config = %name, "NodeIPAMConfig gone");
+        self.metric(Metric::ConfigGone(name.to_string()));
         self.configs.remove(name);
         self.forget_config(name);
         self.ipam.remove_config(name);
@@ -1087,6 +1100,10 @@ impl Machine {
                 // kcm's usage gauge: the fraction of the range's blocks in use.
                 let ratio = f.allocated as f64 / f.capacity as f64;
                 metrics.push(Metric::Usage { range, ratio });
+                metrics.push(Metric::Capacity {
+                    range,
+                    blocks: f.capacity,
+                });
             }
             metrics.push(Metric::Blocks {
                 config: name.to_string(),
@@ -1101,6 +1118,10 @@ impl Machine {
             .or(seen.status.as_ref())
             .map_or(&[], |s| s.conditions.as_slice());
         let (status, transitions) = desired_status(&facts, seen.generation, previous, now);
+        metrics.push(Metric::Status {
+            config: name.to_string(),
+            status: status.clone(),
+        });
         // A landed status that says Drained holds allocation back until a later one lands.
         let undrain = says_drained(self.status_landed.get(name))
             && !says_drained(Some(&status))

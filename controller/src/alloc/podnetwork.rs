@@ -179,7 +179,7 @@ impl PodNetwork {
             return Err(format!(
                 "kube-proxy's --cluster-cidr takes at most one CIDR per family, but the pod network has {} IPv4 and {} IPv6 ranges that do not merge ({}).\n\
                  Run kube-proxy with --detect-local-mode=NodeCIDR (it then uses each node's own podCIDRs), \
-                 and use `nodeipam ranges --format no-masquerade-cidrs` where KubeProxyConfiguration.noMasqueradeCIDRs is available.",
+                 and use `nodeipam ranges --format no-masquerade-cidrs` where KubeProxyConfiguration.noMasqueradeCIDRs is available (only proposed so far, KEP-6246).",
                 v4.len(),
                 v6.len(),
                 join(agg.iter().copied())
@@ -191,10 +191,12 @@ impl PodNetwork {
         ))
     }
 
-    /// A KubeProxyConfiguration snippet with `noMasqueradeCIDRs` (KEP-6246).
+    /// A KubeProxyConfiguration snippet with `noMasqueradeCIDRs`. The field is only proposed
+    /// (KEP-6246): the snippet says so in a comment, since no released kube-proxy reads it.
     pub fn no_masquerade_snippet(&self) -> String {
         let mut out = String::from(
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nnoMasqueradeCIDRs:\n",
+            "# noMasqueradeCIDRs is only proposed (KEP-6246): no released kube-proxy reads it.\n\
+             apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nnoMasqueradeCIDRs:\n",
         );
         for c in self.aggregated() {
             let _ = writeln!(out, "- {c}");
@@ -572,6 +574,10 @@ mod tests {
         let s = sample().no_masquerade_snippet();
         assert!(
             s.contains("kind: KubeProxyConfiguration") && s.contains("- 10.0.0.0/16"),
+            "{s}"
+        );
+        assert!(
+            s.starts_with("# noMasqueradeCIDRs is only proposed (KEP-6246)"),
             "{s}"
         );
         assert!(

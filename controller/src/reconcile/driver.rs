@@ -227,6 +227,9 @@ fn record(metrics: &Metrics, metric: Metric) {
         Metric::Unmanaged(n) => {
             metrics.unmanaged_pod_cidrs.set(count(n));
         }
+        Metric::Capacity { range, blocks } => metrics.range_capacity(&range, blocks),
+        Metric::Status { config, status } => metrics.observe_status(&config, &status),
+        Metric::ConfigGone(config) => metrics.forget_config(&config),
     }
 }
 

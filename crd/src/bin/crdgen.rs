@@ -1,5 +1,6 @@
 //! Prints the NodeIPAMConfig CRD YAML, or with `--write` writes it to
-//! `config/crd/bases/nodeipam.io_nodeipamconfigs.yaml` in the workspace.
+//! `config/crd/bases/nodeipam.io_nodeipamconfigs.yaml` and to the Helm chart's copy,
+//! `charts/nodeipam/crds/nodeipam.io_nodeipamconfigs.yaml`, in the workspace.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -15,25 +16,21 @@ fn main() -> ExitCode {
         [flag] if flag == "--write" => {
             // The crate lives one level below the workspace root.
             let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let path = manifest_dir
-                .parent()
-                .unwrap_or(manifest_dir)
-                .join(nodeipam_crd::CRD_PATH);
-            match std::fs::write(&path, yaml) {
-                Ok(()) => {
-                    eprintln!("wrote {}", path.display());
-                    ExitCode::SUCCESS
-                }
-                Err(err) => {
+            let root = manifest_dir.parent().unwrap_or(manifest_dir);
+            for rel in nodeipam_crd::CRD_PATHS {
+                let path = root.join(rel);
+                if let Err(err) = std::fs::write(&path, &yaml) {
                     eprintln!("crdgen: cannot write {}: {err}", path.display());
-                    ExitCode::FAILURE
+                    return ExitCode::FAILURE;
                 }
+                eprintln!("wrote {}", path.display());
             }
+            ExitCode::SUCCESS
         }
         _ => {
             eprintln!(
                 "usage: crdgen [--write]\n  prints the NodeIPAMConfig CRD YAML, or writes it to {}",
-                nodeipam_crd::CRD_PATH
+                nodeipam_crd::CRD_PATHS.join(" and ")
             );
             ExitCode::from(2)
         }

@@ -576,3 +576,68 @@ fn result_labels() {
     assert_eq!(result_of(&AdmissionResponse::from(&req).deny("no")), DENIED);
     assert_eq!(result_of(&invalid_for(&req, "bad")), INVALID);
 }
+
+/// A cause carries its field in `field` and only the rest in `message`, as the API server's
+/// own `field.Error`s do: kubectl prints `<field>: <message>` for each cause, so a message
+/// that repeats the path reads `spec.ipv4.cidr: spec.ipv4.cidr: Invalid value: ...`.
+#[test]
+fn a_cause_does_not_repeat_its_field_path() {
+    let other = config("other", family("10.64.0.0/14", 24), None);
+    let c = config("new", family("10.64.0.0/14", 24), None);
+    let r = review(&request("CREATE", Some(&c), None), &view_with(vec![other]));
+    assert!(!r.allowed, "{r:?}");
+    let body = "Invalid value: \"10.64.0.0/14\": overlaps 10.64.0.0/14 of NodeIPAMConfig \
+                \"other\" (10.64.0.0/14 is the same range); ranges of NodeIPAMConfigs must \
+                not overlap";
+    // The Status message keeps the path once, like the API server's own "is invalid" errors.
+    assert_eq!(r.result.message, format!("spec.ipv4.cidr: {body}"));
+    let causes = &r.result.details.as_ref().expect("details").causes;
+    assert_eq!(causes.len(), 1);
+    assert_eq!(causes[0].field, "spec.ipv4.cidr");
+    assert_eq!(causes[0].message, body);
+    assert_eq!(causes[0].reason, "FieldValueInvalid");
+}
+
+/// The same for the shared validation's errors and for immutability errors, whose cause
+/// type is Kubernetes' own for the kind of error.
+#[test]
+fn validation_and_immutability_causes_do_not_repeat_the_path() {
+    let c = config("bad", family("10.1.0.1/16", 24), None);
+    let r = review(&request("CREATE", Some(&c), None), &view_with(vec![]));
+    let causes = &r.result.details.as_ref().expect("details").causes;
+    assert!(!causes.is_empty(), "{r:?}");
+    for cause in causes {
+        assert!(
+            !cause.message.starts_with(&cause.field),
+            "cause message repeats its field: {cause:?}"
+        );
+        assert!(
+            r.result
+                .message
+                .contains(&format!("{}: {}", cause.field, cause.message)),
+            "the Status message names each cause once with its path: {:?}",
+            r.result.message
+        );
+    }
+
+    let old = config("a", family("10.0.0.0/16", 24), None);
+    let new = config("a", family("10.1.0.0/16", 24), None);
+    let r = review(
+        &request("UPDATE", Some(&new), Some(&old)),
+        &view_with(vec![]),
+    );
+    let causes = &r.result.details.as_ref().expect("details").causes;
+    let cidr = causes
+        .iter()
+        .find(|c| c.field == "spec.ipv4.cidr")
+        .unwrap_or_else(|| panic!("a cause for spec.ipv4.cidr: {causes:?}"));
+    assert!(
+        cidr.message.starts_with("Invalid value: ") || cidr.message.starts_with("Forbidden"),
+        "{cidr:?}"
+    );
+    assert!(
+        cidr.message.contains("create a new NodeIPAMConfig"),
+        "{cidr:?}"
+    );
+    assert_ne!(cidr.reason, "", "{cidr:?}");
+}

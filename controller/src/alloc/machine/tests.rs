@@ -468,3 +468,34 @@ fn the_injected_fault_panics_on_its_node() {
         Input::Node(Watch::Applied(node("boom", "u", &[], &[]))),
     );
 }
+
+/// The metrics behind the alerts: kcm's max gauge and the status of each config as computed,
+/// and a config that is gone says so, so that its series are dropped.
+#[test]
+fn a_flush_reports_capacity_and_status_and_a_gone_config_is_reported() {
+    let (mut m, _) = synced(options(false));
+    m.handle(at(1), Input::Config(Watch::Applied(pool(true))));
+    let out = m.handle(at(1), Input::Tick);
+    let all = metrics(&out);
+    assert!(
+        all.iter().any(|x| matches!(x, Metric::Capacity { range, blocks } if *range == net("10.0.0.0/29") && *blocks > 0)),
+        "{all:?}"
+    );
+    let status = all
+        .iter()
+        .find_map(|x| match x {
+            Metric::Status { config, status } if config == "pool" => Some(status.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no status metric: {all:?}"));
+    assert!(
+        status.conditions.iter().any(|c| c.type_ == "Exhausted"),
+        "{status:?}"
+    );
+
+    let out = m.handle(at(2), Input::Config(Watch::Deleted(pool(true))));
+    assert!(
+        metrics(&out).contains(&Metric::ConfigGone("pool".into())),
+        "{out:?}"
+    );
+}

@@ -1,0 +1,616 @@
+//! The Helm chart (`charts/nodeipam`): `helm lint`, `helm template` with default and other
+//! values, the rendered objects against the real API server (server-side dry run, then a real
+//! `helm install`/`upgrade`/`uninstall` on the test control plane), and the chart's equivalence
+//! with the kustomize manifests it mirrors: with default values it renders the objects of
+//! `config/default` (the Namespace aside: Helm installs into an existing namespace), with
+//! `certMode=cert-manager` those of `config/certmanager`, and with `ipMasqAgent.enabled` adds
+//! exactly `config/ip-masq-agent`. A change to `config/` that the chart does not follow (or the
+//! reverse) fails here, naming the object and the field.
+//!
+//! Helm is built by `hack/helm.sh build` (hack/test.sh does) into `$NODEIPAM_HELM`; kubectl is
+//! the pinned one of the control-plane binaries. Nothing is downloaded here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use nodeipam_testenv::{ControlPlane, default_assets_dir, default_helm_path, workspace_root};
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "nodeipam-system";
+const RELEASE: &str = "nodeipam";
+
+// ----- tools -----
+
+/// The Helm binary: `$NODEIPAM_HELM`, else where `hack/helm.sh` puts the version
+/// `hack/helm/go.mod` pins.
+fn helm_bin() -> PathBuf {
+    let path = default_helm_path().unwrap_or_else(|e| panic!("step=locate-helm: {e}"));
+    assert!(
+        path.is_file(),
+        "step=locate-helm: no helm binary at {}: run `hack/helm.sh build` (hack/test.sh does), \
+         or set NODEIPAM_HELM",
+        path.display()
+    );
+    path
+}
+
+fn kubectl_bin() -> PathBuf {
+    let path = default_assets_dir().join("kubectl");
+    assert!(
+        path.is_file(),
+        "step=locate-kubectl: no kubectl at {}: run `hack/control-plane.sh build` (hack/test.sh \
+         does), or set NODEIPAM_ASSETS",
+        path.display()
+    );
+    path
+}
+
+fn chart_dir() -> String {
+    workspace_root()
+        .join("charts/nodeipam")
+        .display()
+        .to_string()
+}
+
+fn config_dir(rel: &str) -> String {
+    workspace_root()
+        .join("config")
+        .join(rel)
+        .display()
+        .to_string()
+}
+
+/// Helm with its cache, config and data folders in a temporary folder, so tests never read
+/// or write the user's Helm state.
+fn helm(home: &Path) -> Command {
+    let mut cmd = Command::new(helm_bin());
+    cmd.env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Runs `cmd`; returns (success, stdout, stderr).
+fn run(step: &str, cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("step={step}: cannot run {cmd:?}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs `cmd`, which must succeed; returns stdout.
+fn run_ok(step: &str, cmd: &mut Command) -> String {
+    let (ok, out, err) = run(step, cmd);
+    assert!(ok, "step={step}: {cmd:?} failed:\n{err}\n{out}");
+    out
+}
+
+/// `helm template` of the chart in [`NAMESPACE`] with `--set` values, CRDs included.
+fn template(set: &[&str]) -> String {
+    let home = tempfile::tempdir().expect("temp folder");
+    let mut cmd = helm(home.path());
+    cmd.args([
+        "template",
+        RELEASE,
+        &chart_dir(),
+        "--namespace",
+        NAMESPACE,
+        "--include-crds",
+    ]);
+    for s in set {
+        cmd.args(["--set", s]);
+    }
+    run_ok("helm-template", &mut cmd)
+}
+
+fn kustomize(rel: &str) -> String {
+    run_ok(
+        "kubectl-kustomize",
+        Command::new(kubectl_bin()).args(["kustomize", &config_dir(rel)]),
+    )
+}
+
+/// The objects of a multi-document YAML stream.
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .filter_map(|doc| {
+            let v: Value = serde::Deserialize::deserialize(doc).expect("YAML document");
+            (!v.is_null()).then_some(v)
+        })
+        .collect()
+}
+
+/// (kind, namespace, name) of an object.
+type Key = (String, String, String);
+
+fn key(obj: &Value) -> Key {
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    (
+        s(&obj["kind"]),
+        s(&obj["metadata"]["namespace"]),
+        s(&obj["metadata"]["name"]),
+    )
+}
+
+/// The objects by key, with what legitimately differs between Helm and kustomize removed:
+/// the labels on the objects (Helm's release labels; kustomize's part-of). Everything else,
+/// specs, rules, arguments, annotations, must be equal.
+fn by_key(docs: Vec<Value>) -> BTreeMap<Key, Value> {
+    let mut out = BTreeMap::new();
+    for mut obj in docs {
+        if let Some(meta) = obj["metadata"].as_object_mut() {
+            meta.remove("labels");
+        }
+        let k = key(&obj);
+        assert!(out.insert(k.clone(), obj).is_none(), "{k:?} rendered twice");
+    }
+    out
+}
+
+/// The first difference between two JSON values, as a path and both sides.
+fn first_difference(path: &str, a: &Value, b: &Value) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                first_difference(
+                    &format!("{path}.{k}"),
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                )
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (p, q))| first_difference(&format!("{path}[{i}]"), p, q)),
+        // The generated CRD writes `128.0` where kustomize writes `128`: the same number.
+        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => None,
+        _ if a == b => None,
+        _ => Some(format!("{path}: chart {a} but kustomize {b}")),
+    }
+}
+
+/// The chart's objects equal the kustomize ones, except `skip` (keys only one side has, with
+/// the reason in the caller).
+fn assert_equivalent(
+    chart: &BTreeMap<Key, Value>,
+    kustomize: &BTreeMap<Key, Value>,
+    skip: &[Key],
+    what: &str,
+) {
+    let ck: BTreeSet<&Key> = chart.keys().filter(|k| !skip.contains(k)).collect();
+    let kk: BTreeSet<&Key> = kustomize.keys().filter(|k| !skip.contains(k)).collect();
+    assert_eq!(
+        ck,
+        kk,
+        "{what}: the chart and kustomize render different objects (only in the chart: {:?}; \
+         only in kustomize: {:?})",
+        ck.difference(&kk).collect::<Vec<_>>(),
+        kk.difference(&ck).collect::<Vec<_>>()
+    );
+    let mut differences = Vec::new();
+    for k in ck {
+        if let Some(d) = first_difference("", &chart[k], &kustomize[k]) {
+            differences.push(format!("{k:?} {d}"));
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "{what}: the chart differs from kustomize; sync charts/nodeipam with config/:\n{}",
+        differences.join("\n")
+    );
+}
+
+fn ns_key(kind: &str, name: &str) -> Key {
+    (kind.into(), NAMESPACE.into(), name.into())
+}
+
+fn cluster_key(kind: &str, name: &str) -> Key {
+    (kind.into(), String::new(), name.into())
+}
+
+fn container(docs: &BTreeMap<Key, Value>) -> &Value {
+    &docs[&ns_key("Deployment", "nodeipam-controller")]["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn args(docs: &BTreeMap<Key, Value>) -> Vec<String> {
+    serde_json::from_value(container(docs)["args"].clone()).expect("args are strings")
+}
+
+// ----- lint and template -----
+
+#[test]
+fn helm_lint_passes_with_default_and_other_values() {
+    let home = tempfile::tempdir().expect("temp folder");
+    for set in [
+        &[][..],
+        &["certMode=cert-manager", "ipMasqAgent.enabled=true"][..],
+        &[
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.prometheusRule.enabled=true",
+        ][..],
+    ] {
+        let mut cmd = helm(home.path());
+        cmd.args(["lint", "--strict", &chart_dir(), "--namespace", NAMESPACE]);
+        for s in set {
+            cmd.args(["--set", s]);
+        }
+        let out = run_ok("helm-lint", &mut cmd);
+        assert!(out.contains("0 chart(s) failed"), "{set:?}: {out}");
+    }
+}
+
+#[test]
+fn the_default_chart_renders_config_default() {
+    // config/manager names `nodeipam:latest`; the chart's default tag is its appVersion
+    // (checked below), so the comparison sets the tag.
+    let chart = by_key(yaml_docs(&template(&["image.tag=latest"])));
+    let kustomize = by_key(yaml_docs(&kustomize("default")));
+    // The one exception: Helm installs into an existing namespace (or --create-namespace),
+    // so the chart does not own the Namespace object.
+    let namespace = cluster_key("Namespace", NAMESPACE);
+    assert!(kustomize.contains_key(&namespace));
+    assert!(!chart.contains_key(&namespace));
+    assert_equivalent(&chart, &kustomize, &[namespace], "config/default");
+
+    // Spot checks that would also catch both sides drifting together the wrong way.
+    assert_eq!(
+        args(&chart),
+        [
+            "run",
+            "--metrics-addr=0.0.0.0:8085",
+            "--webhook-addr=0.0.0.0:9445",
+            "--log-format=json"
+        ]
+    );
+    let default = by_key(yaml_docs(&template(&[])));
+    assert_eq!(
+        container(&default)["image"],
+        format!("nodeipam:{}", chart_app_version())
+    );
+    let deploy = &chart[&ns_key("Deployment", "nodeipam-controller")];
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    assert_eq!(deploy["spec"]["template"]["spec"]["hostNetwork"], true);
+    let crd = &chart[&cluster_key("CustomResourceDefinition", "nodeipamconfigs.nodeipam.io")];
+    assert_eq!(crd["spec"]["group"], "nodeipam.io");
+}
+
+/// The chart's appVersion, its default image tag.
+fn chart_app_version() -> String {
+    let text = std::fs::read_to_string(workspace_root().join("charts/nodeipam/Chart.yaml"))
+        .expect("read Chart.yaml");
+    let chart: Value = serde_yaml::from_str(&text).expect("Chart.yaml parses");
+    chart["appVersion"]
+        .as_str()
+        .expect("appVersion is a string")
+        .to_string()
+}
+
+#[test]
+fn cert_manager_mode_renders_config_certmanager() {
+    let chart = by_key(yaml_docs(&template(&[
+        "certMode=cert-manager",
+        "image.tag=latest",
+    ])));
+    let kustomize = by_key(yaml_docs(&kustomize("certmanager")));
+    let namespace = cluster_key("Namespace", NAMESPACE);
+    assert_equivalent(&chart, &kustomize, &[namespace], "config/certmanager");
+    let vwc = &chart[&cluster_key("ValidatingWebhookConfiguration", "nodeipam-webhook")];
+    assert_eq!(
+        vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "nodeipam-system/nodeipam-webhook-cert"
+    );
+    assert!(chart.contains_key(&ns_key("Issuer", "nodeipam-selfsigned")));
+
+    // An issuer of one's own replaces the self-signed one.
+    let chart = by_key(yaml_docs(&template(&[
+        "certMode=cert-manager",
+        "certManager.issuerRef.kind=ClusterIssuer",
+        "certManager.issuerRef.name=corp-ca",
+    ])));
+    assert!(!chart.contains_key(&ns_key("Issuer", "nodeipam-selfsigned")));
+    let cert = &chart[&ns_key("Certificate", "nodeipam-webhook-cert")];
+    assert_eq!(
+        cert["spec"]["issuerRef"],
+        json!({"kind": "ClusterIssuer", "name": "corp-ca"})
+    );
+}
+
+#[test]
+fn ip_masq_agent_sync_adds_config_ip_masq_agent_and_its_flag() {
+    let base = by_key(yaml_docs(&template(&[])));
+    let chart = by_key(yaml_docs(&template(&["ipMasqAgent.enabled=true"])));
+    let overlay = by_key(yaml_docs(&kustomize("ip-masq-agent")));
+    let added: BTreeMap<Key, Value> = chart
+        .iter()
+        .filter(|(k, _)| !base.contains_key(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    assert_equivalent(&added, &overlay, &[], "config/ip-masq-agent");
+    let flag = "--ip-masq-agent-configmap=kube-system/ip-masq-agent";
+    assert!(args(&chart).iter().any(|a| a == flag), "{:?}", args(&chart));
+    assert!(!args(&base).iter().any(|a| a == flag));
+}
+
+#[test]
+fn values_reach_the_rendered_objects() {
+    let chart = by_key(yaml_docs(&template(&[
+        "image.repository=registry.example.com/nodeipam",
+        "image.tag=v9.9.9",
+        "replicas=3",
+        "resources.limits.memory=1Gi",
+        "extraArgs[0]=--log-level=debug",
+        "extraEnv[0].name=KUBERNETES_SERVICE_HOST",
+        "extraEnv[0].value=10.0.0.1",
+        "nodeSelector.pool=system",
+        "tolerations[0].key=dedicated",
+        "tolerations[0].operator=Exists",
+        "metrics.port=9100",
+        "podDisruptionBudget.enabled=false",
+    ])));
+    let deploy = &chart[&ns_key("Deployment", "nodeipam-controller")];
+    let pod = &deploy["spec"]["template"]["spec"];
+    let c = container(&chart);
+    assert_eq!(c["image"], "registry.example.com/nodeipam:v9.9.9");
+    assert_eq!(deploy["spec"]["replicas"], 3);
+    assert_eq!(c["resources"]["limits"]["memory"], "1Gi");
+    assert_eq!(
+        args(&chart).last().map(String::as_str),
+        Some("--log-level=debug")
+    );
+    assert!(args(&chart).contains(&"--metrics-addr=0.0.0.0:9100".to_string()));
+    assert_eq!(c["ports"][0]["containerPort"], 9100);
+    assert_eq!(
+        c["env"][2],
+        json!({"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.0.1"})
+    );
+    assert_eq!(pod["nodeSelector"], json!({"pool": "system"}));
+    assert_eq!(
+        pod["tolerations"],
+        json!([{"key": "dedicated", "operator": "Exists"}])
+    );
+    assert!(!chart.contains_key(&ns_key("PodDisruptionBudget", "nodeipam-controller")));
+
+    let chart = by_key(yaml_docs(&template(&["image.digest=sha256:0123"])));
+    assert_eq!(container(&chart)["image"], "nodeipam@sha256:0123");
+
+    // A mistyped cert mode is refused by name.
+    let home = tempfile::tempdir().expect("temp folder");
+    let (ok, _, err) = run(
+        "helm-template",
+        helm(home.path()).args(["template", RELEASE, &chart_dir(), "--set", "certMode=acme"]),
+    );
+    assert!(
+        !ok && err.contains("certMode must be managed or cert-manager"),
+        "{err}"
+    );
+}
+
+#[test]
+fn monitoring_objects_render_when_asked() {
+    let base = by_key(yaml_docs(&template(&[])));
+    assert!(
+        !base
+            .keys()
+            .any(|k| k.0 == "ServiceMonitor" || k.0 == "PrometheusRule")
+    );
+    let chart = by_key(yaml_docs(&template(&[
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+    ])));
+    let kustomize = by_key(yaml_docs(&kustomize("prometheus")));
+    let added: BTreeMap<Key, Value> = chart
+        .iter()
+        .filter(|(k, _)| !base.contains_key(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    // The same Service, ServiceMonitor and alerts as config/prometheus.
+    assert_equivalent(&added, &kustomize, &[], "config/prometheus");
+}
+
+// ----- against the API server -----
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    path.display().to_string()
+}
+
+/// Stand-in CRDs (any fields accepted) for the optional objects: cert-manager's and
+/// prometheus-operator's.
+fn stand_in_crds(cp: &ControlPlane) {
+    for (group, plural, kind) in [
+        ("cert-manager.io", "certificates", "Certificate"),
+        ("cert-manager.io", "issuers", "Issuer"),
+        ("monitoring.coreos.com", "servicemonitors", "ServiceMonitor"),
+        ("monitoring.coreos.com", "prometheusrules", "PrometheusRule"),
+    ] {
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.{group}")},
+            "spec": {
+                "group": group,
+                "scope": "Namespaced",
+                "names": {"plural": plural, "kind": kind},
+                "versions": [{"name": "v1", "served": true, "storage": true, "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+                }}],
+            },
+        });
+        let path = write(cp.dir(), &format!("{plural}.json"), &crd.to_string());
+        run_ok(
+            "apply-stand-in-crd",
+            cp.kubectl().args(["apply", "-f", &path]),
+        );
+        run_ok(
+            "wait-stand-in-crd",
+            cp.kubectl().args([
+                "wait",
+                "--for=condition=Established",
+                &format!("crd/{plural}.{group}"),
+                "--timeout=60s",
+            ]),
+        );
+    }
+}
+
+/// Every variant of the rendered chart passes the real API server's admission and schema
+/// (server-side dry run, strict field validation), then the chart installs, upgrades and
+/// uninstalls for real with Helm (no scheduler runs here, so no pod starts; the objects do).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_applies_to_the_real_api_server() {
+    let cp = ControlPlane::builder()
+        .install_crds(false)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("step=control-plane: the control plane did not start: {e}"));
+    stand_in_crds(&cp);
+    run_ok(
+        "create-namespace",
+        cp.kubectl().args(["create", "namespace", NAMESPACE]),
+    );
+
+    // The CRD first (a dry run of a CRD does not create it), then every variant.
+    let crd = workspace_root().join(nodeipam_crd::CHART_CRD_PATH);
+    run_ok(
+        "apply-chart-crd",
+        cp.kubectl()
+            .args(["apply", "-f", &crd.display().to_string()]),
+    );
+    let variants: [&[&str]; 4] = [
+        &[],
+        &["certMode=cert-manager"],
+        &["ipMasqAgent.enabled=true"],
+        &[
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.prometheusRule.enabled=true",
+            "extraArgs[0]=--log-level=debug",
+        ],
+    ];
+    for (i, set) in variants.iter().enumerate() {
+        let rendered = template(set);
+        let expected = yaml_docs(&rendered).len();
+        let path = write(cp.dir(), &format!("rendered-{i}.yaml"), &rendered);
+        let out = run_ok(
+            "apply-dry-run-server",
+            cp.kubectl().args([
+                "apply",
+                "--dry-run=server",
+                "--validate=strict",
+                "-f",
+                &path,
+            ]),
+        );
+        let accepted = out
+            .lines()
+            .filter(|l| l.contains("(server dry run)"))
+            .count();
+        assert_eq!(accepted, expected, "variant {set:?}:\n{out}");
+    }
+
+    // A real install, an upgrade that turns on ip-masq-agent sync, and an uninstall.
+    let home = tempfile::tempdir().expect("temp folder");
+    let kubeconfig = cp.kubeconfig_path().display().to_string();
+    let helm_cp = |args: &[&str]| {
+        let mut cmd = helm(home.path());
+        cmd.args(args)
+            .args(["--kubeconfig", &kubeconfig, "--namespace", NAMESPACE]);
+        cmd
+    };
+    run_ok(
+        "helm-install",
+        &mut helm_cp(&["install", RELEASE, &chart_dir()]),
+    );
+    let deployed = run_ok(
+        "kubectl-get",
+        cp.kubectl().args([
+            "get",
+            "deployment,service,serviceaccount,role,rolebinding,poddisruptionbudget",
+            "-n",
+            NAMESPACE,
+            "-o",
+            "name",
+        ]),
+    );
+    for object in [
+        "deployment.apps/nodeipam-controller",
+        "service/nodeipam-webhook",
+        "serviceaccount/nodeipam-controller",
+        "role.rbac.authorization.k8s.io/nodeipam-controller",
+        "rolebinding.rbac.authorization.k8s.io/nodeipam-controller",
+        "poddisruptionbudget.policy/nodeipam-controller",
+    ] {
+        assert!(
+            deployed.lines().any(|l| l == object),
+            "{object} not installed:\n{deployed}"
+        );
+    }
+    run_ok(
+        "helm-upgrade",
+        &mut helm_cp(&[
+            "upgrade",
+            RELEASE,
+            &chart_dir(),
+            "--set",
+            "ipMasqAgent.enabled=true",
+        ]),
+    );
+    run_ok(
+        "kubectl-get-ip-masq-agent-role",
+        cp.kubectl()
+            .args(["get", "role", "nodeipam-ip-masq-agent", "-n", "kube-system"]),
+    );
+    let status = run_ok("helm-status", &mut helm_cp(&["status", RELEASE]));
+    assert!(status.contains("REVISION: 2"), "{status}");
+    run_ok("helm-uninstall", &mut helm_cp(&["uninstall", RELEASE]));
+    let (ok, _, err) = run(
+        "kubectl-get-after-uninstall",
+        cp.kubectl()
+            .args(["get", "deployment", "nodeipam-controller", "-n", NAMESPACE]),
+    );
+    assert!(!ok && err.contains("NotFound"), "{err}");
+    // Helm leaves CRDs (and so every NodeIPAMConfig) in place on uninstall.
+    run_ok(
+        "kubectl-get-crd-after-uninstall",
+        cp.kubectl()
+            .args(["get", "crd", "nodeipamconfigs.nodeipam.io"]),
+    );
+
+    cp.stop().await;
+}
+
+// ----- versions -----
+
+/// The chart follows the workspace's version (docs/versioning.md): `version` is the Cargo
+/// version and `appVersion` the image tag `v<version>`; CHANGELOG.md has a section for it.
+#[test]
+fn the_chart_and_the_workspace_share_one_version() {
+    let text = std::fs::read_to_string(workspace_root().join("charts/nodeipam/Chart.yaml"))
+        .expect("read Chart.yaml");
+    let chart: Value = serde_yaml::from_str(&text).expect("Chart.yaml parses");
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(chart["version"], version, "Chart.yaml version");
+    assert_eq!(
+        chart["appVersion"],
+        format!("v{version}"),
+        "Chart.yaml appVersion"
+    );
+    let changelog =
+        std::fs::read_to_string(workspace_root().join("CHANGELOG.md")).expect("read CHANGELOG.md");
+    assert!(
+        changelog
+            .lines()
+            .any(|l| l.starts_with(&format!("## [{version}]"))),
+        "CHANGELOG.md has no section for {version}"
+    );
+    assert!(changelog.contains("## [Unreleased]"));
+}

@@ -1,0 +1,481 @@
+//! The monitoring manifests and the metrics documentation against the metrics the controller
+//! really registers (`Metrics::new()`): `config/prometheus` parses, every alert's PromQL names
+//! only registered metrics, every alert has a runbook section in `docs/runbooks.md` and a
+//! `runbook_url` pointing at it, the chart carries the same alerts, and `docs/metrics.md`
+//! documents every registered metric and no other. Those are file checks; the last test runs
+//! the controller against a real API server and reads the metrics the alerts are built on.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use nodeipam_controller::metrics::Metrics;
+use nodeipam_controller::reconcile::Options;
+use nodeipam_testenv::workspace_root;
+use serde_json::Value;
+use support::*;
+
+/// Where the runbooks are published: the repository's docs/runbooks.md.
+const RUNBOOKS: &str = "https://github.com/nodeipam/nodeipam/blob/main/docs/runbooks.md";
+
+fn read(rel: &str) -> String {
+    let path = workspace_root().join(rel);
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("step=read: cannot read {}: {e}", path.display()))
+}
+
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .filter_map(|doc| {
+            let v: Value = serde::Deserialize::deserialize(doc).expect("YAML document");
+            (!v.is_null()).then_some(v)
+        })
+        .collect()
+}
+
+fn rule_file() -> Value {
+    let docs = yaml_docs(&read("config/prometheus/prometheus_rule.yaml"));
+    assert_eq!(docs.len(), 1);
+    let rule = docs.into_iter().next().expect("one document");
+    assert_eq!(rule["kind"], "PrometheusRule");
+    rule
+}
+
+fn alerts() -> Vec<Value> {
+    let rule = rule_file();
+    let groups = rule["spec"]["groups"].as_array().expect("groups");
+    let alerts: Vec<Value> = groups
+        .iter()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .filter(|r| r.get("alert").is_some())
+        .collect();
+    alerts
+}
+
+/// PromQL words that are not metric names.
+const KEYWORDS: &[&str] = &[
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "offset",
+];
+
+/// Aggregation operators, which may be followed by `by (...)` or `without (...)` before
+/// their parenthesis.
+const AGGREGATIONS: &[&str] = &[
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
+];
+
+/// The metric names a PromQL expression reads: identifiers outside string literals, label
+/// matchers (`{...}`), range selectors (`[...]`) and grouping lists (`by (...)` and the like),
+/// that are not keywords and not function calls.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    // Blank out strings, label matchers and ranges.
+    let mut flat = String::new();
+    let mut depth_brace = 0usize;
+    let mut depth_bracket = 0usize;
+    let mut quote: Option<char> = None;
+    for c in expr.chars() {
+        if let Some(q) = quote {
+            if c == q {
+                quote = None;
+            }
+            flat.push(' ');
+            continue;
+        }
+        match c {
+            '"' | '\'' | '`' => {
+                quote = Some(c);
+                flat.push(' ');
+            }
+            '{' => {
+                depth_brace += 1;
+                flat.push(' ');
+            }
+            '}' => {
+                depth_brace = depth_brace.saturating_sub(1);
+                flat.push(' ');
+            }
+            '[' => {
+                depth_bracket += 1;
+                flat.push(' ');
+            }
+            ']' => {
+                depth_bracket = depth_bracket.saturating_sub(1);
+                flat.push(' ');
+            }
+            _ if depth_brace > 0 || depth_bracket > 0 => flat.push(' '),
+            _ => flat.push(c),
+        }
+    }
+    // Tokens: identifiers and single punctuation.
+    let mut tokens: Vec<String> = Vec::new();
+    let mut word = String::new();
+    for c in flat.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            word.push(c);
+        } else {
+            if !word.is_empty() {
+                tokens.push(std::mem::take(&mut word));
+            }
+            if !c.is_whitespace() {
+                tokens.push(c.to_string());
+            }
+        }
+    }
+    if !word.is_empty() {
+        tokens.push(word);
+    }
+    let mut names = BTreeSet::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        let t = &tokens[i];
+        let next = tokens.get(i + 1).map(String::as_str);
+        let is_ident = t
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':');
+        if [
+            "by",
+            "without",
+            "on",
+            "ignoring",
+            "group_left",
+            "group_right",
+        ]
+        .contains(&t.as_str())
+            && next == Some("(")
+        {
+            // Skip the label list.
+            while i < tokens.len() && tokens[i] != ")" {
+                i += 1;
+            }
+        } else if AGGREGATIONS.contains(&t.as_str()) && matches!(next, Some("by" | "without" | "("))
+        {
+            // An aggregation, not a metric.
+        } else if is_ident && next != Some("(") && !KEYWORDS.contains(&t.as_str()) {
+            names.insert(t.clone());
+        }
+        i += 1;
+    }
+    names
+}
+
+#[test]
+fn the_extractor_finds_metric_names_and_nothing_else() {
+    let names = metric_names(
+        r#"max by (config, family) (a_metric{result=~"denied|x", other="y"} and on (instance) (b_total == 1)) > 0 or absent(c) or sum(rate(d_total[5m])) without (pod)"#,
+    );
+    assert_eq!(
+        names,
+        ["a_metric", "b_total", "c", "d_total"]
+            .into_iter()
+            .map(String::from)
+            .collect()
+    );
+}
+
+#[test]
+fn every_alert_reads_only_registered_metrics() {
+    let exposed: BTreeSet<String> = Metrics::new().exposed_names().into_iter().collect();
+    assert!(exposed.contains("nodeipam_leader"), "{exposed:?}");
+    let alerts = alerts();
+    assert!(alerts.len() >= 6, "{alerts:?}");
+    let mut unknown = Vec::new();
+    for alert in &alerts {
+        let name = alert["alert"].as_str().expect("alert name");
+        let expr = alert["expr"].as_str().expect("expr");
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "{name}: no metric found in {expr:?}");
+        for metric in names {
+            if !exposed.contains(&metric) {
+                unknown.push(format!("{name}: {metric}"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "alerts read metrics the controller does not register:\n{}\nregistered: {exposed:?}",
+        unknown.join("\n")
+    );
+}
+
+#[test]
+fn the_alerts_the_operators_need_are_there() {
+    let names: BTreeSet<String> = alerts()
+        .iter()
+        .filter_map(|a| a["alert"].as_str().map(String::from))
+        .collect();
+    for want in [
+        "NodeIPAMConfigExhausted",
+        "NodeIPAMNodesPending",
+        "NodeIPAMLeakedBlocks",
+        "NodeIPAMNoLeader",
+        "NodeIPAMWebhookDenialsSpike",
+        "NodeIPAMRangeDraining",
+    ] {
+        assert!(names.contains(want), "{want} missing: {names:?}");
+    }
+    let draining = alerts()
+        .into_iter()
+        .find(|a| a["alert"] == "NodeIPAMRangeDraining")
+        .expect("draining alert");
+    assert_eq!(
+        draining["for"], "24h",
+        "a range draining for more than a day"
+    );
+}
+
+#[test]
+fn every_alert_has_a_runbook_section_and_links_it() {
+    let runbooks = read("docs/runbooks.md");
+    let headings: BTreeSet<&str> = runbooks
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(str::trim)
+        .collect();
+    for alert in alerts() {
+        let name = alert["alert"].as_str().expect("alert name");
+        assert!(
+            headings.contains(name),
+            "docs/runbooks.md has no `## {name}` section: {headings:?}"
+        );
+        let url = alert["annotations"]["runbook_url"].as_str().unwrap_or("");
+        assert_eq!(
+            url,
+            format!("{RUNBOOKS}#{}", name.to_lowercase()),
+            "{name}: runbook_url"
+        );
+        for key in ["summary", "description"] {
+            assert!(
+                alert["annotations"][key]
+                    .as_str()
+                    .is_some_and(|s| !s.is_empty()),
+                "{name}: no {key}"
+            );
+        }
+        assert!(
+            alert["labels"]["severity"].as_str().is_some(),
+            "{name}: no severity"
+        );
+    }
+}
+
+#[test]
+fn the_chart_carries_the_same_alerts() {
+    let chart: Value = serde_yaml::from_str(&read("charts/nodeipam/files/prometheus_rules.yaml"))
+        .expect("the chart's rules parse");
+    assert_eq!(
+        chart["groups"],
+        rule_file()["spec"]["groups"],
+        "charts/nodeipam/files/prometheus_rules.yaml differs from config/prometheus"
+    );
+}
+
+#[test]
+fn config_prometheus_parses_and_the_monitor_selects_the_metrics_service() {
+    let service = yaml_docs(&read("config/prometheus/metrics_service.yaml"));
+    let monitor = yaml_docs(&read("config/prometheus/monitor.yaml"));
+    assert_eq!(service[0]["kind"], "Service");
+    assert_eq!(monitor[0]["kind"], "ServiceMonitor");
+    let labels = service[0]["metadata"]["labels"]
+        .as_object()
+        .expect("service labels");
+    for (k, v) in monitor[0]["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels")
+    {
+        assert_eq!(labels.get(k), Some(v), "the ServiceMonitor selects {k}={v}");
+    }
+    let port = &monitor[0]["spec"]["endpoints"][0]["port"];
+    assert!(
+        service[0]["spec"]["ports"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| &p["name"] == port)),
+        "the ServiceMonitor's port {port} is a port of the Service"
+    );
+    // The Service selects the controller's pods and targets a port their container declares
+    // (config/manager): a renamed or moved metrics port must move here too.
+    let deployment = yaml_docs(&read("config/manager/manager.yaml"))
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("config/manager has the Deployment");
+    let pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .expect("pod labels");
+    for (k, v) in service[0]["spec"]["selector"]
+        .as_object()
+        .expect("selector")
+    {
+        assert_eq!(
+            pod_labels.get(k),
+            Some(v),
+            "the metrics Service selects {k}={v}"
+        );
+    }
+    let target = &service[0]["spec"]["ports"][0]["targetPort"];
+    let ports = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+        .as_array()
+        .expect("container ports");
+    assert!(
+        ports.iter().any(|p| &p["name"] == target),
+        "the metrics Service targets port {target}, which the manager container does not declare: {ports:?}"
+    );
+}
+
+/// docs/metrics.md names every registered metric (as queried: counters with `_total`) in a
+/// table row starting with it in backquotes, and names no metric that is not registered.
+#[test]
+fn every_metric_is_documented() {
+    let doc = read("docs/metrics.md");
+    let metrics = Metrics::new();
+    let queried = |name: &str, kind: &str| {
+        if kind == "counter" {
+            format!("{name}_total")
+        } else {
+            name.to_string()
+        }
+    };
+    let registered: BTreeSet<String> = metrics
+        .families()
+        .into_iter()
+        .map(|(name, kind)| queried(&name, kind))
+        .collect();
+    let documented: BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(String::from)
+        .collect();
+    let missing: Vec<_> = registered.difference(&documented).collect();
+    let stale: Vec<_> = documented.difference(&registered).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/metrics.md does not document {missing:?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "docs/metrics.md documents metrics the controller does not register: {stale:?}"
+    );
+    // Each row says the type as the exposition does.
+    for (name, kind) in metrics.families() {
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{}`", queried(&name, kind))))
+            .expect("row");
+        assert!(row.contains(&format!("| {kind} |")), "{name}: {row}");
+    }
+}
+
+/// The value of the sample `series` (name and labels exactly as exposed), if present.
+fn sample(text: &str, series: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|rest| rest.strip_prefix(' '))
+        .map(|v| v.trim().to_string())
+}
+
+/// Through the real API server: kcm's max gauge, the condition gauges behind
+/// `NodeIPAMConfigExhausted`, the draining gauge behind `NodeIPAMRangeDraining`, and the
+/// series dropped once the config is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_alert_metrics_follow_a_config_through_exhaustion_drain_and_removal() {
+    let cp = control_plane().await;
+    let client = cp.client();
+    let ctl = start_controller(client.clone(), Options::default());
+    // 10.30.0.0/24 in /26 blocks: 4 blocks, so 4 nodes exhaust it.
+    create_ready_config(
+        &client,
+        "small",
+        spec(family("10.30.0.0/24", 26), None, None),
+    )
+    .await;
+    for i in 0..4 {
+        create_node(&client, &format!("n{i}"), &[]).await;
+    }
+    for i in 0..4 {
+        wait_cidrs(&client, &format!("n{i}")).await;
+    }
+    wait_condition(&client, "small", "Exhausted", "True", None).await;
+    let m = &ctl.metrics;
+    let text = wait_for("the exhausted config in the metrics", || async {
+        let text = m.encode();
+        (sample(
+            &text,
+            r#"nodeipam_config_condition{config="small",condition="Exhausted",status="True"}"#,
+        )
+        .as_deref()
+            == Some("1"))
+        .then_some(text)
+    })
+    .await;
+    assert_eq!(
+        sample(
+            &text,
+            r#"node_ipam_controller_cirdset_max_cidrs{clusterCIDR="10.30.0.0/24"}"#
+        )
+        .as_deref(),
+        Some("4"),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"node_ipam_controller_cidrset_usage_cidrs{clusterCIDR="10.30.0.0/24"}"#
+        )
+        .as_deref(),
+        Some("1.0"),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"nodeipam_config_draining{config="small"}"#).as_deref(),
+        Some("0"),
+        "an active config is not draining: {text}"
+    );
+
+    // Deleted while nodes hold its blocks: draining.
+    delete_config(&client, "small").await;
+    wait_condition(&client, "small", "Drained", "False", Some("NodesRemaining")).await;
+    wait_for("draining=1", || async {
+        (sample(&m.encode(), r#"nodeipam_config_draining{config="small"}"#).as_deref() == Some("1"))
+            .then_some(())
+    })
+    .await;
+
+    // The nodes go: drained, finalizer removed, config gone, and its series with it.
+    for i in 0..4 {
+        delete_node(&client, &format!("n{i}")).await;
+    }
+    wait_for("the config gone", || async {
+        get_config(&client, "small").await.is_none().then_some(())
+    })
+    .await;
+    let text = wait_for("the config's series gone", || async {
+        let text = m.encode();
+        (!text.contains(r#"config="small""#)).then_some(text)
+    })
+    .await;
+    assert!(!text.contains("nodeipam_config_draining{"), "{text}");
+    stop_controller(ctl).await;
+    cp.stop().await;
+}
