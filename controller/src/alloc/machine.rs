@@ -1027,6 +1027,11 @@ impl Machine {
         self.ipam
             .set_service_cidrs(&format!("servicecidr/{name}"), cidrs.clone());
         self.touch(&cidrs);
+        // An update may also have freed blocks (a range removed from the object).
+        self.dirty.extend(self.configs.keys().cloned());
+        if self.synced {
+            self.retry_pending();
+        }
     }
 
     fn on_service_gone(&mut self, name: &str) {

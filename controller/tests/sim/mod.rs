@@ -364,8 +364,9 @@ impl Sim {
             Action::Answer { proc, pick } => {
                 if let Some(p) = self.proc(*proc).filter(|&p| self.procs[p].leading) {
                     let answers = &mut self.procs[p].answers;
-                    if !answers.is_empty() {
-                        let input = answers.remove(*pick as usize % answers.len());
+                    let ready = deliverable(answers);
+                    if !ready.is_empty() {
+                        let input = answers.remove(ready[*pick as usize % ready.len()]);
                         self.handle(p, input)?;
                     }
                 }
@@ -989,6 +990,25 @@ impl Sim {
         }
         Ok(())
     }
+}
+
+/// The answers that may come next: write outcomes and re-reads in any order (they run
+/// concurrently), but the config writer's and the publisher's reports in the order they were
+/// written (each is one task writing one thing at a time).
+fn deliverable(answers: &[Input]) -> Vec<usize> {
+    let first = |f: fn(&Input) -> bool| answers.iter().position(f);
+    let config = first(|a| matches!(a, Input::ConfigWritten(_)));
+    let published = first(|a| matches!(a, Input::Published(_)));
+    answers
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| match a {
+            Input::ConfigWritten(_) => Some(*i) == config,
+            Input::Published(_) => Some(*i) == published,
+            _ => true,
+        })
+        .map(|(i, _)| i)
+        .collect()
 }
 
 /// `NODEIPAM_SIM_VERBOSE=1` prints every action, input and effect of a replay.
