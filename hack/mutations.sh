@@ -4,7 +4,8 @@
 # with its defect in place. The working tree is restored after each patch. Prints a table.
 #   hack/mutations.sh            every patch
 #   hack/mutations.sh NAME...    the named ones (file names without .patch)
-# Each patch starts with "# test: <cargo test target> <test name>" before the diff.
+# Each patch starts with "# test: <cargo test target> <test name>" before the diff; a patch
+# marked "# simulator" is also put back by hack/simulate.sh --mutations.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$NODEIPAM_ROOT"
@@ -14,7 +15,10 @@ timed "control-plane binaries" "$NODEIPAM_ROOT/hack/control-plane.sh" build
 
 names=("$@")
 if [[ ${#names[@]} -eq 0 ]]; then
-  for p in hack/mutations/*.patch; do names+=("$(basename "$p" .patch)"); done
+  # Those without an end-to-end test are the simulator's (hack/simulate.sh --mutations).
+  for p in hack/mutations/*.patch; do
+    grep -q '^# test: ' "$p" && names+=("$(basename "$p" .patch)")
+  done
 fi
 restore() { git checkout --quiet HEAD -- controller crd webhook tests config; }
 trap restore EXIT
