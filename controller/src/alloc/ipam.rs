@@ -46,6 +46,7 @@ impl ConfigInput {
     }
 }
 
+#[derive(Clone)]
 struct ConfigState {
     input: ConfigInput,
     v4: Option<CidrSet>,
@@ -181,7 +182,7 @@ pub struct FamilyFacts {
 
 /// The allocation state. One instance lives in the leader's allocation loop and is rebuilt
 /// from the API whenever leadership is gained.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Ipam {
     configs: BTreeMap<String, ConfigState>,
     holders: BTreeMap<IpNet, Vec<Holder>>,
@@ -220,6 +221,11 @@ impl Ipam {
     pub fn remove_config(&mut self, name: &str) {
         self.configs.remove(name);
         self.recompute_overlaps();
+    }
+
+    /// The gate the config was last given, if the config is known.
+    pub fn config_gate(&self, name: &str) -> Option<Option<&str>> {
+        self.configs.get(name).map(|c| c.input.gate.as_deref())
     }
 
     pub fn config_names(&self) -> impl Iterator<Item = &str> {

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, NodeSelector};
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{Resource, ResourceExt};
@@ -26,6 +26,7 @@ use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
 use super::podnetwork::{
     ConfigMapRef, ConfigRanges, OutputContent, OutputKind, PodNetwork, covered,
 };
+use super::selection::{self, NodeView};
 use super::status::desired_status;
 use crate::node::IpamNode;
 
@@ -199,6 +200,7 @@ enum Source {
     Output(usize),
 }
 
+#[derive(Clone)]
 pub struct Machine {
     options: Options,
     now: Now,
@@ -580,7 +582,7 @@ impl Machine {
         self.touch(cidrs);
         if !adoption.released.is_empty() {
             self.touch(&adoption.released);
-            self.retry_pending();
+            self.retry_pending_near(&adoption.released);
         }
     }
 
@@ -645,8 +647,46 @@ impl Machine {
         }
         self.touch(cidrs);
         self.unmanaged_dirty = true;
-        if self.synced {
-            self.retry_pending();
+        self.retry_pending_near(cidrs);
+    }
+
+    /// Tries again the pending nodes that a config whose range holds one of `cidrs` serves:
+    /// capacity appeared there and nowhere else.
+    fn retry_pending_near(&mut self, cidrs: &[IpNet]) {
+        let configs: BTreeSet<String> = cidrs
+            .iter()
+            .flat_map(|c| self.ipam.configs_touching(c))
+            .collect();
+        self.retry_pending_for(&configs);
+    }
+
+    /// Tries again the pending nodes one of `configs` selects: an event that changed only
+    /// those costs pending × |configs| selector checks, not pending × every config.
+    fn retry_pending_for(&mut self, configs: &BTreeSet<String>) {
+        if !self.synced || configs.is_empty() {
+            return;
+        }
+        let selectors: Vec<Option<&NodeSelector>> = configs
+            .iter()
+            .filter_map(|c| self.configs.get(c))
+            .map(|s| s.base.selector.as_ref())
+            .collect();
+        let names: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(name, p)| {
+                let node = NodeView {
+                    name,
+                    labels: &p.labels,
+                };
+                selectors
+                    .iter()
+                    .any(|s| selection::match_score(*s, node).is_some())
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in names {
+            self.try_allocate(&name);
         }
     }
 
@@ -1235,8 +1275,8 @@ impl Machine {
         let input = self.gated(name);
         self.ipam.upsert_config(input);
         self.dirty.insert(name.to_string());
-        if !gate && self.synced {
-            self.retry_pending();
+        if !gate {
+            self.retry_pending_for(&BTreeSet::from([name.to_string()]));
         }
     }
 
@@ -1333,16 +1373,23 @@ impl Machine {
     }
 
     /// Every config's gate again, after what consumers know changed.
+    /// Only the configs whose gate moved change; only those whose gate opened can serve more.
     fn regate(&mut self) {
         let names: Vec<String> = self.configs.keys().cloned().collect();
+        let mut opened = BTreeSet::new();
         for name in names {
             let input = self.gated(&name);
+            let before = self.ipam.config_gate(&name);
+            if before == Some(input.gate.as_deref()) {
+                continue;
+            }
+            if input.gate.is_none() {
+                opened.insert(name.clone());
+            }
             self.ipam.upsert_config(input);
             self.dirty.insert(name);
         }
-        if self.synced {
-            self.retry_pending();
-        }
+        self.retry_pending_for(&opened);
     }
 
     /// The config's input with the gates that hold back allocation: our finalizer must be on
