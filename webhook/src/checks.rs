@@ -89,6 +89,16 @@ mod tests {
         assert_eq!(overlap(&net("10.0.0.0/8"), &net("fd00::/8")), None);
     }
 
+    /// Compiles only if both arguments are the same item: every function has its own type.
+    fn same_item<T>(_: T, _: T) {}
+
+    #[test]
+    fn overlap_is_the_shared_range_vocabulary() {
+        // A local copy here, however alike, would be another function and fail to compile.
+        same_item(overlap, nodeipam_crd::range::nesting);
+        let _: nodeipam_crd::range::Nesting = Overlap::Same;
+    }
+
     #[test]
     fn describe_reads_naturally() {
         let (a, b) = (net("10.0.0.0/8"), net("10.64.0.0/14"));
