@@ -1,5 +1,9 @@
 //! NodeIPAMConfig API types, pure validation and NodeSelector matching. Nothing here talks to
 //! the API server.
+//!
+//! The modules are layered: [`limits`] (every numeric limit) at the bottom, [`range`] (what a
+//! family's range is, overlaps and block counts, shared by the controller and the webhook) on
+//! it, and [`schema`] (the CEL rules) and [`validation`] (their Rust twin) on both.
 
 pub mod limits;
 pub mod range;

@@ -33,5 +33,8 @@ pub const MAX_LABEL_KEY_LENGTH: usize = 317;
 /// Longest label value (and label name).
 pub const MAX_LABEL_VALUE_LENGTH: usize = 63;
 
+/// Longest DNS subdomain (a label key's prefix, a node name).
+pub const MAX_DNS_SUBDOMAIN_LENGTH: usize = 253;
+
 /// Longest node name (a DNS subdomain).
-pub const MAX_NODE_NAME_LENGTH: usize = 253;
+pub const MAX_NODE_NAME_LENGTH: usize = MAX_DNS_SUBDOMAIN_LENGTH;

@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement};
 use thiserror::Error;
 
 use crate::limits::{
-    MAX_BLOCK_BITS, MAX_CIDR_LENGTH, MAX_NODE_SELECTOR_TERMS, MAX_REQUIREMENTS_PER_TERM,
-    MAX_SELECTOR_VALUES,
+    MAX_BLOCK_BITS, MAX_CIDR_LENGTH, MAX_DNS_SUBDOMAIN_LENGTH, MAX_LABEL_VALUE_LENGTH,
+    MAX_NODE_SELECTOR_TERMS, MAX_REQUIREMENTS_PER_TERM, MAX_SELECTOR_VALUES,
 };
 // Re-exported: these were defined here before `range` existed, and callers name them here.
 pub use crate::range::{
@@ -545,8 +545,8 @@ fn validate_field_requirement(
     }
 }
 
-const LABEL_NAME_MAX: usize = 63;
-const DNS_SUBDOMAIN_MAX: usize = 253;
+const LABEL_NAME_MAX: usize = MAX_LABEL_VALUE_LENGTH;
+const DNS_SUBDOMAIN_MAX: usize = MAX_DNS_SUBDOMAIN_LENGTH;
 const LABEL_NAME_CHARS: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
 const DNS_SUBDOMAIN_CHARS: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
 
