@@ -5,9 +5,9 @@ use clap::ValueEnum;
 use ipnet::IpNet;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use nodeipam_crd::{Allocation, CONDITION_DRAINED, NodeIPAMConfig};
+use nodeipam_crd::range::overlaps;
+use nodeipam_crd::{Allocation, CONDITION_DRAINED, FamilySpec, NodeIPAMConfig};
 
-use crate::alloc::ipam::nets_overlap;
 use crate::alloc::podnetwork::{ConfigRanges, PodNetwork, ip_masq_agent_config};
 use crate::node::IpamNode;
 
@@ -77,7 +77,7 @@ pub async fn read(client: &Client) -> Result<PodNetwork, RangesError> {
     for n in &nodes {
         // A node with unparsable podCIDRs has nothing to contribute.
         for c in n.cidrs().unwrap_or_default() {
-            if !all.iter().any(|r| nets_overlap(r, &c)) {
+            if !all.iter().any(|r| overlaps(r, &c)) {
                 unmanaged.push((c, n.name_any()));
             }
         }
@@ -91,8 +91,9 @@ fn config_ranges(c: &NodeIPAMConfig) -> ConfigRanges {
         .conditions
         .iter()
         .any(|x| x.type_ == CONDITION_DRAINED && x.status == "True");
-    let fam = |spec: &Option<nodeipam_crd::FamilySpec>, st: Option<nodeipam_crd::FamilyStatus>| {
-        let cidr: IpNet = spec.as_ref()?.cidr.parse().ok()?;
+    // The range a spec claims, valid or not, as the controller publishes it.
+    let fam = |spec: &Option<FamilySpec>, st: Option<nodeipam_crd::FamilyStatus>| {
+        let cidr = spec.as_ref()?.claimed()?.cidr;
         Some((
             cidr,
             st.map_or(0, |s| s.allocated),

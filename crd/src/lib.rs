@@ -1,15 +1,22 @@
 //! NodeIPAMConfig API types, pure validation and NodeSelector matching. Nothing here talks to
 //! the API server.
+//!
+//! The modules are layered: [`limits`] (every numeric limit) at the bottom, [`range`] (what a
+//! family's range is, overlaps and block counts, shared by the controller and the webhook) on
+//! it, and [`schema`] (the CEL rules) and [`validation`] (their Rust twin) on both.
 
+pub mod limits;
+pub mod range;
 pub mod schema;
 pub mod selector;
 pub mod types;
 pub mod validation;
 
+pub use range::{CidrError, Family, FamilyRange, Ranges, overlaps};
 pub use types::*;
 pub use validation::{
-    CidrError, Family, FamilyRange, FieldError, FieldErrorKind, Overlap, Ranges, find_overlaps,
-    format_errors, overlaps, validate_node_selector, validate_spec, validate_update,
+    FieldError, FieldErrorKind, Overlap, find_overlaps, format_errors, validate_node_selector,
+    validate_spec, validate_update,
 };
 
 use kube::CustomResourceExt;

@@ -4,29 +4,18 @@
 //! The functions here are schemars `transform`s attached to fields in [`crate::types`], so
 //! `NodeIPAMConfig::crd()` itself carries every rule. The limits bound CEL cost estimates (the
 //! API server rejects a CRD whose rules could cost too much) and are mirrored by
-//! [`crate::validation`].
+//! [`crate::validation`]. Both take the limits from [`crate::limits`] and the family vocabulary
+//! from [`crate::range`], never from each other.
 
 use schemars::Schema;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::validation::Family;
-
-/// Longest accepted `cidr` string (the longest IPv6 CIDR text is 49 bytes).
-pub const MAX_CIDR_LENGTH: usize = 64;
-/// At most this many more bits in `perNodeMaskSize` than in the range's prefix: 2^32 blocks.
-pub const MAX_SPLIT_BITS: u8 = 32;
-/// Most `nodeSelectorTerms` in a node selector.
-pub const MAX_NODE_SELECTOR_TERMS: usize = 8;
-/// Most `matchExpressions` (and, separately, `matchFields`) in one node selector term.
-pub const MAX_REQUIREMENTS_PER_TERM: usize = 16;
-/// Most `values` in one node selector requirement.
-pub const MAX_SELECTOR_VALUES: usize = 64;
-
-/// Longest label key: a 253-byte DNS subdomain prefix, '/', and a 63-byte name.
-const MAX_LABEL_KEY_LENGTH: usize = 317;
-const MAX_LABEL_VALUE_LENGTH: usize = 63;
-const MAX_NODE_NAME_LENGTH: usize = 253;
+use crate::limits::{
+    MAX_BLOCK_BITS, MAX_LABEL_KEY_LENGTH, MAX_LABEL_VALUE_LENGTH, MAX_NODE_NAME_LENGTH,
+    MAX_NODE_SELECTOR_TERMS, MAX_REQUIREMENTS_PER_TERM, MAX_SELECTOR_VALUES,
+};
+use crate::range::Family;
 
 /// What to do instead of changing an immutable field.
 const DRAIN_HINT: &str = "create a new NodeIPAMConfig and delete this one to drain it";
@@ -124,10 +113,7 @@ pub fn family_rules(family: Family) -> Vec<CelRule> {
         Family::V6 => 6,
     };
     let max = family.max_per_node_mask_size();
-    let example = match family {
-        Family::V4 => "10.64.0.0/14",
-        Family::V6 => "fd00:10:64::/56",
-    };
+    let example = family.example();
     let parsed = "isCIDR(self.cidr)";
     let right_family = format!("{parsed} && cidr(self.cidr).ip().family() == {n}");
     let mut rules = vec![
@@ -158,14 +144,14 @@ pub fn family_rules(family: Family) -> Vec<CelRule> {
         .at(".perNodeMaskSize"),
     ];
     // An IPv4 block is at most /30, so an IPv4 range never splits into more than 2^30 blocks.
-    if max > MAX_SPLIT_BITS {
+    if max > MAX_BLOCK_BITS {
         rules.push(
             CelRule::new(
                 format!(
-                    "!({right_family}) || self.perNodeMaskSize - cidr(self.cidr).prefixLength() <= {MAX_SPLIT_BITS}"
+                    "!({right_family}) || self.perNodeMaskSize - cidr(self.cidr).prefixLength() <= {MAX_BLOCK_BITS}"
                 ),
                 format!(
-                    "{f}.perNodeMaskSize must be at most {MAX_SPLIT_BITS} more than the prefix length of {f}.cidr: a range holds at most 2^{MAX_SPLIT_BITS} blocks"
+                    "{f}.perNodeMaskSize must be at most {MAX_BLOCK_BITS} more than the prefix length of {f}.cidr: a range holds at most 2^{MAX_BLOCK_BITS} blocks"
                 ),
             )
             .at(".perNodeMaskSize"),

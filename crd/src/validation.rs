@@ -1,20 +1,24 @@
 //! Pure validation of `NodeIPAMConfig` specs (the CRD's CEL rules plus NodeSelector
-//! well-formedness as core/v1 defines it), the parsed [`Ranges`] view, and range overlap checks.
+//! well-formedness as core/v1 defines it), with Kubernetes-style field errors, and the overlap
+//! report between configs.
 //!
 //! The webhook and the controller use this so that they agree with the API server: every check
-//! the CRD schema makes is made here too, with Kubernetes-style field errors.
+//! the CRD schema makes is made here too. What a range *is* (parsing, limits, overlap, block
+//! counts) lives in [`crate::range`]; this module only turns its findings into field errors.
 
 use std::fmt;
-use std::net::IpAddr;
-use std::str::FromStr;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement};
 use thiserror::Error;
 
-use crate::schema::{
-    MAX_CIDR_LENGTH, MAX_NODE_SELECTOR_TERMS, MAX_REQUIREMENTS_PER_TERM, MAX_SELECTOR_VALUES,
-    MAX_SPLIT_BITS,
+use crate::limits::{
+    MAX_BLOCK_BITS, MAX_CIDR_LENGTH, MAX_DNS_SUBDOMAIN_LENGTH, MAX_LABEL_VALUE_LENGTH,
+    MAX_NODE_SELECTOR_TERMS, MAX_REQUIREMENTS_PER_TERM, MAX_SELECTOR_VALUES,
+};
+// Re-exported: these were defined here before `range` existed, and callers name them here.
+pub use crate::range::{
+    CidrError, Family, FamilyRange, RangeError, Ranges, SplitError, overlaps, parse_cidr,
 };
 use crate::types::{FamilySpec, NodeIPAMConfigSpec};
 
@@ -187,118 +191,6 @@ pub fn format_errors(errors: &[FieldError]) -> String {
     }
 }
 
-/// An IP address family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    /// Both families, IPv4 first.
-    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
-
-    /// The spec field holding this family's range: `ipv4` or `ipv6`.
-    pub fn field(self) -> &'static str {
-        match self {
-            Self::V4 => "ipv4",
-            Self::V6 => "ipv6",
-        }
-    }
-
-    /// Address width in bits.
-    pub fn bits(self) -> u8 {
-        match self {
-            Self::V4 => 32,
-            Self::V6 => 128,
-        }
-    }
-
-    /// Longest allowed `perNodeMaskSize`: a block must leave room for more than one pod address.
-    pub fn max_per_node_mask_size(self) -> u8 {
-        match self {
-            Self::V4 => 30,
-            Self::V6 => 126,
-        }
-    }
-
-    /// The family of an address.
-    pub fn of(addr: &IpAddr) -> Self {
-        match addr {
-            IpAddr::V4(_) => Self::V4,
-            IpAddr::V6(_) => Self::V6,
-        }
-    }
-
-    fn example(self) -> &'static str {
-        match self {
-            Self::V4 => "10.64.0.0/14",
-            Self::V6 => "fd00:10:64::/56",
-        }
-    }
-}
-
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::V4 => "IPv4",
-            Self::V6 => "IPv6",
-        })
-    }
-}
-
-/// One family's validated range: a canonical CIDR and the prefix length of each node's block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FamilyRange {
-    pub cidr: IpNet,
-    pub per_node_mask_size: u8,
-}
-
-impl FamilyRange {
-    /// The family of the range.
-    pub fn family(&self) -> Family {
-        Family::of(&self.cidr.addr())
-    }
-
-    /// Number of blocks of `per_node_mask_size` in the range (at most 2^32 once validated).
-    pub fn block_count(&self) -> u64 {
-        let split = self
-            .per_node_mask_size
-            .saturating_sub(self.cidr.prefix_len())
-            .min(MAX_SPLIT_BITS);
-        1u64 << split
-    }
-}
-
-/// The validated ranges of one `NodeIPAMConfig`, at most one per family.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Ranges {
-    pub ipv4: Option<FamilyRange>,
-    pub ipv6: Option<FamilyRange>,
-}
-
-impl Ranges {
-    /// The range of one family, if the config declares it.
-    pub fn get(&self, family: Family) -> Option<&FamilyRange> {
-        match family {
-            Family::V4 => self.ipv4.as_ref(),
-            Family::V6 => self.ipv6.as_ref(),
-        }
-    }
-
-    /// The declared ranges, IPv4 first.
-    pub fn iter(&self) -> impl Iterator<Item = (Family, &FamilyRange)> {
-        Family::ALL
-            .into_iter()
-            .filter_map(|family| self.get(family).map(|range| (family, range)))
-    }
-
-    /// Whether the config declares both families.
-    pub fn is_dual_stack(&self) -> bool {
-        self.ipv4.is_some() && self.ipv6.is_some()
-    }
-}
-
 impl NodeIPAMConfigSpec {
     /// The parsed ranges, or every error in `spec.ipv4` / `spec.ipv6` (including a spec with
     /// neither). Node selector errors are not included: see [`validate_spec`].
@@ -323,152 +215,101 @@ impl NodeIPAMConfigSpec {
     }
 }
 
+impl FamilySpec {
+    /// This family's range, checked as the CRD's CEL rules check it; see [`FamilyRange::parse`].
+    pub fn range(&self, family: Family) -> Result<FamilyRange, Vec<RangeError>> {
+        FamilyRange::parse(&self.cidr, self.per_node_mask_size, family)
+    }
+
+    /// The range this spec names even if it is invalid; see [`FamilyRange::claimed`].
+    pub fn claimed(&self) -> Option<FamilyRange> {
+        FamilyRange::claimed(&self.cidr, self.per_node_mask_size)
+    }
+}
+
+impl Ranges {
+    /// The ranges a spec names even if it is invalid (see [`FamilyRange::claimed`]); a family
+    /// whose CIDR does not parse at all is absent.
+    pub fn claimed(spec: &NodeIPAMConfigSpec) -> Self {
+        Self {
+            ipv4: spec.ipv4.as_ref().and_then(FamilySpec::claimed),
+            ipv6: spec.ipv6.as_ref().and_then(FamilySpec::claimed),
+        }
+    }
+}
+
+/// One family's range, appending its errors (in field order: CIDR, then mask) to `errors`.
 fn parse_family(
     spec: Option<&FamilySpec>,
     family: Family,
     errors: &mut Vec<FieldError>,
 ) -> Option<FamilyRange> {
     let spec = spec?;
-    let before = errors.len();
-    let range = validate_family(spec, family, errors);
-    if errors.len() == before { range } else { None }
+    spec.range(family)
+        .map_err(|found| {
+            errors.extend(
+                found
+                    .into_iter()
+                    .filter_map(|e| field_error(&e, spec, family)),
+            );
+        })
+        .ok()
 }
 
-/// Checks one family's spec, appending errors in field order (CIDR, then mask); returns the
-/// range when the CIDR at least parses as the right family.
-fn validate_family(
-    spec: &FamilySpec,
-    family: Family,
-    errors: &mut Vec<FieldError>,
-) -> Option<FamilyRange> {
+/// The field error for one problem of `spec`, in the words the CEL rules' Rust twin has always
+/// used (the webhook's denials quote them).
+fn field_error(e: &RangeError, spec: &FamilySpec, family: Family) -> Option<FieldError> {
     let base = format!("spec.{}", family.field());
     let cidr_path = format!("{base}.cidr");
     let mask_path = format!("{base}.perNodeMaskSize");
+    let cidr = &spec.cidr;
     let mask = spec.per_node_mask_size;
-
-    let net = match check_cidr(&spec.cidr, family, &cidr_path) {
-        Ok(net) => Some(net),
-        Err(err) => {
-            errors.push(err);
-            None
+    let example = family.example();
+    Some(match e {
+        RangeError::MissingCidr => {
+            FieldError::required(cidr_path, format!("must be a CIDR such as {example}"))
         }
-    };
-    if let Some(net) = net
-        && net.addr() != net.network()
-    {
-        errors.push(FieldError::invalid(
-            &cidr_path,
-            &spec.cidr,
-            format!(
-                "must be canonical (host bits zero): did you mean {}?",
-                net.trunc()
-            ),
-        ));
-    }
-
-    let max_mask = family.max_per_node_mask_size();
-    if mask > max_mask {
-        errors.push(FieldError::invalid(
-            &mask_path,
-            mask,
-            format!("must be at most {max_mask} for {family}: a block must hold more than one pod address"),
-        ));
-    }
-    let net = net?;
-    let prefix = net.prefix_len();
-    if mask < prefix {
-        errors.push(FieldError::invalid(
-            &mask_path,
-            mask,
-            format!("must be at least the prefix length of {cidr_path} ({prefix})"),
-        ));
-    } else if mask - prefix > MAX_SPLIT_BITS {
-        errors.push(FieldError::invalid(
-            &mask_path,
-            mask,
-            format!(
-                "must be at most {} (the prefix length of {cidr_path} plus {MAX_SPLIT_BITS}): a range holds at most 2^{MAX_SPLIT_BITS} blocks",
-                u16::from(prefix) + u16::from(MAX_SPLIT_BITS)
-            ),
-        ));
-    }
-    Some(FamilyRange {
-        cidr: net.trunc(),
-        per_node_mask_size: mask,
-    })
-}
-
-/// Parses `cidr` and checks its length and family; host bits are checked by the caller.
-fn check_cidr(cidr: &str, family: Family, path: &str) -> Result<IpNet, FieldError> {
-    if cidr.is_empty() {
-        return Err(FieldError::required(
-            path,
-            format!("must be a CIDR such as {}", family.example()),
-        ));
-    }
-    if cidr.len() > MAX_CIDR_LENGTH {
-        return Err(FieldError::too_long(path, MAX_CIDR_LENGTH));
-    }
-    let net = parse_cidr(cidr).map_err(|reason| {
-        FieldError::invalid(
-            path,
+        RangeError::CidrTooLong => FieldError::too_long(cidr_path, MAX_CIDR_LENGTH),
+        RangeError::Malformed(reason) => FieldError::invalid(
+            cidr_path,
             cidr,
-            format!("must be a CIDR such as {}: {reason}", family.example()),
-        )
-    })?;
-    let actual = Family::of(&net.addr());
-    if actual != family {
-        return Err(FieldError::invalid(
-            path,
+            format!("must be a CIDR such as {example}: {reason}"),
+        ),
+        RangeError::WrongFamily { actual, .. } => FieldError::invalid(
+            cidr_path,
             cidr,
             format!(
-                "must be an {family} CIDR such as {}; put {actual} ranges in spec.{}",
-                family.example(),
+                "must be an {family} CIDR such as {example}; put {actual} ranges in spec.{}",
                 actual.field()
             ),
-        ));
-    }
-    Ok(net)
-}
-
-/// Why a string is not a CIDR.
-#[derive(Clone, Debug, PartialEq, Eq, Error)]
-pub enum CidrError {
-    #[error("no '/' before the prefix length")]
-    NoPrefixLength,
-    #[error("{0:?} is not an IP address")]
-    BadAddress(String),
-    #[error("IPv4-mapped IPv6 addresses are not allowed")]
-    Ipv4MappedIpv6,
-    #[error("bad prefix length {0:?}")]
-    BadPrefixLength(String),
-    #[error("prefix length {prefix} out of range for {family} (at most {})", family.bits())]
-    PrefixOutOfRange { prefix: u8, family: Family },
-}
-
-/// Parses a CIDR exactly as the Kubernetes CEL `cidr()` function does (Go `netip.ParsePrefix`
-/// without IPv4-mapped IPv6): no leading zeros in IPv4 octets or in the prefix length, no zone.
-/// Host bits may be set; canonical form is a separate check.
-pub fn parse_cidr(s: &str) -> Result<IpNet, CidrError> {
-    let (addr, bits) = s.rsplit_once('/').ok_or(CidrError::NoPrefixLength)?;
-    let addr = IpAddr::from_str(addr).map_err(|_| CidrError::BadAddress(addr.to_owned()))?;
-    if let IpAddr::V6(v6) = addr
-        && v6.to_ipv4_mapped().is_some()
-    {
-        return Err(CidrError::Ipv4MappedIpv6);
-    }
-    // Go rejects a sign and leading zeros, which `u8::from_str` would accept.
-    let well_formed = !bits.is_empty()
-        && bits.bytes().all(|b| b.is_ascii_digit())
-        && (bits.len() == 1 || !bits.starts_with('0'));
-    let prefix = bits
-        .parse::<u8>()
-        .ok()
-        .filter(|_| well_formed)
-        .ok_or_else(|| CidrError::BadPrefixLength(bits.to_owned()))?;
-    IpNet::new(addr, prefix).map_err(|_| CidrError::PrefixOutOfRange {
-        prefix,
-        family: Family::of(&addr),
+        ),
+        RangeError::NotCanonical { canonical } => FieldError::invalid(
+            cidr_path,
+            cidr,
+            format!("must be canonical (host bits zero): did you mean {canonical}?"),
+        ),
+        RangeError::MaskTooLong { max, .. } => FieldError::invalid(
+            mask_path,
+            mask,
+            format!(
+                "must be at most {max} for {family}: a block must hold more than one pod address"
+            ),
+        ),
+        RangeError::Split(SplitError::MaskShorterThanPrefix { prefix, .. }) => FieldError::invalid(
+            mask_path,
+            mask,
+            format!("must be at least the prefix length of {cidr_path} ({prefix})"),
+        ),
+        RangeError::Split(SplitError::TooManyBlocks { prefix, .. }) => FieldError::invalid(
+            mask_path,
+            mask,
+            format!(
+                "must be at most {} (the prefix length of {cidr_path} plus {MAX_BLOCK_BITS}): a range holds at most 2^{MAX_BLOCK_BITS} blocks",
+                u16::from(*prefix) + u16::from(MAX_BLOCK_BITS)
+            ),
+        ),
+        // `parse` checks the family's own, stricter, mask limit instead.
+        RangeError::Split(SplitError::MaskBeyondFamily { .. }) => return None,
     })
 }
 
@@ -704,8 +545,8 @@ fn validate_field_requirement(
     }
 }
 
-const LABEL_NAME_MAX: usize = 63;
-const DNS_SUBDOMAIN_MAX: usize = 253;
+const LABEL_NAME_MAX: usize = MAX_LABEL_VALUE_LENGTH;
+const DNS_SUBDOMAIN_MAX: usize = MAX_DNS_SUBDOMAIN_LENGTH;
 const LABEL_NAME_CHARS: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
 const DNS_SUBDOMAIN_CHARS: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
 
@@ -797,12 +638,6 @@ pub fn label_value_errors(value: &str) -> Vec<String> {
         ));
     }
     errors
-}
-
-/// Whether two ranges share any address. Ranges of different families never overlap.
-pub fn overlaps(a: &IpNet, b: &IpNet) -> bool {
-    // Two prefixes overlap exactly when one contains the other's network address.
-    a.contains(&b.network()) || b.contains(&a.network())
 }
 
 /// A range of ours that shares addresses with a range of another `NodeIPAMConfig`.

@@ -1,5 +1,6 @@
 //! The webhook's view of the shared validation rules (`nodeipam_crd::validation`), reduced to
-//! what a denial needs: a field path and a Kubernetes-style message. Also the overlap helpers.
+//! what a denial needs: a field path and a Kubernetes-style message. Also the overlap wording;
+//! what overlaps is decided by `nodeipam_crd::range`, shared with the controller.
 
 use ipnet::IpNet;
 use nodeipam_crd::NodeIPAMConfigSpec;
@@ -47,29 +48,11 @@ pub fn update_problems(old: &NodeIPAMConfigSpec, new: &NodeIPAMConfigSpec) -> Ve
         .collect()
 }
 
-/// How two ranges of one family relate, when they share addresses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Overlap {
-    Same,
-    /// The first contains the second.
-    Contains,
-    /// The first is inside the second.
-    Inside,
-}
-
-/// How `a` overlaps `b`, if it does. CIDR ranges either nest or are disjoint.
-pub fn overlap(a: &IpNet, b: &IpNet) -> Option<Overlap> {
-    let (a, b) = (a.trunc(), b.trunc());
-    if a == b {
-        Some(Overlap::Same)
-    } else if a.contains(&b) {
-        Some(Overlap::Contains)
-    } else if b.contains(&a) {
-        Some(Overlap::Inside)
-    } else {
-        None
-    }
-}
+/// How two ranges of one family relate, when they share addresses, and how to find out: the
+/// controller's allocator decides overlap with the same `nodeipam_crd::range`, so a range this
+/// webhook admits is one the allocator sees as disjoint too. Re-exported under the names the
+/// messages and tests use.
+pub use nodeipam_crd::range::{Nesting as Overlap, nesting as overlap};
 
 /// `10.0.0.0/8 contains 10.64.0.0/14`, for messages.
 pub fn describe(a: &IpNet, b: &IpNet, how: Overlap) -> String {
@@ -104,6 +87,16 @@ mod tests {
         );
         assert_eq!(overlap(&net("10.0.0.0/16"), &net("10.1.0.0/16")), None);
         assert_eq!(overlap(&net("10.0.0.0/8"), &net("fd00::/8")), None);
+    }
+
+    /// Compiles only if both arguments are the same item: every function has its own type.
+    fn same_item<T>(_: T, _: T) {}
+
+    #[test]
+    fn overlap_is_the_shared_range_vocabulary() {
+        // A local copy here, however alike, would be another function and fail to compile.
+        same_item(overlap, nodeipam_crd::range::nesting);
+        let _: nodeipam_crd::range::Nesting = Overlap::Same;
     }
 
     #[test]

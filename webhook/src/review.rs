@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::{PartialObjectMeta, Status};
+use nodeipam_crd::range::{Family, Ranges};
 use nodeipam_crd::selector::{NodeView, selector_matches};
 use nodeipam_crd::{FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec};
 
@@ -167,14 +168,14 @@ pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) ->
             problems.push(p);
         }
     }
-    for ((family, path), check) in families(&object.spec).into_iter().zip(check) {
-        if !check {
-            continue;
-        }
-        let Some(range) = family.and_then(|f| f.cidr.parse::<IpNet>().ok()) else {
+    // Even an invalid spec's ranges are checked, as written: the controller treats what they
+    // claim as taken too (see `FamilyRange::claimed`).
+    let claimed = Ranges::claimed(&object.spec);
+    for (family, check) in Family::ALL.into_iter().zip(check) {
+        let Some(range) = claimed.get(family).filter(|_| check) else {
             continue;
         };
-        problems.extend(overlap_problems(&name, path, &range, view));
+        problems.extend(overlap_problems(&name, family, &range.cidr, view));
     }
 
     if !problems.is_empty() {
@@ -214,13 +215,6 @@ fn cidr(f: &Option<FamilySpec>) -> Option<&str> {
     f.as_ref().map(|f| f.cidr.as_str())
 }
 
-fn families(spec: &NodeIPAMConfigSpec) -> [(Option<&FamilySpec>, &'static str); 2] {
-    [
-        (spec.ipv4.as_ref(), "spec.ipv4"),
-        (spec.ipv6.as_ref(), "spec.ipv6"),
-    ]
-}
-
 fn check_target(request: &AdmissionRequest<NodeIPAMConfig>) -> Result<(), String> {
     let k = &request.kind;
     if (k.group.as_str(), k.version.as_str(), k.kind.as_str()) != (GROUP, VERSION, KIND) {
@@ -245,10 +239,10 @@ fn check_target(request: &AdmissionRequest<NodeIPAMConfig>) -> Result<(), String
 /// The cause type of an overlap: the value is invalid.
 const OVERLAP_REASON: &str = "FieldValueInvalid";
 
-/// Overlaps of `range` (at `path`) with other configs' ranges of the same family and with
+/// Overlaps of `range` (of `family`) with other configs' ranges of the same family and with
 /// Service ranges.
-fn overlap_problems(name: &str, path: &str, range: &IpNet, view: &ClusterView) -> Vec<Problem> {
-    let field = format!("{path}.cidr");
+fn overlap_problems(name: &str, family: Family, range: &IpNet, view: &ClusterView) -> Vec<Problem> {
+    let field = format!("spec.{}.cidr", family.field());
     let mut out = Vec::new();
     let mut others: Vec<&NodeIPAMConfig> = view
         .configs
@@ -258,12 +252,7 @@ fn overlap_problems(name: &str, path: &str, range: &IpNet, view: &ClusterView) -
         .collect();
     others.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     for other in others {
-        let family = if path.ends_with("ipv4") {
-            &other.spec.ipv4
-        } else {
-            &other.spec.ipv6
-        };
-        let Some(theirs) = family.as_ref().and_then(|f| f.cidr.parse::<IpNet>().ok()) else {
+        let Some(theirs) = Ranges::claimed(&other.spec).get(family).map(|r| r.cidr) else {
             continue;
         };
         if let Some(how) = overlap(range, &theirs) {
@@ -329,24 +318,17 @@ fn deny(
     response
 }
 
-/// Blocks of `mask` in `range`, saturating (validation caps the difference at 32 bits).
-fn blocks(range: &IpNet, mask: u8) -> Option<u128> {
-    let bits = mask.checked_sub(range.prefix_len())?;
-    Some(1u128.checked_shl(u32::from(bits)).unwrap_or(u128::MAX))
-}
-
 /// Admission warnings for a valid spec; `node_count` is how many nodes it can serve.
 fn warnings(spec: &NodeIPAMConfigSpec, node_count: usize) -> Vec<String> {
     let mut out = Vec::new();
-    for (family, path) in families(spec) {
-        let Some(f) = family else { continue };
-        let Ok(range) = f.cidr.parse::<IpNet>() else {
-            continue;
-        };
-        let Some(n) = blocks(&range, f.per_node_mask_size) else {
-            continue;
-        };
-        let mask = f.per_node_mask_size;
+    // Only called for a valid spec; an invalid one has no block count to warn about.
+    let Ok(ranges) = spec.ranges() else {
+        return out;
+    };
+    for (family, r) in ranges.iter() {
+        let path = format!("spec.{}", family.field());
+        let (range, mask) = (r.cidr, r.per_node_mask_size);
+        let n = u128::from(r.block_count());
         if n < FEW_BLOCKS {
             out.push(format!(
                 "{path}: perNodeMaskSize {mask} leaves only {n} blocks in {range}: at most {n} \

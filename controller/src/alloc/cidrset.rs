@@ -7,11 +7,13 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
+use nodeipam_crd::range::{FamilyRange, SplitError};
 
 use bitmap::Bitmap;
 
 /// The most blocks a set may hold, as a power of two: 2^32 blocks, e.g. a /32 carved into /64s.
-pub const MAX_BLOCK_BITS: u8 = 32;
+/// The CRD refuses more with the same constant, so a valid config always fits a set.
+pub use nodeipam_crd::limits::MAX_BLOCK_BITS;
 
 /// Why a set could not be built, or an operation on it failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,27 +57,27 @@ pub struct CidrSet {
 impl CidrSet {
     /// Carves `range` into `/per_node_mask_size` blocks. Host bits of `range` are ignored.
     pub fn new(range: IpNet, per_node_mask_size: u8) -> Result<Self, CidrSetError> {
-        let range = range.trunc();
         let mask = per_node_mask_size;
         let invalid = |reason| CidrSetError::InvalidMask {
-            range,
+            range: range.trunc(),
             mask,
             reason,
         };
-        if mask > range.max_prefix_len() {
-            return Err(invalid("longer than the address family allows"));
-        }
-        if mask < range.prefix_len() {
-            return Err(invalid("shorter than the range's own prefix"));
-        }
-        let block_bits = mask - range.prefix_len();
-        if block_bits > MAX_BLOCK_BITS {
-            return Err(CidrSetError::TooManyBlocks {
-                range,
+        // The split rules (mask within the family and the range, at most 2^32 blocks) are the
+        // ones validation applies, from one place.
+        let carved = FamilyRange::new(range, mask).map_err(|e| match e {
+            SplitError::MaskBeyondFamily { .. } => invalid("longer than the address family allows"),
+            SplitError::MaskShorterThanPrefix { .. } => {
+                invalid("shorter than the range's own prefix")
+            }
+            SplitError::TooManyBlocks { block_bits, .. } => CidrSetError::TooManyBlocks {
+                range: range.trunc(),
                 mask,
                 block_bits,
-            });
-        }
+            },
+        })?;
+        let range = carved.cidr;
+        let block_bits = carved.block_bits();
         Ok(CidrSet {
             range,
             base: addr_bits(range.network()),

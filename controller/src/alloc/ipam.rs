@@ -11,6 +11,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::NodeSelector;
+/// Overlap as the webhook decides it: one implementation, in `nodeipam_crd::range`. Kept under
+/// this name because the simulator's invariants call it so.
+pub use nodeipam_crd::range::overlaps as nets_overlap;
+use nodeipam_crd::range::{FamilyRange, blocks_covered};
 
 use crate::alloc::cidrset::CidrSet;
 use crate::alloc::selection::{self, Candidate, NodeView};
@@ -722,9 +726,18 @@ impl Ipam {
                     held.push(*cidr);
                 }
             }
-            let capacity = state
-                .set_for(&range)
-                .map_or_else(|| block_capacity(range, mask), CidrSet::capacity);
+            // Without a set (an invalid config) the status still shows the range's size; one
+            // too large to count shows 0, as it always has.
+            let capacity = state.set_for(&range).map_or_else(
+                || {
+                    let claimed = FamilyRange {
+                        cidr: range,
+                        per_node_mask_size: mask,
+                    };
+                    claimed.blocks().unwrap_or(0)
+                },
+                CidrSet::capacity,
+            );
             let fam = FamilyFacts {
                 capacity,
                 allocated: blocks_covered(range, mask, &held),
@@ -871,66 +884,6 @@ fn overlapping<'a, V>(
         holders.get_key_value(&sup)
     });
     inside.into_iter().flatten().chain(supers)
-}
-
-/// True when the two CIDRs share an address (always false across families).
-pub fn nets_overlap(a: &IpNet, b: &IpNet) -> bool {
-    match (a, b) {
-        (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)) => {
-            a.contains(&b.network()) || b.contains(&a.network())
-        }
-        _ => false,
-    }
-}
-
-fn to_u128(addr: IpAddr) -> u128 {
-    match addr {
-        IpAddr::V4(a) => u128::from(u32::from(a)),
-        IpAddr::V6(a) => u128::from(a),
-    }
-}
-
-fn block_capacity(range: IpNet, mask: u8) -> u64 {
-    let bits = u32::from(mask.saturating_sub(range.prefix_len()));
-    1u64.checked_shl(bits).unwrap_or(0)
-}
-
-/// How many `mask`-sized blocks of `range` the `held` CIDRs touch, each block counted once.
-fn blocks_covered(range: IpNet, mask: u8, held: &[IpNet]) -> u64 {
-    let host_bits = u32::from(range.max_prefix_len().saturating_sub(mask));
-    let start = to_u128(range.network());
-    let end = to_u128(range.broadcast());
-    let mut spans: Vec<(u128, u128)> = held
-        .iter()
-        .map(|c| {
-            (
-                to_u128(c.network()).max(start),
-                to_u128(c.broadcast()).min(end),
-            )
-        })
-        .filter(|(a, b)| a <= b)
-        // A /0 block of a /0 range has 128 host bits: the shift must not overflow.
-        .map(|(a, b)| {
-            (
-                (a - start).checked_shr(host_bits).unwrap_or(0),
-                (b - start).checked_shr(host_bits).unwrap_or(0),
-            )
-        })
-        .collect();
-    spans.sort_unstable();
-    let mut count: u128 = 0;
-    let mut last: Option<u128> = None;
-    for (a, b) in spans {
-        let a = match last {
-            Some(l) if a <= l => l + 1,
-            _ => a,
-        };
-        if a <= b {
-            count += b - a + 1;
-            last = Some(b);
-        }
-    }
-    u64::try_from(count).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

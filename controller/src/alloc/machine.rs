@@ -1463,14 +1463,10 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
             .collect::<Vec<_>>()
             .join("; ")
     });
-    let family = |f: &Option<nodeipam_crd::FamilySpec>| {
-        f.as_ref().and_then(|f| {
-            f.cidr
-                .parse::<IpNet>()
-                .ok()
-                .map(|c| (c, f.per_node_mask_size))
-        })
-    };
+    // An invalid spec still claims its ranges (published, protected, counted), as parsed by
+    // the vocabulary the webhook shares; only allocation waits for a valid one.
+    let claimed = nodeipam_crd::Ranges::claimed(spec);
+    let family = |r: Option<nodeipam_crd::FamilyRange>| r.map(|r| (r.cidr, r.per_node_mask_size));
     ConfigInput {
         name: obj.name_any(),
         created: obj
@@ -1478,8 +1474,8 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
             .creation_timestamp
             .as_ref()
             .map_or(i64::MAX, |t| t.0.as_second()),
-        ipv4: family(&spec.ipv4),
-        ipv6: family(&spec.ipv6),
+        ipv4: family(claimed.ipv4),
+        ipv6: family(claimed.ipv6),
         selector: spec.node_selector.clone(),
         enabled: spec.allocation == AllocationSwitch::Enabled,
         deleting: obj.meta().deletion_timestamp.is_some(),

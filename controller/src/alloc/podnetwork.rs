@@ -9,6 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use ipnet::IpNet;
+/// Whether the union of some CIDRs covers a range: shared with the webhook through
+/// `nodeipam_crd::range`, re-exported under the name the machine and the simulator use.
+pub use nodeipam_crd::range::covered;
 use serde::Serialize;
 
 /// Where a range stands.
@@ -321,40 +324,6 @@ impl OutputKind {
             }
         }
     }
-}
-
-/// Whether the union of `cidrs` covers every address of `range`.
-pub fn covered(range: &IpNet, cidrs: &[IpNet]) -> bool {
-    let bounds = |c: &IpNet| -> (u128, u128) {
-        match c {
-            IpNet::V4(n) => (
-                u32::from(n.network()).into(),
-                u32::from(n.broadcast()).into(),
-            ),
-            IpNet::V6(n) => (n.network().into(), n.broadcast().into()),
-        }
-    };
-    let same_family = |c: &&IpNet| {
-        matches!(
-            (c, range),
-            (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_))
-        )
-    };
-    let mut spans: Vec<(u128, u128)> = cidrs.iter().filter(same_family).map(bounds).collect();
-    spans.sort_unstable();
-    let (start, end) = bounds(range);
-    // The first address not yet covered, walking the spans in order.
-    let mut next = start;
-    for (a, b) in spans {
-        if a > next {
-            break;
-        }
-        if b >= end {
-            return true;
-        }
-        next = next.max(b + 1);
-    }
-    false
 }
 
 /// ip-masq-agent's `config` key with `nonMasqueradeCIDRs` set to the pod network plus

@@ -645,3 +645,22 @@ fn a_node_recreated_with_the_same_pod_cidrs_takes_the_new_uid() {
     );
     assert_eq!(ipam.node_gone("n", Some("uid-2")), vec![net("10.0.1.0/24")]);
 }
+
+/// Compiles only if both arguments are the same item: every function has its own type.
+fn same_item<T>(_: T, _: T) {}
+
+/// The allocator decides overlap, coverage and block counts with the functions the webhook and
+/// validation use (`nodeipam_crd::range`), not with copies that could drift from them.
+#[test]
+fn range_rules_are_the_shared_ones() {
+    same_item(nets_overlap, nodeipam_crd::range::overlaps);
+    same_item(blocks_covered, nodeipam_crd::range::blocks_covered);
+    same_item(
+        crate::alloc::podnetwork::covered,
+        nodeipam_crd::range::covered,
+    );
+    assert_eq!(
+        crate::alloc::cidrset::MAX_BLOCK_BITS,
+        nodeipam_crd::limits::MAX_BLOCK_BITS
+    );
+}
