@@ -3,8 +3,13 @@
 pub mod app;
 pub mod cidrset;
 pub mod cli;
+pub mod client;
+pub mod duration;
+pub mod health;
 pub mod ipam;
+pub mod logging;
 pub mod metrics;
+pub mod metrics_server;
 pub mod node;
 pub mod outcome;
 pub mod podnetwork;
@@ -13,3 +18,4 @@ pub mod ratelimit;
 pub mod reconcile;
 pub mod selection;
 pub mod status;
+pub mod version;
