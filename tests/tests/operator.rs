@@ -5,11 +5,12 @@
 //! no more; `KUBECONFIG` lists and `--context`; the command line's `version`, `completion` and
 //! `ranges -o`.
 
+#[path = "support/scrape.rs"]
+mod scrape;
 mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
@@ -18,12 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use nodeipam_crd::NodeIPAMConfig;
 use nodeipam_testenv::{ControlPlane, workspace_root};
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use serde_json::json;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NAMESPACE: &str = "nodeipam-system";
 const SA_USER: &str = "system:serviceaccount:nodeipam-system:nodeipam-controller";
@@ -100,99 +97,14 @@ fn free_port() -> u16 {
         .expect("step=pick-port: bind 127.0.0.1:0")
 }
 
-/// (status, body) of one HTTP/1.0 response read to the end.
-fn parse_response(text: &str) -> Option<(u16, String)> {
-    let status = text.split(' ').nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((status, body))
-}
-
 /// One plain HTTP GET on loopback.
 async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-        stream.write_all(req.as_bytes()).await?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        Ok::<_, std::io::Error>(String::from_utf8_lossy(&raw).into_owned())
-    };
-    let text = tokio::time::timeout(Duration::from_secs(5), attempt)
-        .await
-        .ok()?
-        .ok()?;
-    parse_response(&text)
-}
-
-/// The scraper's side: any server certificate (the metrics certificate is self-signed, as
-/// Prometheus is configured with `insecure_skip_verify` for kubebuilder projects); what is
-/// under test is who gets the metrics.
-#[derive(Debug)]
-struct AnyCertificate(rustls::crypto::WebPkiSupportedAlgorithms);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0)
-    }
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0)
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.supported_schemes()
-    }
+    scrape::http_get(&format!("127.0.0.1:{port}"), path).await
 }
 
 /// One HTTPS GET on loopback, with `Authorization: Bearer <token>` when given.
 async fn https_get(port: u16, path: &str, token: Option<&str>) -> Result<(u16, String), String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCertificate(
-            provider.signature_verification_algorithms,
-        )))
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let attempt = async {
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        let name = ServerName::try_from("localhost").map_err(std::io::Error::other)?;
-        let mut tls = connector.connect(name, tcp).await?;
-        let auth = token
-            .map(|t| format!("Authorization: Bearer {t}\r\n"))
-            .unwrap_or_default();
-        let req = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n");
-        tls.write_all(req.as_bytes()).await?;
-        let mut raw = Vec::new();
-        // A peer closing without close_notify still delivered the whole HTTP/1.0 response.
-        let _ = tls.read_to_end(&mut raw).await;
-        Ok::<_, std::io::Error>(String::from_utf8_lossy(&raw).into_owned())
-    };
-    let text = tokio::time::timeout(Duration::from_secs(10), attempt)
-        .await
-        .map_err(|_| "timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-    parse_response(&text).ok_or_else(|| format!("not an HTTP response: {text:?}"))
+    scrape::https_get(&format!("127.0.0.1:{port}"), path, token).await
 }
 
 /// `nodeipam run` as the controller's ServiceAccount, with its own ports and log file.
@@ -400,15 +312,9 @@ async fn metrics_are_served_only_to_authenticated_and_authorized_callers() {
     install_rbac(&cp).await;
     let replica = Replica::start(&cp, dir.path(), "metrics-0", &["--leader-elect=false"]).await;
 
-    let scraper = service_account_token(&cp, "monitoring", "prometheus").await;
-    bind_cluster_role(
-        &cp,
-        "prometheus-nodeipam-metrics",
-        "nodeipam-metrics-reader",
-        sa_subject("monitoring", "prometheus"),
-    )
-    .await;
+    // The stranger's token comes first: it also creates the namespace.
     let stranger = service_account_token(&cp, "monitoring", "stranger").await;
+    let scraper = scrape::metrics_reader_token(&cp.client(), "monitoring", "prometheus").await;
 
     let port = replica.metrics_port;
     let (status, body) = https_get(port, "/metrics", None)
