@@ -933,3 +933,43 @@ async fn command_line_basics() {
         "a bad --log-level is named: {err}"
     );
 }
+
+/// `--kube-api-qps`/`--kube-api-burst` limit every request of the client, reads included (as
+/// kube-controller-manager's): `ranges` lists configs, then nodes. With a burst of two and a
+/// token every 1000 s it finishes; with a burst of one its second list waits for a token, so
+/// it is still waiting when the other, started together, is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_api_qps_limits_every_request() {
+    let cp = control_plane().await;
+    let kubeconfig = format!("--kubeconfig={}", cp.kubeconfig_path().display());
+    let spawn = |burst: &'static str| {
+        tokio::process::Command::new(nodeipam_bin())
+            .env_clear()
+            .args(["ranges", &kubeconfig, "--kube-api-qps=0.001"])
+            .arg(format!("--kube-api-burst={burst}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn nodeipam ranges")
+    };
+    let mut one = spawn("1");
+    let two = spawn("2");
+    let out = two
+        .wait_with_output()
+        .await
+        .expect("ranges with a burst of two");
+    assert!(
+        out.status.success(),
+        "two requests fit a burst of two: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        one.try_wait().expect("poll the other ranges"),
+        None,
+        "a burst of one let the second request through"
+    );
+    one.kill().await.expect("stop the waiting ranges");
+    cp.stop().await;
+}
