@@ -973,3 +973,62 @@ async fn kube_api_qps_limits_every_request() {
     one.kill().await.expect("stop the waiting ranges");
     cp.stop().await;
 }
+
+/// `hack/control-plane.sh build` needs no Go when the binaries of the current inputs are
+/// cached, and says so when they are not (run against a scratch folder, never the real
+/// cache).
+#[tokio::test]
+async fn control_plane_script_needs_no_go_with_cached_binaries() {
+    let script = workspace_root().join("hack/control-plane.sh");
+    let assets = tempfile::tempdir().expect("temp dir");
+    for b in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kubectl",
+        "etcd",
+    ] {
+        let path = assets.path().join(b);
+        std::fs::write(&path, "#!/bin/sh\n").expect("fake binary");
+        let mut perms = std::fs::metadata(&path).expect("stat").permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).expect("chmod");
+    }
+    // PATH without any folder that holds a `go`.
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let no_go =
+        std::env::join_paths(std::env::split_paths(&path).filter(|d| !d.join("go").exists()))
+            .expect("PATH");
+    let run = |arg: &'static str| {
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .arg(arg)
+            .env("PATH", &no_go)
+            .env("NODEIPAM_ASSETS", assets.path())
+            .output()
+            .unwrap_or_else(|e| panic!("step=control-plane-script: {e}"));
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, inputs, err) = run("inputs");
+    assert!(ok && inputs.len() == 16, "inputs: {inputs:?} {err}");
+    let (ok, _, err) = run("build");
+    assert!(
+        !ok && err.contains("'go' is not installed"),
+        "no stamp: {err}"
+    );
+    std::fs::write(assets.path().join(".stamp"), format!("{inputs} go1.0\n")).expect("stamp");
+    let (ok, _, err) = run("build");
+    assert!(
+        ok && err.contains("Go not installed, not needed"),
+        "cached: {err}"
+    );
+    std::fs::write(assets.path().join(".stamp"), "0000000000000000 go1.0\n").expect("stamp");
+    let (ok, _, err) = run("build");
+    assert!(
+        !ok && err.contains("no binaries built from these inputs"),
+        "stale: {err}"
+    );
+}
