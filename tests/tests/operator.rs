@@ -565,6 +565,45 @@ async fn shipped_roles_grant_what_they_say_and_no_more() {
         )
         .await
     );
+    // The built-in view and edit roles pick them up through kube-controller-manager's
+    // clusterrole-aggregation controller (the only controller run here).
+    let kcm_log = std::fs::File::create(cp.log_dir().join("kcm-aggregation.log"))
+        .expect("step=kcm: log file");
+    let kcm_err = kcm_log.try_clone().expect("step=kcm: log handle");
+    let _kcm = tokio::process::Command::new(cp.assets_dir().join("kube-controller-manager"))
+        .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
+        .args([
+            "--controllers=clusterrole-aggregation",
+            "--leader-elect=false",
+            "--secure-port=0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(kcm_log)
+        .stderr(kcm_err)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("step=kcm: start kube-controller-manager: {e}"));
+    bind_cluster_role(&cp, "carol-view", "view", user_subject("carol")).await;
+    bind_cluster_role(&cp, "dave-edit", "edit", user_subject("dave")).await;
+    wait_for(
+        "view to aggregate nodeipam-nodeipamconfig-viewer",
+        || async {
+            can_i(&cp, "carol", &["list", "nodeipamconfigs"])
+                .await
+                .then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        "edit to aggregate nodeipam-nodeipamconfig-editor",
+        || async {
+            can_i(&cp, "dave", &["create", "nodeipamconfigs"])
+                .await
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(!can_i(&cp, "carol", &["create", "nodeipamconfigs"]).await);
     let rendered = kubectl_ok(&cp, &["kustomize", &config_path("rbac")]).await;
     for (role, label) in [
         (
