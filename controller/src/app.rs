@@ -122,6 +122,32 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         (Some(readiness), Some(progress))
     };
 
+    // The probes and metrics serve before the election starts, so that a bad address or
+    // certificate stops the process before it could take the lease.
+    let election_progress = args.leader_elect().then(|| {
+        (
+            health::mark(),
+            health::election_stall(Duration::from_secs(timing.duration)),
+        )
+    });
+    let health = Health {
+        metrics: metrics.clone(),
+        readiness,
+        failure: failure.clone(),
+        election: election_progress.clone(),
+        webhook: webhook_progress,
+    };
+    let gate = secure.then(|| Gate::new(auth_client));
+    serve_http(
+        &mut tasks,
+        &stop_rx,
+        (metrics_addr, probe_addr),
+        health,
+        gate,
+        metrics_cert(&args, metrics_addr),
+    )
+    .await?;
+
     let options = Options {
         service_cidrs: args.service_cidrs.clone(),
         write_concurrency: args.write_concurrency,
@@ -150,8 +176,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let ctx = Arc::new(Context::new(client.clone(), options, metrics.clone()));
 
-    let (lease, election_progress) = if args.leader_elect() {
-        let progress = health::mark();
+    let lease = if let Some((progress, _)) = election_progress {
         let election = Election::start_tuned(
             election_client,
             LeaseOptions {
@@ -163,7 +188,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             },
             Tuning {
                 retry: timing.retry,
-                progress: Some(progress.clone()),
+                progress: Some(progress),
                 stall: fault == Some(Fault::StallElection),
             },
         )
@@ -176,8 +201,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         tasks.spawn("leader election", async move {
             while leadership.changed().await.is_ok() {}
         });
-        let limit = health::election_stall(Duration::from_secs(timing.duration));
-        (Some(election), Some((progress, limit)))
+        Some(election)
     } else {
         warn!("leader election disabled: run exactly one replica");
         let (tx, rx) = reconcile::always_leader();
@@ -187,26 +211,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             let _tx = tx;
             std::future::pending::<()>().await;
         });
-        (None, None)
+        None
     };
-
-    let health = Health {
-        metrics: metrics.clone(),
-        readiness,
-        failure: failure.clone(),
-        election: election_progress,
-        webhook: webhook_progress,
-    };
-    let gate = secure.then(|| Gate::new(auth_client));
-    serve_http(
-        &mut tasks,
-        &stop_rx,
-        (metrics_addr, probe_addr),
-        health,
-        gate,
-        metrics_cert(&args, metrics_addr),
-    )
-    .await?;
 
     // Every task lives as long as the process: the first one to end, however, ends it, so a
     // replica never holds the lease while doing nothing. Kubernetes restarts it.
@@ -244,7 +250,8 @@ pub fn check_listeners(
     secure: bool,
 ) -> Result<(), ServeError> {
     match (metrics, probes) {
-        (Some(m), Some(p)) if m == p && secure => Err(ServeError::SameAddress(m)),
+        // Port 0 picks a free port for each: not the same address.
+        (Some(m), Some(p)) if m == p && m.port() != 0 && secure => Err(ServeError::SameAddress(m)),
         _ => Ok(()),
     }
 }
@@ -273,7 +280,9 @@ async fn serve_http(
     cert: MetricsCert,
 ) -> anyhow::Result<()> {
     let metrics = health.metrics.clone();
-    let shared = metrics_addr.is_some() && metrics_addr == probe_addr;
+    // Plain metrics may share the probes' listener (the deprecated --metrics-addr does);
+    // HTTPS metrics never do (check_listeners refused that, save for two free ports).
+    let shared = gate.is_none() && metrics_addr.is_some() && metrics_addr == probe_addr;
     if let Some(addr) = probe_addr {
         let listener = bind("health-probe-bind-address", addr).await?;
         let mut app = probe_router(health);
@@ -289,7 +298,13 @@ async fn serve_http(
         if secure {
             let (resolver, reload) = metrics_server::metrics_tls(&cert, stop.clone())
                 .await
-                .map_err(ServeError::from)?;
+                .map_err(|e| match &cert {
+                    MetricsCert::Dir(dir) => anyhow::anyhow!(
+                        "--metrics-cert-dir={}: {e} (it must hold tls.crt and tls.key)",
+                        dir.display()
+                    ),
+                    MetricsCert::SelfSigned(_) => ServeError::from(e).into(),
+                })?;
             if let Some(reload) = reload {
                 tasks.spawn("metrics certificate reload", async move {
                     let _ = reload.await;
@@ -482,6 +497,11 @@ mod tests {
         assert!(check_listeners(Some(a), Some(a), false).is_ok());
         assert!(check_listeners(Some(a), Some(b), true).is_ok());
         assert!(check_listeners(None, Some(a), true).is_ok());
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        assert!(
+            check_listeners(Some(any), Some(any), true).is_ok(),
+            "two free ports"
+        );
     }
 
     #[test]

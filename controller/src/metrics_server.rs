@@ -5,10 +5,11 @@
 //! ClusterRole grants it). `/healthz` and `/readyz` are plain HTTP on their own address, for
 //! the kubelet. With `--metrics-secure=false` metrics are plain HTTP too, unauthenticated.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -141,15 +142,63 @@ pub fn verdict(caller: &Caller, review: &SubjectAccessReview) -> Result<(), Refu
     )))
 }
 
+/// How long a verdict is reused: a scraper asking every few seconds costs two API calls per
+/// interval, not per scrape (kube-apiserver's delegated authentication caches for 10 s too).
+/// Failures to ask are not kept.
+pub fn verdict_ttl(verdict: &Result<Caller, Refusal>) -> Option<Duration> {
+    match verdict {
+        Ok(_) => Some(Duration::from_secs(10)),
+        Err(Refusal::Unauthenticated(_) | Refusal::Forbidden(_)) => Some(Duration::from_secs(5)),
+        Err(Refusal::Unavailable(_)) => None,
+    }
+}
+
+/// Recent verdicts by token, bounded.
+#[derive(Debug, Default)]
+pub struct Verdicts {
+    by_token: HashMap<String, (Instant, Result<Caller, Refusal>)>,
+}
+
+/// More distinct tokens than any set of scrapers uses; past it the cache starts over.
+const MAX_VERDICTS: usize = 1024;
+
+impl Verdicts {
+    /// The verdict for `token` if it is still fresh at `now`.
+    pub fn get(&self, token: &str, now: Instant) -> Option<Result<Caller, Refusal>> {
+        self.by_token
+            .get(token)
+            .filter(|(until, _)| now < *until)
+            .map(|(_, v)| v.clone())
+    }
+
+    pub fn put(&mut self, token: &str, verdict: &Result<Caller, Refusal>, now: Instant) {
+        let Some(ttl) = verdict_ttl(verdict) else {
+            return;
+        };
+        if self.by_token.len() >= MAX_VERDICTS {
+            self.by_token.retain(|_, (until, _)| now < *until);
+            if self.by_token.len() >= MAX_VERDICTS {
+                self.by_token.clear();
+            }
+        }
+        self.by_token
+            .insert(token.to_string(), (now + ttl, verdict.clone()));
+    }
+}
+
 /// Checks a request's credentials with the API server.
 #[derive(Clone)]
 pub struct Gate {
     client: Client,
+    verdicts: Arc<Mutex<Verdicts>>,
 }
 
 impl Gate {
     pub fn new(client: Client) -> Self {
-        Gate { client }
+        Gate {
+            client,
+            verdicts: Arc::default(),
+        }
     }
 
     pub async fn check(&self, headers: &HeaderMap) -> Result<Caller, Refusal> {
@@ -159,6 +208,23 @@ impl Gate {
         let token = bearer_token(authorization).ok_or_else(|| {
             Refusal::Unauthenticated("Unauthorized: a bearer token is required".into())
         })?;
+        if let Some(verdict) = self
+            .verdicts
+            .lock()
+            .ok()
+            .and_then(|v| v.get(token, Instant::now()))
+        {
+            return verdict;
+        }
+        let verdict = self.ask(token).await;
+        if let Ok(mut v) = self.verdicts.lock() {
+            v.put(token, &verdict, Instant::now());
+        }
+        verdict
+    }
+
+    /// A TokenReview, then a SubjectAccessReview for the caller it names.
+    async fn ask(&self, token: &str) -> Result<Caller, Refusal> {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_string(),
@@ -344,6 +410,27 @@ mod tests {
             ..SubjectAccessReviewStatus::default()
         });
         assert_eq!(verdict(&caller(), &reviewed), Ok(()));
+    }
+
+    #[test]
+    fn verdicts_are_reused_for_a_while_and_failures_to_ask_never() {
+        let t0 = Instant::now();
+        let mut v = Verdicts::default();
+        v.put("good", &Ok(caller()), t0);
+        v.put("bad", &Err(Refusal::Forbidden("no".into())), t0);
+        v.put("down", &Err(Refusal::Unavailable("api".into())), t0);
+        assert_eq!(
+            v.get("good", t0 + Duration::from_secs(9)),
+            Some(Ok(caller()))
+        );
+        assert_eq!(v.get("good", t0 + Duration::from_secs(10)), None);
+        assert!(v.get("bad", t0 + Duration::from_secs(4)).is_some());
+        assert_eq!(v.get("bad", t0 + Duration::from_secs(5)), None);
+        assert_eq!(v.get("down", t0), None, "an API error is asked again");
+        for i in 0..MAX_VERDICTS + 10 {
+            v.put(&format!("t{i}"), &Ok(caller()), t0);
+        }
+        assert!(v.by_token.len() <= MAX_VERDICTS);
     }
 
     #[test]

@@ -936,6 +936,20 @@ async fn command_line_basics() {
     );
     let (ok, _, err) = run(vec!["run", "--kube-api-qps=fast"], vec![]).await;
     assert!(!ok && err.contains("--kube-api-qps"), "{err}");
+    let (ok, _, err) = run(
+        vec![
+            "run",
+            "--metrics-bind-address=127.0.0.1:7",
+            "--health-probe-bind-address=127.0.0.1:7",
+        ],
+        vec![],
+    )
+    .await;
+    assert!(
+        !ok && err.contains("--metrics-bind-address")
+            && err.contains("--health-probe-bind-address"),
+        "HTTPS metrics and plain probes cannot share an address: {err}"
+    );
 
     // Logging to a pipe: no escape codes; a bad filter is named by its source. A kubeconfig
     // that does not exist ends the run right after logging starts.
@@ -1067,4 +1081,45 @@ async fn control_plane_script_needs_no_go_with_cached_binaries() {
         !ok && err.contains("no binaries built from these inputs"),
         "stale: {err}"
     );
+}
+
+/// `--metrics-cert-dir` serves the mounted certificate instead of a generated one, and a
+/// replaced certificate (cert-manager renewing it) is served without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_serve_a_mounted_certificate_and_its_renewal() {
+    let cp = control_plane().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    let certs = dir.path().join("metrics-certs");
+    std::fs::create_dir_all(&certs).expect("cert dir");
+    let write_pair = || {
+        let pair = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])
+            .expect("generate a certificate");
+        // The key first: a poll between the two writes sees a mismatched pair and keeps the
+        // old one.
+        std::fs::write(certs.join("tls.key"), pair.signing_key.serialize_pem()).expect("key");
+        std::fs::write(certs.join("tls.crt"), pair.cert.pem()).expect("cert");
+        pair.cert.der().to_vec()
+    };
+    let first = write_pair();
+    let cert_dir = format!("--metrics-cert-dir={}", certs.display());
+    let replica = Replica::start(
+        &cp,
+        dir.path(),
+        "certs-0",
+        &["--leader-elect=false", "--disable-webhook", &cert_dir],
+    )
+    .await;
+    let addr = format!("127.0.0.1:{}", replica.metrics_port);
+    assert_eq!(
+        scrape::served_leaf(&addr).await.expect("served"),
+        first,
+        "the mounted certificate is served"
+    );
+    let second = write_pair();
+    wait_for("the renewed certificate to be served", || async {
+        (scrape::served_leaf(&addr).await.ok()? == second).then_some(())
+    })
+    .await;
+    cp.stop().await;
 }

@@ -175,3 +175,31 @@ pub async fn metrics_reader_token(client: &kube::Client, ns: &str, name: &str) -
         .and_then(|s| s.token)
         .unwrap_or_else(|| panic!("step=scraper-token: {ns}/{name}: no token in the answer"))
 }
+
+/// The leaf certificate (DER) the HTTPS server at `addr` presents.
+pub async fn served_leaf(addr: &str) -> Result<Vec<u8>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(
+            provider.signature_verification_algorithms,
+        )))
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let name = ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let tls = tokio::time::timeout(Duration::from_secs(10), connector.connect(name, tcp))
+        .await
+        .map_err(|_| format!("TLS to {addr}: timed out"))?
+        .map_err(|e| format!("TLS to {addr}: {e}"))?;
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.as_ref().to_vec())
+        .ok_or_else(|| format!("{addr} presented no certificate"))
+}
