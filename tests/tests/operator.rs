@@ -1123,3 +1123,64 @@ async fn metrics_serve_a_mounted_certificate_and_its_renewal() {
     .await;
     cp.stop().await;
 }
+
+/// config/manager runs with the binary's default ports (so `--help` tells the truth about a
+/// deployment), probes where the kubelet of a host-network pod reaches them, and the
+/// tolerations of a controller that runs before the pod network exists.
+#[test]
+fn the_manifest_uses_the_default_ports_and_tolerations() {
+    use clap::Parser;
+    use nodeipam_controller::cli::{Cli, Command};
+    let text = std::fs::read_to_string(config_path("manager/manager.yaml"))
+        .expect("read config/manager/manager.yaml");
+    let deploy: serde_json::Value = serde_yaml::from_str(&text).expect("manager.yaml parses");
+    let pod = &deploy["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args: Vec<String> = serde_json::from_value(container["args"].clone()).expect("args");
+    let Command::Run(manifest) =
+        Cli::try_parse_from(std::iter::once("nodeipam".to_string()).chain(args.clone()))
+            .expect("the manifest's args parse")
+            .command
+    else {
+        panic!("the manifest does not run `nodeipam run`: {args:?}")
+    };
+    let Command::Run(defaults) = Cli::try_parse_from(["nodeipam", "run"])
+        .expect("defaults")
+        .command
+    else {
+        panic!("run expected")
+    };
+    let port = |a: Option<std::net::SocketAddr>| a.map(|a| a.port());
+    let (m_metrics, m_probes, m_secure) = manifest.listeners();
+    let (d_metrics, d_probes, d_secure) = defaults.listeners();
+    assert_eq!(port(m_metrics), port(d_metrics), "metrics port");
+    assert_eq!(port(m_probes), port(d_probes), "probe port");
+    assert_eq!(
+        manifest.webhook_addr.port(),
+        defaults.webhook_addr.port(),
+        "webhook port"
+    );
+    assert!(m_secure && d_secure, "metrics are HTTPS in both");
+    assert_eq!(
+        m_probes.map(|a| a.ip().to_string()).as_deref(),
+        Some("127.0.0.1"),
+        "probes on loopback only"
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["host"], "127.0.0.1", "{probe}");
+    }
+    let tolerated: Vec<&str> = pod["tolerations"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|t| t["key"].as_str()).collect())
+        .unwrap_or_default();
+    for key in [
+        "node-role.kubernetes.io/control-plane",
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/network-unavailable",
+    ] {
+        assert!(
+            tolerated.contains(&key),
+            "{key} not tolerated: {tolerated:?}"
+        );
+    }
+}
