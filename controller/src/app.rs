@@ -33,6 +33,9 @@ pub async fn client(args: &ClientArgs) -> anyhow::Result<Client> {
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    for (old, new) in args.deprecated() {
+        warn!("{old} is deprecated and will be removed: use {new}");
+    }
     let timing = args.lease_timing()?;
     if args.inject_fault.is_some() && !cfg!(debug_assertions) {
         anyhow::bail!("--inject-fault is for tests and works only in debug builds");

@@ -417,6 +417,35 @@ impl RunArgs {
         Duration::from_secs(self.lease_timing().map_or(15, |t| t.duration))
     }
 
+    /// The deprecated flags given, with what replaces each.
+    pub fn deprecated(&self) -> Vec<(&'static str, &'static str)> {
+        [
+            (
+                self.metrics_addr.is_some(),
+                "--metrics-addr",
+                "--metrics-bind-address and --health-probe-bind-address",
+            ),
+            (
+                self.disable_leader_election,
+                "--disable-leader-election",
+                "--leader-elect=false",
+            ),
+            (
+                self.lease_duration.is_some(),
+                "--lease-duration",
+                "--leader-elect-lease-duration",
+            ),
+            (
+                self.lease_grace.is_some(),
+                "--lease-grace",
+                "--leader-elect-renew-deadline",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(given, old, new)| given.then_some((old, new)))
+        .collect()
+    }
+
     /// The metrics and probe listeners: (metrics, probes, metrics served securely).
     pub fn listeners(&self) -> (Option<SocketAddr>, Option<SocketAddr>, bool) {
         match self.metrics_addr {
