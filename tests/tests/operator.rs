@@ -118,6 +118,17 @@ struct Replica {
 
 impl Replica {
     async fn start(cp: &ControlPlane, dir: &Path, name: &str, extra: &[&str]) -> Replica {
+        Self::start_with_env(cp, dir, name, extra, &[]).await
+    }
+
+    /// [`Replica::start`] with these environment variables (and no others).
+    async fn start_with_env(
+        cp: &ControlPlane,
+        dir: &Path,
+        name: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Replica {
         let kubeconfig = dir.join(format!("{name}.kubeconfig"));
         cp.write_kubeconfig_for(SA_USER, SA_GROUPS, &kubeconfig)
             .unwrap_or_else(|e| panic!("step=write-kubeconfig: {e}"));
@@ -130,6 +141,7 @@ impl Replica {
             .expect("step=spawn-nodeipam: clone log handle");
         let mut cmd = tokio::process::Command::new(nodeipam_bin());
         cmd.env_clear()
+            .envs(env.iter().copied())
             .arg("run")
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--namespace={NAMESPACE}"))
@@ -310,7 +322,14 @@ async fn metrics_are_served_only_to_authenticated_and_authorized_callers() {
     let cp = control_plane().await;
     let dir = tempfile::tempdir().expect("temp dir");
     install_rbac(&cp).await;
-    let replica = Replica::start(&cp, dir.path(), "metrics-0", &["--leader-elect=false"]).await;
+    // -v 4: klog's debug level, which logs each authorized scrape.
+    let replica = Replica::start(
+        &cp,
+        dir.path(),
+        "metrics-0",
+        &["--leader-elect=false", "-v", "4"],
+    )
+    .await;
 
     // The stranger's token comes first: it also creates the namespace.
     let stranger = service_account_token(&cp, "monitoring", "stranger").await;
@@ -359,6 +378,14 @@ async fn metrics_are_served_only_to_authenticated_and_authorized_callers() {
     );
     // The TokenReview and SubjectAccessReview rights are in config/rbac.
     replica.assert_never_forbidden();
+    let log = std::fs::read_to_string(&replica.log).expect("read the replica's log");
+    assert!(
+        log.contains("metrics scrape authorized")
+            && log.contains("system:serviceaccount:monitoring:prometheus"),
+        "-v 4 logs at debug level:\n{}",
+        replica.log_tail()
+    );
+    assert!(!log.contains('\u{1b}'), "colour codes in a log file");
     cp.stop().await;
 }
 
@@ -386,7 +413,7 @@ async fn metrics_can_be_plain_or_off() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("nodeipam_leader"), "{body}");
     drop(plain);
-    let off = Replica::start(
+    let off = Replica::start_with_env(
         &cp,
         dir.path(),
         "off-0",
@@ -395,6 +422,8 @@ async fn metrics_can_be_plain_or_off() {
             "--metrics-bind-address=0",
             "--disable-webhook",
         ],
+        // RUST_LOG is honoured when neither --log-level nor -v is given.
+        &[("RUST_LOG", "debug")],
     )
     .await;
     assert!(
@@ -403,6 +432,12 @@ async fn metrics_can_be_plain_or_off() {
             .is_err(),
         "nothing listens on the metrics port"
     );
+    let log = wait_for("a debug line under RUST_LOG", || async {
+        let log = std::fs::read_to_string(&off.log).ok()?;
+        log.contains("DEBUG").then_some(log)
+    })
+    .await;
+    assert!(!log.contains('\u{1b}'), "colour codes in a log file");
     cp.stop().await;
 }
 
