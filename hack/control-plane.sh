@@ -5,6 +5,8 @@
 #   up      start a standalone control plane in the background; prints the KUBECONFIG export
 #   down    stop it
 #   path    print the folder that holds the binaries
+#   inputs  print the hash of what they are built from (the first half of their .stamp)
+# With the binaries of the current inputs cached, none of these needs Go.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -16,18 +18,8 @@ build_go() { # build_go MODULE_DIR OUT_DIR LDFLAGS PKG...
     go build -trimpath -ldflags "$ldflags" -o "$out/" "$@")
 }
 
-cmd_build() {
-  command -v go >/dev/null || die "step=build: 'go' is not installed"
-  # A stamp of the inputs makes a second run with nothing changed a no-op.
-  local stamp
-  stamp="$(cat "$NODEIPAM_ROOT"/hack/k8s/go.{mod,sum} "$NODEIPAM_ROOT"/hack/etcd/go.{mod,sum} \
-    "$0" "$NODEIPAM_ROOT/hack/lib.sh" | sha256sum | cut -c1-16) $(go env GOVERSION)"
-  if [[ -f "$NODEIPAM_ASSETS/.stamp" && "$(cat "$NODEIPAM_ASSETS/.stamp")" == "$stamp" ]]; then
-    log "control-plane binaries up to date in $NODEIPAM_ASSETS"
-    return 0
-  fi
-  mkdir -p "$NODEIPAM_ASSETS"
-  log "building into $NODEIPAM_ASSETS (GOMODCACHE=$(go env GOMODCACHE), GOCACHE=$(go env GOCACHE))"
+# build_binaries: the recipe. Its text is part of the stamp, so changing it rebuilds.
+build_binaries() {
   local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   local v ldk=""
   for v in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -42,6 +34,50 @@ cmd_build() {
   mv "$NODEIPAM_ASSETS/etcd-build/server" "$NODEIPAM_ASSETS/etcd" 2>/dev/null \
     || mv "$NODEIPAM_ASSETS/etcd-build/v3" "$NODEIPAM_ASSETS/etcd"
   rmdir "$NODEIPAM_ASSETS/etcd-build"
+}
+
+BINARIES=(kube-apiserver kube-controller-manager kubectl etcd)
+
+# inputs_hash: what the binaries are built from (the pinned modules, the versions and the
+# recipe), computed without Go; the stamp adds the Go version after it.
+inputs_hash() {
+  { cat "$NODEIPAM_ROOT"/hack/k8s/go.{mod,sum} "$NODEIPAM_ROOT"/hack/etcd/go.{mod,sum}
+    echo "$K8S_VERSION $ETCD_VERSION"
+    declare -f build_go build_binaries
+  } | sha256sum | cut -c1-16
+}
+
+# up_to_date STAMP: the binaries are all there and were built with that stamp (an inputs hash
+# alone matches whatever Go version built them).
+up_to_date() {
+  local want="$1" have b
+  [[ -f "$NODEIPAM_ASSETS/.stamp" ]] || return 1
+  have="$(cat "$NODEIPAM_ASSETS/.stamp")"
+  [[ "$want" == *" "* ]] || have="${have%% *}"
+  [[ "$have" == "$want" ]] || return 1
+  for b in "${BINARIES[@]}"; do [[ -x "$NODEIPAM_ASSETS/$b" ]] || return 1; done
+}
+
+cmd_build() {
+  # A stamp of the inputs makes a second run with nothing changed a no-op; with the binaries
+  # built from these inputs already cached, Go is not needed at all.
+  local inputs stamp
+  inputs="$(inputs_hash)"
+  if ! command -v go >/dev/null; then
+    if up_to_date "$inputs"; then
+      log "control-plane binaries up to date in $NODEIPAM_ASSETS (Go not installed, not needed)"
+      return 0
+    fi
+    die "step=build: 'go' is not installed and $NODEIPAM_ASSETS has no binaries built from these inputs (stamp ${inputs})"
+  fi
+  stamp="$inputs $(go env GOVERSION)"
+  if up_to_date "$stamp"; then
+    log "control-plane binaries up to date in $NODEIPAM_ASSETS"
+    return 0
+  fi
+  mkdir -p "$NODEIPAM_ASSETS"
+  log "building into $NODEIPAM_ASSETS (GOMODCACHE=$(go env GOMODCACHE), GOCACHE=$(go env GOCACHE))"
+  build_binaries
   "$NODEIPAM_ASSETS/kube-apiserver" --version >&2
   "$NODEIPAM_ASSETS/etcd" --version | head -1 >&2
   echo "$stamp" > "$NODEIPAM_ASSETS/.stamp"
@@ -86,5 +122,6 @@ case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   path) echo "$NODEIPAM_ASSETS" ;;
-  *) echo "usage: $0 build|up|down|path" >&2; exit 2 ;;
+  inputs) inputs_hash ;;
+  *) echo "usage: $0 build|up|down|path|inputs" >&2; exit 2 ;;
 esac

@@ -6,7 +6,10 @@
 # (disable, delete) and stops everything it started.
 #   hack/demo.sh          run the demo, then stop the controller and the control plane
 #   hack/demo.sh --keep   leave both running (stop with: kill <pid>; hack/control-plane.sh down)
-# Ports: NODEIPAM_DEMO_METRICS_PORT (8085) and NODEIPAM_DEMO_WEBHOOK_PORT (9445), on 127.0.0.1.
+# Ports: NODEIPAM_DEMO_METRICS_PORT (8085, HTTPS), NODEIPAM_DEMO_PROBE_PORT (8086) and
+# NODEIPAM_DEMO_WEBHOOK_PORT (9445), on 127.0.0.1. The webhook is registered by URL as
+# ValidatingWebhookConfiguration nodeipam-webhook-demo, so that `kubectl apply -k config/default`
+# on a kept demo creates its own (by Service) instead of clashing with it.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$NODEIPAM_ROOT"
@@ -20,6 +23,8 @@ case "${1:-}" in
 esac
 METRICS_PORT="${NODEIPAM_DEMO_METRICS_PORT:-8085}"
 WEBHOOK_PORT="${NODEIPAM_DEMO_WEBHOOK_PORT:-9445}"
+PROBE_PORT="${NODEIPAM_DEMO_PROBE_PORT:-8086}"
+DEMO_VWC=nodeipam-webhook-demo
 NS=nodeipam-system
 DEMO_DIR="$NODEIPAM_CACHE/demo"
 CONTROLLER_LOG="$DEMO_DIR/nodeipam.log"
@@ -115,10 +120,16 @@ TOKEN="$(kubectl -n "$NS" create token nodeipam-controller --duration=12h)"
 kubectl --kubeconfig="$CONTROLLER_KUBECONFIG" config set-credentials nodeipam-controller --token="$TOKEN" >/dev/null
 kubectl --kubeconfig="$CONTROLLER_KUBECONFIG" config set-context --current --user=nodeipam-controller >/dev/null
 kubectl --kubeconfig="$CONTROLLER_KUBECONFIG" auth whoami -o jsonpath='{.status.userInfo.username}' | sed 's/^/controller identity: /' >&2; echo >&2
-# The webhook configuration of config/webhook, but reaching the local process by URL instead of
-# the in-cluster Service. caBundle stays empty: the controller patches it.
-show kubectl apply -f config/webhook/manifests.yaml
-show kubectl patch validatingwebhookconfiguration nodeipam-webhook --type=json -p \
+# The webhook configuration of config/webhook, but under its own name and reaching the local
+# process by URL instead of the in-cluster Service. caBundle stays empty: the controller
+# patches it (--webhook-config), with rights for that name alone.
+sed "s/^  name: nodeipam-webhook\$/  name: $DEMO_VWC/" config/webhook/manifests.yaml | show kubectl apply -f -
+kubectl create clusterrole nodeipam-demo-webhook --verb=get,list,watch,update \
+  --resource=validatingwebhookconfigurations.admissionregistration.k8s.io --resource-name="$DEMO_VWC" \
+  --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl create clusterrolebinding nodeipam-demo-webhook --clusterrole=nodeipam-demo-webhook \
+  --serviceaccount="$NS:nodeipam-controller" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+show kubectl patch validatingwebhookconfiguration "$DEMO_VWC" --type=json -p \
   "[{\"op\":\"replace\",\"path\":\"/webhooks/0/clientConfig\",\"value\":{\"url\":\"https://127.0.0.1:$WEBHOOK_PORT/validate-nodeipamconfig\"}}]"
 
 # ---------------------------------------------------------------------------------------------
@@ -131,15 +142,26 @@ t=$(now_ms)
   --kubeconfig="$CONTROLLER_KUBECONFIG" \
   --namespace="$NS" \
   --identity=demo-0 \
-  --metrics-addr="127.0.0.1:$METRICS_PORT" \
+  --metrics-bind-address="127.0.0.1:$METRICS_PORT" \
+  --health-probe-bind-address="127.0.0.1:$PROBE_PORT" \
   --webhook-addr="127.0.0.1:$WEBHOOK_PORT" \
+  --webhook-config="$DEMO_VWC" \
   --webhook-dns-names=127.0.0.1 \
   >"$CONTROLLER_LOG" 2>&1 9>&- &
 NODEIPAM_PID=$!
 log "nodeipam run: pid $NODEIPAM_PID, log $CONTROLLER_LOG"
-wait_until "controller ready" 60 curl -fsS "http://127.0.0.1:$METRICS_PORT/readyz"
-wait_until "leadership" 60 bash -c "curl -fsS http://127.0.0.1:$METRICS_PORT/metrics | grep -qx 'nodeipam_leader 1'"
-ca_patched() { [[ -n "$(kubectl get validatingwebhookconfiguration nodeipam-webhook -o jsonpath='{.webhooks[0].clientConfig.caBundle}')" ]]; }
+wait_until "controller ready" 60 curl -fsS "http://127.0.0.1:$PROBE_PORT/readyz"
+# /metrics is HTTPS for callers the API server authenticates and authorizes: a scraper's
+# ServiceAccount bound to nodeipam-metrics-reader, as Prometheus's would be.
+kubectl -n "$NS" create serviceaccount demo-scraper --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl create clusterrolebinding nodeipam-demo-scraper --clusterrole=nodeipam-metrics-reader \
+  --serviceaccount="$NS:demo-scraper" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+SCRAPER_TOKEN="$(kubectl -n "$NS" create token demo-scraper --duration=12h)"
+scrape() { curl -fksS -H "Authorization: Bearer $SCRAPER_TOKEN" "https://127.0.0.1:$METRICS_PORT/metrics"; }
+leading() { scrape | grep -qx 'nodeipam_leader 1'; }
+wait_until "leadership" 60 leading
+log "a scrape without a token is refused: HTTP $(curl -ksS -o /dev/null -w '%{http_code}' "https://127.0.0.1:$METRICS_PORT/metrics")"
+ca_patched() { [[ -n "$(kubectl get validatingwebhookconfiguration "$DEMO_VWC" -o jsonpath='{.webhooks[0].clientConfig.caBundle}')" ]]; }
 wait_until "caBundle patched" 60 ca_patched
 # The API server picks the new caBundle up a moment later: wait for a verdict of the webhook.
 PROBE='{"apiVersion":"nodeipam.io/v1alpha1","kind":"NodeIPAMConfig","metadata":{"name":"overlaps-services"},"spec":{"ipv4":{"cidr":"10.96.0.0/16","perNodeMaskSize":24}}}'
@@ -188,8 +210,8 @@ wait_until "allocation" 60 all_allocated
 record "$TOTAL nodes created and allocated" "$(since "$t")"
 show kubectl get nodeipamconfigs -o wide
 show kubectl get nodes -o 'custom-columns=NAME:.metadata.name,POOL:.metadata.labels.nodeipam\.io/pool,CONFIG:.metadata.annotations.nodeipam\.io/config,PODCIDRS:.spec.podCIDRs'
-log "metrics (http://127.0.0.1:$METRICS_PORT/metrics):"
-curl -fsS "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^nodeipam_(config_blocks_allocated|pending_nodes|leader)' | sed 's/^/    /' >&2
+log "metrics (https://127.0.0.1:$METRICS_PORT/metrics, as demo-scraper):"
+scrape | grep -E '^nodeipam_(config_blocks_allocated|pending_nodes|leader)' | sed 's/^/    /' >&2
 
 # ---------------------------------------------------------------------------------------------
 section "6. Drain by disabling: wide-ipv6 hands out nothing more; its nodes keep their blocks"

@@ -3,7 +3,9 @@
 //! SIGTERM that releases the lease.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -12,51 +14,29 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use kube::Client;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use nodeipam_webhook::{FilesTls, ManagedTls, Readiness, TlsMode, Webhook, WebhookOptions};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::cli::{CertMode, ClientArgs, LogFormat, RunArgs};
+use crate::cli::{CertMode, ClientArgs, RunArgs};
+use crate::health::{self, Inputs};
 use crate::metrics::Metrics;
-use crate::reconcile::leader::{Election, LeaseOptions};
+use crate::metrics_server::{self, Gate, MetricsCert, ServeError};
+use crate::reconcile::leader::{Election, LeaseOptions, Tuning};
 use crate::reconcile::publisher::{ConfigMapRef, PublishOptions};
-use crate::reconcile::{self, Context, Options};
+use crate::reconcile::{self, Context, Fault, Options};
 
-pub fn init_logging(format: LogFormat, level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|e| {
-        eprintln!("invalid --log-level {level:?} ({e}); using info");
-        tracing_subscriber::EnvFilter::new("info")
-    });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
-    match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.init(),
-    }
-}
-
-/// A client from `--kubeconfig`, or the in-cluster config.
+/// A rate-limited client from the flags (see [`crate::client`]).
 pub async fn client(args: &ClientArgs) -> anyhow::Result<Client> {
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no --kubeconfig and no in-cluster config")?,
-    };
-    Client::try_from(config).context("building the Kubernetes client")
+    crate::client::client(args).await
 }
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    check_lease_flags(args.lease_duration, args.lease_grace)?;
+    for (old, new) in args.deprecated() {
+        warn!("{old} is deprecated and will be removed: use {new}");
+    }
+    let timing = args.lease_timing()?;
     if args.inject_fault.is_some() && !cfg!(debug_assertions) {
         anyhow::bail!("--inject-fault is for tests and works only in debug builds");
     }
@@ -64,7 +44,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         &args.pod_network_configmap,
         args.ip_masq_agent_configmap.as_ref(),
     )?;
-    let client = client(&args.client).await?;
+    let (metrics_addr, probe_addr, secure) = args.listeners();
+    check_listeners(metrics_addr, probe_addr, secure)?;
+    // Each part gets its own client and so its own rate limiter, as client-go gives kcm's
+    // leader election its own: a backlog of node writes must not delay a lease renewal, nor
+    // the checks of a scrape.
+    let config = crate::client::config(&args.client).await?;
+    let client = crate::client::build(config.clone(), &args.client)?;
+    let election_client = crate::client::build(config.clone(), &args.client)?;
+    let auth_client = crate::client::build(config, &args.client)?;
     let metrics = Arc::new(Metrics::new());
     let identity = args
         .identity
@@ -73,10 +61,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Tasks::default();
     let failure = Arc::new(std::sync::Mutex::new(None));
+    let fault = args.inject_fault.clone();
 
     // The webhook serves in every replica, leader or not.
-    let readiness = if args.disable_webhook {
-        None
+    let (readiness, webhook_progress) = if args.disable_webhook {
+        (None, None)
     } else {
         let observer_metrics = metrics.clone();
         let opts = WebhookOptions {
@@ -101,33 +90,66 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             .await
             .context("starting the webhook")?;
         let readiness = webhook.readiness();
+        let resolver = webhook.resolver();
+        let addr = webhook.local_addr().unwrap_or(args.webhook_addr);
         let mut stop = stop_rx.clone();
-        tasks.spawn("webhook", async move {
-            if let Err(e) = webhook
-                .run(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
-            {
-                error!(error = %e, "webhook stopped");
-            }
-        });
-        Some(readiness)
+        if fault == Some(Fault::StallWebhook) {
+            // The port stays bound with a certificate loaded, and nothing accepts on it.
+            let (cert, key) = metrics_server::self_signed(&["localhost".into()])?;
+            resolver.install(nodeipam_webhook::tls::certified_key(
+                cert.as_bytes(),
+                key.as_bytes(),
+            )?);
+            warn!("fault injected: the webhook server accepts nothing");
+            tasks.spawn("webhook", async move {
+                let _held = webhook;
+                std::future::pending::<()>().await;
+            });
+        } else {
+            tasks.spawn("webhook", async move {
+                if let Err(e) = webhook
+                    .run(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await
+                {
+                    error!(error = %e, "webhook stopped");
+                }
+            });
+        }
+        let progress = health::mark();
+        tasks.spawn(
+            "webhook self-check",
+            health::webhook_self_check(addr, resolver, progress.clone(), stop_rx.clone()),
+        );
+        (Some(readiness), Some(progress))
     };
 
-    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
-        .await
-        .with_context(|| format!("binding --metrics-addr {}", args.metrics_addr))?;
-    let app = health_router(metrics.clone(), readiness, failure.clone());
-    let mut stop = stop_rx.clone();
-    tasks.spawn("metrics server", async move {
-        let served = axum::serve(listener, app).with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|s| *s).await;
-        });
-        if let Err(e) = served.await {
-            error!(error = %e, "metrics server stopped");
-        }
+    // The probes and metrics serve before the election starts, so that a bad address or
+    // certificate stops the process before it could take the lease.
+    let election_progress = args.leader_elect().then(|| {
+        (
+            health::mark(),
+            health::election_stall(Duration::from_secs(timing.duration)),
+        )
     });
+    let health = Health {
+        metrics: metrics.clone(),
+        readiness,
+        failure: failure.clone(),
+        election: election_progress.clone(),
+        webhook: webhook_progress,
+    };
+    let gate = secure.then(|| Gate::new(auth_client));
+    serve_http(
+        &mut tasks,
+        &stop_rx,
+        (metrics_addr, probe_addr),
+        health,
+        gate,
+        metrics_cert(&args, metrics_addr),
+    )
+    .await?;
 
     let options = Options {
         service_cidrs: args.service_cidrs.clone(),
@@ -135,15 +157,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         instance: Some(identity.clone()),
         // A write must finish (or count as ambiguous) before a deposed leader's lease can
         // expire, so that no write of ours is still in flight when a new leader lists.
-        write_timeout: write_timeout(args.lease_grace),
-        takeover_delay: if args.disable_leader_election {
-            Duration::ZERO
+        write_timeout: write_timeout(timing.grace),
+        takeover_delay: if args.leader_elect() {
+            write_timeout(timing.grace)
         } else {
-            write_timeout(args.lease_grace)
+            Duration::ZERO
         },
-        qps: args.client.kube_api_qps,
+        // The client limits every request (--kube-api-qps); the writer adds no second limit.
+        qps: 0.0,
         burst: args.client.kube_api_burst,
-        fault: args.inject_fault.clone(),
+        fault: fault.clone(),
         publish: PublishOptions {
             pod_network: (!args.pod_network_configmap.is_empty()).then(|| ConfigMapRef {
                 namespace: args.namespace.clone(),
@@ -156,25 +179,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let ctx = Arc::new(Context::new(client.clone(), options, metrics.clone()));
 
-    let lease = if args.disable_leader_election {
-        warn!("leader election disabled: run exactly one replica");
-        let (tx, rx) = reconcile::always_leader();
-        tasks.spawn("allocation", reconcile::run(ctx, rx));
-        tasks.spawn("leadership", async move {
-            // Keep the sender alive for as long as the process runs.
-            let _tx = tx;
-            std::future::pending::<()>().await;
-        });
-        None
-    } else {
-        let election = Election::start(
-            client.clone(),
+    let lease = if let Some((progress, _)) = election_progress {
+        let election = Election::start_tuned(
+            election_client,
             LeaseOptions {
                 namespace: args.namespace.clone(),
                 name: args.lease_name.clone(),
                 identity: identity.clone(),
-                duration: args.lease_duration,
-                grace: args.lease_grace,
+                duration: timing.duration,
+                grace: timing.grace,
+            },
+            Tuning {
+                retry: timing.retry,
+                progress: Some(progress),
+                stall: fault == Some(Fault::StallElection),
             },
         )
         .await
@@ -187,6 +205,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             while leadership.changed().await.is_ok() {}
         });
         Some(election)
+    } else {
+        warn!("leader election disabled: run exactly one replica");
+        let (tx, rx) = reconcile::always_leader();
+        tasks.spawn("allocation", reconcile::run(ctx, rx));
+        tasks.spawn("leadership", async move {
+            // Keep the sender alive for as long as the process runs.
+            let _tx = tx;
+            std::future::pending::<()>().await;
+        });
+        None
     };
 
     // Every task lives as long as the process: the first one to end, however, ends it, so a
@@ -215,6 +243,105 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     match failed {
         Some(why) => Err(anyhow::anyhow!(why)),
         None => Ok(()),
+    }
+}
+
+/// With HTTPS metrics the probes cannot share their address (the kubelet probes plain HTTP).
+pub fn check_listeners(
+    metrics: Option<SocketAddr>,
+    probes: Option<SocketAddr>,
+    secure: bool,
+) -> Result<(), ServeError> {
+    match (metrics, probes) {
+        // Port 0 picks a free port for each: not the same address.
+        (Some(m), Some(p)) if m == p && m.port() != 0 && secure => Err(ServeError::SameAddress(m)),
+        _ => Ok(()),
+    }
+}
+
+fn metrics_cert(args: &RunArgs, addr: Option<SocketAddr>) -> MetricsCert {
+    match &args.metrics_cert_dir {
+        Some(dir) => MetricsCert::Dir(dir.clone()),
+        None => {
+            let host = std::env::var("HOSTNAME").ok();
+            MetricsCert::SelfSigned(metrics_server::certificate_names(
+                addr.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
+                host.as_deref(),
+            ))
+        }
+    }
+}
+
+/// Binds the metrics and probe listeners (one plain listener when they share an address)
+/// and serves them as tasks.
+async fn serve_http(
+    tasks: &mut Tasks,
+    stop: &watch::Receiver<bool>,
+    (metrics_addr, probe_addr): (Option<SocketAddr>, Option<SocketAddr>),
+    health: Health,
+    gate: Option<Gate>,
+    cert: MetricsCert,
+) -> anyhow::Result<()> {
+    let metrics = health.metrics.clone();
+    // Plain metrics may share the probes' listener (the deprecated --metrics-addr does);
+    // HTTPS metrics never do (check_listeners refused that, save for two free ports).
+    let shared = gate.is_none() && metrics_addr.is_some() && metrics_addr == probe_addr;
+    if let Some(addr) = probe_addr {
+        let listener = bind("health-probe-bind-address", addr).await?;
+        let mut app = probe_router(health);
+        if shared {
+            app = app.merge(metrics_server::metrics_router(metrics.clone(), None));
+        }
+        tasks.spawn("probe server", serve_plain(listener, app, stop.clone()));
+    }
+    if let Some(addr) = metrics_addr.filter(|_| !shared) {
+        let listener = bind("metrics-bind-address", addr).await?;
+        let secure = gate.is_some();
+        let app = metrics_server::metrics_router(metrics, gate);
+        if secure {
+            let (resolver, reload) = metrics_server::metrics_tls(&cert, stop.clone())
+                .await
+                .map_err(|e| match &cert {
+                    MetricsCert::Dir(dir) => anyhow::anyhow!(
+                        "--metrics-cert-dir={}: {e} (it must hold tls.crt and tls.key)",
+                        dir.display()
+                    ),
+                    MetricsCert::SelfSigned(_) => ServeError::from(e).into(),
+                })?;
+            if let Some(reload) = reload {
+                tasks.spawn("metrics certificate reload", async move {
+                    let _ = reload.await;
+                });
+            }
+            let stop = stop.clone();
+            tasks.spawn("metrics server", async move {
+                if let Err(e) = nodeipam_webhook::serve_https(listener, resolver, app, stop).await {
+                    error!(error = %e, "metrics server stopped");
+                }
+            });
+        } else {
+            tasks.spawn("metrics server", serve_plain(listener, app, stop.clone()));
+        }
+    }
+    Ok(())
+}
+
+async fn bind(flag: &'static str, addr: SocketAddr) -> Result<tokio::net::TcpListener, ServeError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { flag, addr, source })
+}
+
+async fn serve_plain(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+) {
+    let served = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = stop.wait_for(|s| *s).await;
+    });
+    if let Err(e) = served.await {
+        error!(error = %e, "HTTP server stopped");
     }
 }
 
@@ -275,19 +402,6 @@ pub fn check_publish_flags(
     Ok(())
 }
 
-/// The lease manager panics on these, so they are refused here with a clear message.
-pub fn check_lease_flags(duration: u64, grace: u64) -> anyhow::Result<()> {
-    if duration == 0 || grace == 0 {
-        anyhow::bail!(
-            "--lease-duration ({duration}) and --lease-grace ({grace}) must be greater than zero"
-        );
-    }
-    if grace >= duration {
-        anyhow::bail!("--lease-grace ({grace}s) must be less than --lease-duration ({duration}s)");
-    }
-    Ok(())
-}
-
 /// Shorter than the renewal grace period, at most 10 s.
 pub fn write_timeout(grace_secs: u64) -> Duration {
     Duration::from_millis((grace_secs * 1000).saturating_sub(500).clamp(500, 10_000))
@@ -298,52 +412,35 @@ struct Health {
     metrics: Arc<Metrics>,
     readiness: Option<Readiness>,
     failure: Arc<std::sync::Mutex<Option<String>>>,
+    /// The election loop's last turn, and how long it may pause.
+    election: Option<(Arc<AtomicI64>, Duration)>,
+    /// The webhook server's last answer to this replica's check.
+    webhook: Option<Arc<AtomicI64>>,
 }
 
-/// How long a leader's allocation loop may go without a step before liveness fails. The loop
-/// steps at least every status interval (200 ms); an await that long is a hang.
-pub const STALL: Duration = Duration::from_secs(120);
-
-/// Liveness: fails once a task has ended, or while the leader's allocation loop is stuck.
-pub fn liveness(
-    failure: Option<&str>,
-    leader: bool,
-    last_step: i64,
-    now: i64,
-) -> Result<(), String> {
-    if let Some(why) = failure {
-        return Err(why.to_string());
+impl Health {
+    fn inputs(&self) -> Inputs {
+        Inputs {
+            failure: self.failure.lock().ok().and_then(|f| f.clone()),
+            leader: self.metrics.leader.get() == 1,
+            allocation_step: self.metrics.allocation_step.get(),
+            election: self
+                .election
+                .as_ref()
+                .map(|(turn, limit)| (turn.load(Ordering::Relaxed), *limit)),
+            webhook: self.webhook.as_ref().map(|w| w.load(Ordering::Relaxed)),
+        }
     }
-    let idle = now.saturating_sub(last_step);
-    if leader && idle > i64::try_from(STALL.as_secs()).unwrap_or(i64::MAX) {
-        return Err(format!(
-            "the allocation loop has made no progress for {idle}s"
-        ));
-    }
-    Ok(())
 }
 
-fn health_router(
-    metrics: Arc<Metrics>,
-    readiness: Option<Readiness>,
-    failure: Arc<std::sync::Mutex<Option<String>>>,
-) -> Router {
+/// `/healthz` (liveness, see [`crate::health`]) and `/readyz` (webhook caches synced and a
+/// certificate loaded).
+fn probe_router(health: Health) -> Router {
     Router::new()
-        .route(
-            "/metrics",
-            get(|State(h): State<Health>| async move { h.metrics.encode() }),
-        )
         .route(
             "/healthz",
             get(|State(h): State<Health>| async move {
-                let failure = h.failure.lock().ok().and_then(|f| f.clone());
-                let now = k8s_openapi::jiff::Timestamp::now().as_second();
-                match liveness(
-                    failure.as_deref(),
-                    h.metrics.leader.get() == 1,
-                    h.metrics.allocation_step.get(),
-                    now,
-                ) {
+                match health::liveness(&h.inputs(), health::now()) {
                     Ok(()) => (StatusCode::OK, "ok".to_string()),
                     Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
                 }
@@ -364,11 +461,7 @@ fn health_router(
                 }
             }),
         )
-        .with_state(Health {
-            metrics,
-            readiness,
-            failure,
-        })
+        .with_state(health)
 }
 
 async fn shutdown_signal() {
@@ -394,30 +487,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lease_flags_are_checked_not_panicked_on() {
-        assert!(check_lease_flags(15, 5).is_ok());
-        let e = check_lease_flags(5, 5)
-            .expect_err("grace must be below duration")
+    fn https_metrics_need_their_own_address() {
+        let a: SocketAddr = "127.0.0.1:8085".parse().expect("addr");
+        let b: SocketAddr = "127.0.0.1:8086".parse().expect("addr");
+        let e = check_listeners(Some(a), Some(a), true)
+            .expect_err("refused")
             .to_string();
         assert!(
-            e.contains("--lease-grace") && e.contains("--lease-duration"),
+            e.contains("--metrics-bind-address") && e.contains("--health-probe-bind-address"),
             "{e}"
         );
-        assert!(check_lease_flags(0, 1).is_err());
-        assert!(check_lease_flags(10, 0).is_err());
-    }
-
-    #[test]
-    fn liveness_fails_on_an_ended_task_or_a_stuck_leader() {
-        assert!(liveness(None, true, 1000, 1010).is_ok());
+        assert!(check_listeners(Some(a), Some(a), false).is_ok());
+        assert!(check_listeners(Some(a), Some(b), true).is_ok());
+        assert!(check_listeners(None, Some(a), true).is_ok());
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
         assert!(
-            liveness(None, false, 0, 100_000).is_ok(),
-            "a standby does not allocate"
+            check_listeners(Some(any), Some(any), true).is_ok(),
+            "two free ports"
         );
-        let e = liveness(None, true, 1000, 1000 + 121).expect_err("stuck");
-        assert!(e.contains("121s"), "{e}");
-        let e = liveness(Some("the webhook task ended"), false, 0, 0).expect_err("ended");
-        assert_eq!(e, "the webhook task ended");
     }
 
     #[test]

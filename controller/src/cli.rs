@@ -1,16 +1,21 @@
 //! The `nodeipam` command line: subcommands and flags, each flag also settable by environment.
+//! Names and value types follow kube-controller-manager and controller-runtime where they
+//! overlap (`--leader-elect*`, `--kube-api-qps`, `--metrics-bind-address`, `-v`), so an
+//! operator's habits and manifests carry over.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use ipnet::IpNet;
+
+use crate::duration;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "nodeipam",
-    version,
+    version = crate::version::SHORT,
     about = "Hands out pod CIDRs to Nodes from many discontiguous ranges"
 )]
 pub struct Cli {
@@ -26,8 +31,13 @@ pub enum Command {
     Crdgen,
     /// Print the pod network (every range not yet drained, and unmanaged podCIDRs).
     Ranges(RangesArgs),
-    /// Print the version.
+    /// Print the version, the git commit and the build date.
     Version,
+    /// Print a shell completion script (e.g. `source <(nodeipam completion bash)`).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -46,13 +56,18 @@ pub enum CertMode {
 
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
-    /// Path to a kubeconfig; in-cluster config when absent.
-    #[arg(long, env = "KUBECONFIG")]
+    /// Path to a kubeconfig. Without it: $KUBECONFIG (a colon-separated list, merged as kubectl
+    /// does), then ~/.kube/config, then the in-cluster config.
+    #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// Sustained API requests per second for writes.
+    /// The kubeconfig context to use (default: its current-context).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Sustained requests per second to the API server, for every request this process makes
+    /// (as kube-controller-manager's); 0 means unlimited.
     #[arg(long, env = "NODEIPAM_KUBE_API_QPS", default_value_t = 50.0)]
     pub kube_api_qps: f64,
-    /// Requests allowed in a burst above the QPS.
+    /// Requests allowed in a burst above --kube-api-qps.
     #[arg(long, env = "NODEIPAM_KUBE_API_BURST", default_value_t = 100)]
     pub kube_api_burst: u32,
 }
@@ -61,10 +76,76 @@ pub struct ClientArgs {
 pub struct RangesArgs {
     #[command(flatten)]
     pub client: ClientArgs,
-    /// Output format.
-    #[arg(long, short = 'o', value_enum, default_value_t = crate::ranges::Format::Table)]
+    /// Output format, as kubectl's -o: table, wide, json, yaml, name; or a consumer's format:
+    /// ip-masq-agent, kube-proxy, no-masquerade-cidrs.
+    #[arg(
+        long = "output",
+        short = 'o',
+        visible_alias = "format",
+        value_enum,
+        default_value_t = crate::ranges::Format::Table
+    )]
     pub format: crate::ranges::Format,
 }
+
+/// A listen address as controller-runtime takes it: `host:port`, `:port` (every interface),
+/// or `0` to turn the server off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BindAddress(pub Option<SocketAddr>);
+
+impl std::str::FromStr for BindAddress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s == "0" {
+            return Ok(BindAddress(None));
+        }
+        if let Some(port) = s.strip_prefix(':') {
+            let port: u16 = port
+                .parse()
+                .map_err(|_| format!("{s:?}: the port must be a number from 0 to 65535"))?;
+            return Ok(BindAddress(Some(SocketAddr::from((
+                Ipv4Addr::UNSPECIFIED,
+                port,
+            )))));
+        }
+        s.parse().map(|a| BindAddress(Some(a))).map_err(|_| {
+            format!("{s:?} is not an address: use host:port, :port, [v6]:port, or 0 to turn it off")
+        })
+    }
+}
+
+impl std::fmt::Display for BindAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(a) => write!(f, "{a}"),
+            None => f.write_str("0"),
+        }
+    }
+}
+
+/// A Go-style duration flag value (`15s`, `1m30s`, `500ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GoDuration(pub Duration);
+
+impl std::str::FromStr for GoDuration {
+    type Err = duration::DurationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        duration::parse(s).map(GoDuration)
+    }
+}
+
+impl std::fmt::Display for GoDuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&duration::format(self.0))
+    }
+}
+
+/// The default ports, shared with config/manager/manager.yaml (host networking: picked away
+/// from kubelet 10250, kcm 10257, scheduler 10259, and 8080/8081/8443/9443 of other
+/// controllers).
+pub const METRICS_PORT: u16 = 8085;
+pub const PROBE_PORT: u16 = 8086;
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
@@ -74,20 +155,48 @@ pub struct RunArgs {
     /// Service CIDRs to keep out of pod ranges, for clusters without ServiceCIDR objects.
     #[arg(
         long = "service-cidr",
+        visible_alias = "service-cluster-ip-range",
         env = "NODEIPAM_SERVICE_CIDRS",
         value_delimiter = ','
     )]
     pub service_cidrs: Vec<IpNet>,
 
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "NODEIPAM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
-    pub metrics_addr: SocketAddr,
+    /// Where /metrics is served: host:port, :port, or 0 for off. HTTPS with authentication
+    /// and authorization unless --metrics-secure=false.
+    #[arg(long, env = "NODEIPAM_METRICS_BIND_ADDRESS", default_value = ":8085")]
+    pub metrics_bind_address: BindAddress,
+    /// Serve /metrics over HTTPS, to callers the API server authenticates (TokenReview) and
+    /// authorizes for `get` on the non-resource URL /metrics (SubjectAccessReview).
+    #[arg(
+        long,
+        env = "NODEIPAM_METRICS_SECURE",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        default_value_t = true,
+        default_missing_value = "true"
+    )]
+    pub metrics_secure: bool,
+    /// Folder with tls.crt and tls.key for the metrics server (reloaded when they change);
+    /// without it a self-signed certificate is generated at start.
+    #[arg(long, env = "NODEIPAM_METRICS_CERT_DIR")]
+    pub metrics_cert_dir: Option<PathBuf>,
+    /// Where /healthz and /readyz are served, plain HTTP (host:port, :port, or 0 for off).
+    /// The manifest binds loopback: with host networking the kubelet probes 127.0.0.1.
+    #[arg(
+        long,
+        env = "NODEIPAM_HEALTH_PROBE_BIND_ADDRESS",
+        default_value = "127.0.0.1:8086"
+    )]
+    pub health_probe_bind_address: BindAddress,
+    /// Deprecated: /metrics (plain HTTP), /healthz and /readyz on one address.
+    #[arg(long, hide = true)]
+    pub metrics_addr: Option<SocketAddr>,
 
     /// Turn the webhook off (e.g. a second controller deployment without it).
     #[arg(long, env = "NODEIPAM_DISABLE_WEBHOOK")]
     pub disable_webhook: bool,
     /// Address the webhook listens on.
-    #[arg(long, env = "NODEIPAM_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    #[arg(long, env = "NODEIPAM_WEBHOOK_ADDR", default_value = "0.0.0.0:9445")]
     pub webhook_addr: SocketAddr,
     /// Where the webhook's serving certificate comes from.
     #[arg(long, env = "NODEIPAM_CERT_MODE", value_enum, default_value_t = CertMode::Managed)]
@@ -118,22 +227,53 @@ pub struct RunArgs {
     /// This replica's identity in the lease (the pod name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-    /// Turn leader election off: only for a single replica.
-    #[arg(long, env = "NODEIPAM_DISABLE_LEADER_ELECTION")]
+    /// Elect a leader among the replicas; false only for a single replica.
+    #[arg(
+        long,
+        env = "NODEIPAM_LEADER_ELECT",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        default_value_t = true,
+        default_missing_value = "true"
+    )]
+    pub leader_elect: bool,
+    /// Deprecated: use --leader-elect=false.
+    #[arg(long, hide = true, env = "NODEIPAM_DISABLE_LEADER_ELECTION")]
     pub disable_leader_election: bool,
     /// Name of the coordination.k8s.io Lease.
     #[arg(
         long,
+        visible_alias = "leader-elect-resource-name",
         env = "NODEIPAM_LEASE_NAME",
         default_value = "nodeipam-controller"
     )]
     pub lease_name: String,
-    /// How long a lease is valid without renewal, in seconds.
-    #[arg(long, env = "NODEIPAM_LEASE_DURATION", default_value_t = 15)]
-    pub lease_duration: u64,
-    /// How long before expiry the holder renews, in seconds.
-    #[arg(long, env = "NODEIPAM_LEASE_GRACE", default_value_t = 5)]
-    pub lease_grace: u64,
+    /// How long a lease is valid without renewal (whole seconds: the Lease stores seconds).
+    #[arg(
+        long,
+        env = "NODEIPAM_LEADER_ELECT_LEASE_DURATION",
+        default_value = "15s"
+    )]
+    pub leader_elect_lease_duration: GoDuration,
+    /// How long after its last renewal the leader renews again; from then until the lease
+    /// would expire it retries, and it stops allocating just before it does. Whole seconds,
+    /// less than the lease duration.
+    #[arg(
+        long,
+        env = "NODEIPAM_LEADER_ELECT_RENEW_DEADLINE",
+        default_value = "10s"
+    )]
+    pub leader_elect_renew_deadline: GoDuration,
+    /// How often a standby checks whether the lease is free, and a failed lease call is
+    /// retried.
+    #[arg(long, env = "NODEIPAM_LEADER_ELECT_RETRY_PERIOD", default_value = "1s")]
+    pub leader_elect_retry_period: GoDuration,
+    /// Deprecated: lease duration in seconds (use --leader-elect-lease-duration).
+    #[arg(long, hide = true)]
+    pub lease_duration: Option<u64>,
+    /// Deprecated: seconds before expiry the leader renews (use --leader-elect-renew-deadline).
+    #[arg(long, hide = true)]
+    pub lease_grace: Option<u64>,
 
     /// The ConfigMap (in --namespace) that publishes the pod network for consumers. Allocation
     /// from a new range waits until it is written; empty turns publishing off.
@@ -158,21 +298,164 @@ pub struct RunArgs {
     #[arg(long, env = "NODEIPAM_WRITE_CONCURRENCY", default_value_t = 16)]
     pub write_concurrency: usize,
 
-    /// Log format.
-    #[arg(long, env = "NODEIPAM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-    /// Log filter, e.g. `info` or `nodeipam_controller=debug,info`.
-    #[arg(long, env = "NODEIPAM_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
+    #[command(flatten)]
+    pub log: LogArgs,
 
-    /// A fault for the end-to-end tests (`panic-on-node:NAME`); honoured by debug builds only.
+    /// A fault for the end-to-end tests (`panic-on-node:NAME`, `stall-election`,
+    /// `stall-webhook`); honoured by debug builds only.
     #[arg(long, hide = true)]
     pub inject_fault: Option<crate::reconcile::Fault>,
 }
 
+#[derive(Debug, Clone, Args)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(long, env = "NODEIPAM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter, e.g. `info` or `nodeipam_controller=debug,info` (RUST_LOG syntax). Without
+    /// it and without -v, RUST_LOG is honoured, else `info`.
+    #[arg(long, env = "NODEIPAM_LOG_LEVEL", conflicts_with = "verbosity")]
+    pub log_level: Option<String>,
+    /// klog-style verbosity: 0-2 info, 3-4 debug, 5 and more trace.
+    #[arg(short = 'v', long = "v", value_name = "N")]
+    pub verbosity: Option<u8>,
+}
+
+/// The leader election's timing in the units the lease manager takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTiming {
+    /// Seconds a lease is valid without renewal.
+    pub duration: u64,
+    /// Seconds before expiry at which the holder renews.
+    pub grace: u64,
+    pub retry: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagError {
+    #[error("--{flag}={value}: {reason}")]
+    Invalid {
+        flag: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+fn whole_seconds(flag: &'static str, d: Duration) -> Result<u64, FlagError> {
+    if d.subsec_nanos() != 0 || d.is_zero() {
+        return Err(FlagError::Invalid {
+            flag,
+            value: duration::format(d),
+            reason: "must be a whole number of seconds, at least 1s (the Lease stores seconds)"
+                .into(),
+        });
+    }
+    Ok(d.as_secs())
+}
+
 impl RunArgs {
+    /// Leader election with the deprecated aliases applied.
+    pub fn leader_elect(&self) -> bool {
+        self.leader_elect && !self.disable_leader_election
+    }
+
+    /// The lease timing from the flags, checked (the lease manager panics on bad values).
+    pub fn lease_timing(&self) -> Result<LeaseTiming, FlagError> {
+        let duration = match self.lease_duration {
+            Some(secs) => secs,
+            None => whole_seconds(
+                "leader-elect-lease-duration",
+                self.leader_elect_lease_duration.0,
+            )?,
+        };
+        let grace = match self.lease_grace {
+            Some(secs) => secs,
+            None => {
+                let deadline = whole_seconds(
+                    "leader-elect-renew-deadline",
+                    self.leader_elect_renew_deadline.0,
+                )?;
+                if deadline >= duration {
+                    return Err(FlagError::Invalid {
+                        flag: "leader-elect-renew-deadline",
+                        value: duration::format(self.leader_elect_renew_deadline.0),
+                        reason: format!(
+                            "must be less than --leader-elect-lease-duration ({duration}s)"
+                        ),
+                    });
+                }
+                duration - deadline
+            }
+        };
+        if duration == 0 || grace == 0 || grace >= duration {
+            return Err(FlagError::Invalid {
+                flag: "lease-grace",
+                value: grace.to_string(),
+                reason: format!(
+                    "must be greater than zero and less than the lease duration ({duration}s)"
+                ),
+            });
+        }
+        let retry = self.leader_elect_retry_period.0;
+        if retry < Duration::from_millis(100) || retry.as_secs() >= duration {
+            return Err(FlagError::Invalid {
+                flag: "leader-elect-retry-period",
+                value: duration::format(retry),
+                reason: format!(
+                    "must be at least 100ms and less than the lease duration ({duration}s)"
+                ),
+            });
+        }
+        Ok(LeaseTiming {
+            duration,
+            grace,
+            retry,
+        })
+    }
+
     pub fn lease_duration(&self) -> Duration {
-        Duration::from_secs(self.lease_duration)
+        Duration::from_secs(self.lease_timing().map_or(15, |t| t.duration))
+    }
+
+    /// The deprecated flags given, with what replaces each.
+    pub fn deprecated(&self) -> Vec<(&'static str, &'static str)> {
+        [
+            (
+                self.metrics_addr.is_some(),
+                "--metrics-addr",
+                "--metrics-bind-address and --health-probe-bind-address",
+            ),
+            (
+                self.disable_leader_election,
+                "--disable-leader-election",
+                "--leader-elect=false",
+            ),
+            (
+                self.lease_duration.is_some(),
+                "--lease-duration",
+                "--leader-elect-lease-duration",
+            ),
+            (
+                self.lease_grace.is_some(),
+                "--lease-grace",
+                "--leader-elect-renew-deadline",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(given, old, new)| given.then_some((old, new)))
+        .collect()
+    }
+
+    /// The metrics and probe listeners: (metrics, probes, metrics served securely).
+    pub fn listeners(&self) -> (Option<SocketAddr>, Option<SocketAddr>, bool) {
+        match self.metrics_addr {
+            Some(addr) => (Some(addr), Some(addr), false),
+            None => (
+                self.metrics_bind_address.0,
+                self.health_probe_bind_address.0,
+                self.metrics_secure,
+            ),
+        }
     }
 }
 
@@ -202,10 +485,150 @@ mod tests {
         };
         assert_eq!(args.service_cidrs.len(), 2);
         assert_eq!(args.client.kube_api_qps, 20.0);
-        assert_eq!(args.log_format, LogFormat::Json);
+        assert_eq!(args.log.log_format, LogFormat::Json);
         assert!(args.disable_leader_election);
         let err = Cli::try_parse_from(["nodeipam", "run", "--service-cidr=10.96.0.0/33"])
             .expect_err("bad CIDR");
         assert!(err.to_string().contains("--service-cidr"), "{err}");
+    }
+
+    fn run(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["nodeipam", "run"].iter().chain(args))?;
+        match cli.command {
+            Command::Run(args) => Ok(*args),
+            other => panic!("run expected, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn kcm_flag_names_and_types() {
+        let a = run(&[
+            "--leader-elect=false",
+            "--leader-elect-lease-duration=1m",
+            "--leader-elect-renew-deadline=45s",
+            "--leader-elect-retry-period=500ms",
+            "--service-cluster-ip-range=10.96.0.0/12",
+            "--context=admin@prod",
+        ])
+        .expect("parses");
+        assert!(!a.leader_elect());
+        assert_eq!(a.service_cidrs.len(), 1);
+        assert_eq!(a.client.context.as_deref(), Some("admin@prod"));
+        assert_eq!(
+            a.lease_timing(),
+            Ok(LeaseTiming {
+                duration: 60,
+                grace: 15,
+                retry: Duration::from_millis(500)
+            })
+        );
+        let d = run(&[]).expect("defaults");
+        assert!(d.leader_elect(), "leader election is on by default");
+        assert_eq!(
+            d.lease_timing(),
+            Ok(LeaseTiming {
+                duration: 15,
+                grace: 5,
+                retry: Duration::from_secs(1)
+            })
+        );
+        assert!(run(&["--leader-elect"]).expect("bare bool").leader_elect());
+        assert!(
+            !run(&["--disable-leader-election"])
+                .expect("alias")
+                .leader_elect()
+        );
+        let old = run(&["--lease-duration=4", "--lease-grace=2"]).expect("old flags");
+        assert_eq!(
+            old.lease_timing().map(|t| (t.duration, t.grace)),
+            Ok((4, 2))
+        );
+    }
+
+    #[test]
+    fn bad_durations_name_the_flag_and_the_reason() {
+        let e = run(&["--leader-elect-lease-duration=15"]).expect_err("no unit");
+        assert!(
+            e.to_string().contains("--leader-elect-lease-duration")
+                && e.to_string().contains("unit"),
+            "{e}"
+        );
+        let e = run(&["--leader-elect-lease-duration=1500ms"])
+            .expect("parses")
+            .lease_timing()
+            .expect_err("not whole seconds")
+            .to_string();
+        assert!(
+            e.contains("--leader-elect-lease-duration=1.5s") && e.contains("whole"),
+            "{e}"
+        );
+        let e = run(&["--leader-elect-renew-deadline=15s"])
+            .expect("parses")
+            .lease_timing()
+            .expect_err("deadline not below duration")
+            .to_string();
+        assert!(
+            e.contains("--leader-elect-renew-deadline") && e.contains("less than"),
+            "{e}"
+        );
+        let e = run(&["--leader-elect-retry-period=1m"])
+            .expect("parses")
+            .lease_timing()
+            .expect_err("retry too long")
+            .to_string();
+        assert!(e.contains("--leader-elect-retry-period"), "{e}");
+    }
+
+    #[test]
+    fn bind_addresses_as_controller_runtime_takes_them() {
+        let d = run(&[]).expect("defaults");
+        assert_eq!(
+            d.listeners(),
+            (
+                Some(SocketAddr::from((Ipv4Addr::UNSPECIFIED, METRICS_PORT))),
+                Some(SocketAddr::from((Ipv4Addr::LOCALHOST, PROBE_PORT))),
+                true
+            )
+        );
+        let a = run(&[
+            "--metrics-bind-address=0",
+            "--health-probe-bind-address=[::1]:9",
+        ])
+        .expect("parses");
+        assert_eq!(a.listeners().0, None, "0 turns metrics off");
+        assert_eq!(a.listeners().1, Some("[::1]:9".parse().expect("addr")));
+        let old = run(&["--metrics-addr=127.0.0.1:7"]).expect("deprecated flag");
+        let addr = Some("127.0.0.1:7".parse().expect("addr"));
+        assert_eq!(old.listeners(), (addr, addr, false));
+        let e = run(&["--metrics-bind-address=localhost"]).expect_err("no port");
+        assert!(e.to_string().contains("--metrics-bind-address"), "{e}");
+        assert!(
+            !run(&["--metrics-secure=false"])
+                .expect("bool")
+                .listeners()
+                .2
+        );
+    }
+
+    #[test]
+    fn verbosity_and_log_level_exclude_each_other() {
+        assert_eq!(run(&["-v", "4"]).expect("-v").log.verbosity, Some(4));
+        assert_eq!(run(&["--v=2"]).expect("--v").log.verbosity, Some(2));
+        assert!(run(&["-v", "4", "--log-level=info"]).is_err());
+    }
+
+    #[test]
+    fn ranges_output_like_kubectl() {
+        for (flag, want) in [
+            ("-ojson", crate::ranges::Format::Json),
+            ("--output=yaml", crate::ranges::Format::Yaml),
+            ("--format=wide", crate::ranges::Format::Wide),
+        ] {
+            let cli = Cli::try_parse_from(["nodeipam", "ranges", flag]).expect(flag);
+            let Command::Ranges(r) = cli.command else {
+                panic!("ranges expected")
+            };
+            assert_eq!(r.format, want, "{flag}");
+        }
     }
 }

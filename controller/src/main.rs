@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use nodeipam_controller::app;
 use nodeipam_controller::cli::{Cli, Command};
 
@@ -12,7 +12,16 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {
-            println!("nodeipam {}", env!("CARGO_PKG_VERSION"));
+            print!("{}", nodeipam_controller::version::text());
+            ExitCode::SUCCESS
+        }
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "nodeipam",
+                &mut std::io::stdout(),
+            );
             ExitCode::SUCCESS
         }
         Command::Crdgen => {
@@ -40,7 +49,10 @@ async fn main() -> ExitCode {
             }
         }
         Command::Run(args) => {
-            app::init_logging(args.log_format, &args.log_level);
+            if let Err(e) = nodeipam_controller::logging::init(&args.log) {
+                eprintln!("nodeipam: {e}");
+                return ExitCode::FAILURE;
+            }
             match app::run(*args).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

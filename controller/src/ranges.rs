@@ -15,7 +15,12 @@ use crate::node::IpamNode;
 pub enum Format {
     /// CIDR, family, config, state, nodes, allocated/capacity.
     Table,
+    /// The table with free blocks and usage.
+    Wide,
     Json,
+    Yaml,
+    /// The CIDRs, one a line.
+    Name,
     /// The `config` key of ip-masq-agent's ConfigMap.
     IpMasqAgent,
     /// A kube-proxy `--cluster-cidr` value, when one range per family covers it.
@@ -120,9 +125,14 @@ fn config_ranges(c: &NodeIPAMConfig) -> ConfigRanges {
 pub fn render(network: &PodNetwork, format: Format) -> Result<String, RangesError> {
     match format {
         Format::Table => Ok(network.table()),
+        Format::Wide => Ok(wide(network)),
         Format::Json => serde_json::to_string_pretty(network)
             .map(|s| s + "\n")
             .map_err(|e| RangesError::Render(e.to_string())),
+        Format::Yaml => {
+            serde_yaml::to_string(network).map_err(|e| RangesError::Render(e.to_string()))
+        }
+        Format::Name => Ok(network.cidrs().iter().map(|c| format!("{c}\n")).collect()),
         Format::IpMasqAgent => {
             ip_masq_agent_config(None, network, &[]).map_err(RangesError::Render)
         }
@@ -131,5 +141,108 @@ pub fn render(network: &PodNetwork, format: Format) -> Result<String, RangesErro
             .map(|s| s + "\n")
             .map_err(RangesError::Render),
         Format::NoMasqueradeCidrs => Ok(network.no_masquerade_snippet()),
+    }
+}
+
+/// The table with FREE (blocks left) and USAGE (allocated of capacity, in percent).
+fn wide(network: &PodNetwork) -> String {
+    let header = [
+        "CIDR",
+        "FAMILY",
+        "CONFIG",
+        "STATE",
+        "NODES",
+        "ALLOCATED",
+        "FREE",
+        "USAGE",
+    ]
+    .map(String::from);
+    let rows: Vec<[String; 8]> = network
+        .entries
+        .iter()
+        .map(|e| {
+            let (allocated, free, usage) = match (e.allocated, e.capacity) {
+                (Some(a), Some(c)) => (
+                    format!("{a}/{c}"),
+                    c.saturating_sub(a).to_string(),
+                    if c == 0 {
+                        "-".into()
+                    } else {
+                        format!("{:.1}%", a as f64 * 100.0 / c as f64)
+                    },
+                ),
+                _ => ("-".into(), "-".into(), "-".into()),
+            };
+            [
+                e.cidr.to_string(),
+                e.family.to_string(),
+                e.config.clone().unwrap_or_else(|| "-".into()),
+                e.state.as_str().to_string(),
+                e.nodes.to_string(),
+                allocated,
+                free,
+                usage,
+            ]
+        })
+        .collect();
+    let mut widths = header.clone().map(|h| h.len());
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    for r in std::iter::once(&header).chain(rows.iter()) {
+        let line: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(line.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::podnetwork::ConfigRanges;
+
+    fn network() -> PodNetwork {
+        PodNetwork::new(
+            &[ConfigRanges {
+                name: "default".into(),
+                families: vec![("10.100.0.0/16".parse().expect("cidr"), 3, 256)],
+                nodes: 3,
+                deleting: false,
+                enabled: true,
+                drained: false,
+            }],
+            &[("192.168.7.0/24".parse().expect("cidr"), "old-node".into())],
+        )
+    }
+
+    #[test]
+    fn kubectl_like_outputs() {
+        let n = network();
+        let wide = render(&n, Format::Wide).expect("wide");
+        assert!(
+            wide.lines()
+                .next()
+                .is_some_and(|h| h.contains("FREE") && h.contains("USAGE")),
+            "{wide}"
+        );
+        assert!(wide.contains("253") && wide.contains("1.2%"), "{wide}");
+        let yaml: serde_yaml::Value =
+            serde_yaml::from_str(&render(&n, Format::Yaml).expect("yaml")).expect("parses");
+        assert_eq!(yaml["entries"][0]["cidr"], "10.100.0.0/16");
+        let json: serde_json::Value =
+            serde_json::from_str(&render(&n, Format::Json).expect("json")).expect("parses");
+        assert_eq!(json["entries"][1]["state"], "Unmanaged");
+        assert_eq!(
+            render(&n, Format::Name).expect("name"),
+            "10.100.0.0/16\n192.168.7.0/24\n"
+        );
     }
 }

@@ -1,6 +1,11 @@
-//! A token bucket for the controller's API writes, like client-go's `--kube-api-qps` and
-//! `--kube-api-burst`, so a burst of new nodes cannot flood the API server.
+//! A token bucket like client-go's `--kube-api-qps` and `--kube-api-burst`, and the tower
+//! layer that puts every request of a kube Client behind one, so a burst of new nodes (or
+//! anything else) cannot flood the API server.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::Mutex;
@@ -49,9 +54,93 @@ impl RateLimiter {
     }
 }
 
+/// Puts a service behind a [`RateLimiter`]: a request is sent only once it holds a token. A
+/// watch takes one token when it starts, as in client-go.
+#[derive(Clone, Debug)]
+pub struct RateLimitLayer {
+    limiter: Arc<RateLimiter>,
+}
+
+impl RateLimitLayer {
+    pub fn new(limiter: Arc<RateLimiter>) -> Self {
+        RateLimitLayer { limiter }
+    }
+}
+
+impl<S> tower::Layer<S> for RateLimitLayer {
+    type Service = RateLimited<S>;
+    fn layer(&self, inner: S) -> RateLimited<S> {
+        RateLimited {
+            inner,
+            limiter: self.limiter.clone(),
+            waiting: None,
+            permit: false,
+        }
+    }
+}
+
+type Wait = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The service of [`RateLimitLayer`]. Readiness waits for a token, so callers queue in the
+/// client's buffer in front of it, in order.
+pub struct RateLimited<S> {
+    inner: S,
+    limiter: Arc<RateLimiter>,
+    waiting: Option<Wait>,
+    /// A token taken and not yet spent on a call.
+    permit: bool,
+}
+
+impl<S, R> tower::Service<R> for RateLimited<S>
+where
+    S: tower::Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if !self.permit {
+            let limiter = self.limiter.clone();
+            let waiting = self
+                .waiting
+                .get_or_insert_with(|| Box::pin(async move { limiter.acquire().await }));
+            if waiting.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.waiting = None;
+            self.permit = true;
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        self.permit = false;
+        self.inner.call(req)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_layer_spaces_requests_out() {
+        use tower::{Layer, Service, ServiceExt};
+        let limiter = Arc::new(RateLimiter::new(10.0, 2));
+        let mut svc = RateLimitLayer::new(limiter)
+            .layer(tower::service_fn(|x: u32| async move { Ok::<_, ()>(x) }));
+        let start = Instant::now();
+        for i in 0..12 {
+            assert_eq!(svc.ready().await.expect("ready").call(i).await, Ok(i));
+        }
+        // Two at once, then ten at 10/s: about a second of (paused, virtual) time.
+        let t = start.elapsed();
+        assert!(
+            t >= Duration::from_millis(950) && t <= Duration::from_millis(1100),
+            "{t:?}"
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn burst_then_qps() {

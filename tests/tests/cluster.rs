@@ -23,7 +23,9 @@ use kube::api::{GroupVersionKind, PostParams};
 use kube::{Client, ResourceExt};
 use nodeipam_testenv::{default_helm_path, workspace_root};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[path = "support/scrape.rs"]
+mod scrape;
 
 const NAMESPACE: &str = "nodeipam-system";
 const LEASE: &str = "nodeipam-controller";
@@ -35,7 +37,8 @@ const STEP_LIMIT: Duration = Duration::from_secs(180);
 /// The samples' default pool and the GPU pool a labelled node gets its blocks from.
 const DEFAULT_POOL: (&str, &str, &str) = ("dual-stack", "10.64.0.0/14", "fd00:10:64::/48");
 const GPU_POOL: (&str, &str, &str) = ("gpu-pool", "100.64.0.0/20", "fd00:10:65::/56");
-/// The metrics port of config/manager (host network: the node's address).
+/// The metrics port of config/manager (host network: the node's address; HTTPS, callers
+/// authenticated and authorized by the API server).
 const METRICS_PORT: u16 = 8085;
 
 // ----- the cluster, driven through hack/cluster.sh -----
@@ -309,18 +312,15 @@ async fn probe_pod_ips(client: &Client, node: &Node) -> Vec<String> {
     ips
 }
 
-/// GET http://ADDR/metrics (plain HTTP/1.0) and the value of the sample named exactly LINE.
-async fn metric(addr: &str, sample: &str) -> Result<f64, String> {
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: nodeipam\r\n\r\n")
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)
-        .await
-        .map_err(|e| e.to_string())?;
+/// GET https://ADDR/metrics as a scraper holding `token` and the value of the sample named
+/// exactly LINE.
+async fn metric(addr: &str, sample: &str, token: &str) -> Result<f64, String> {
+    let (status, body) = scrape::https_get(addr, "/metrics", Some(token)).await?;
+    if status != 200 {
+        return Err(format!(
+            "GET https://{addr}/metrics answered {status}: {body}"
+        ));
+    }
     Ok(body
         .lines()
         .find_map(|l| l.strip_prefix(sample))
@@ -727,15 +727,31 @@ async fn a_real_cluster_consumes_what_nodeipam_allocates() {
         "step=webhook: expected the webhook's refusal naming dual-stack, got: {refused}"
     );
     eprintln!("cluster: overlapping config refused: {refused}");
+    // Scraped as Prometheus would be: HTTPS, with the token of a ServiceAccount bound to the
+    // metrics reader role; without a token the scrape is refused.
+    let token = scrape::metrics_reader_token(&client, NAMESPACE, "nodeipam-e2e-scraper").await;
     let mut denied = 0.0;
     for node in &ready_nodes {
         let addr = format!("{}:{METRICS_PORT}", node_ip(node));
-        denied += metric(
-            &addr,
-            "nodeipam_webhook_admissions_total{result=\"denied\"}",
-        )
-        .await
-        .unwrap_or_else(|e| panic!("step=webhook-metrics: {e}"));
+        let anonymous = scrape::https_get(&addr, "/metrics", None)
+            .await
+            .unwrap_or_else(|e| panic!("step=metrics-auth: {e}"));
+        assert_eq!(
+            anonymous.0, 401,
+            "step=metrics-auth: a scrape without a token got {anonymous:?}"
+        );
+        denied += wait_for("webhook-metrics", || {
+            let (addr, token) = (addr.clone(), token.clone());
+            async move {
+                metric(
+                    &addr,
+                    "nodeipam_webhook_admissions_total{result=\"denied\"}",
+                    &token,
+                )
+                .await
+            }
+        })
+        .await;
     }
     assert!(
         denied >= 1.0,

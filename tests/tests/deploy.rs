@@ -555,10 +555,14 @@ async fn manifests_apply_to_the_real_api_server() {
             .and_then(|p| u16::try_from(p).ok())
             .unwrap_or_else(|| panic!("no container port named {name}"))
     };
-    assert_eq!(named("metrics"), port_of("--metrics-addr="));
+    assert_eq!(named("metrics"), port_of("--metrics-bind-address="));
+    assert_eq!(named("probes"), port_of("--health-probe-bind-address="));
     assert_eq!(named("webhook"), port_of("--webhook-addr="));
-    assert_eq!(container["livenessProbe"]["httpGet"]["port"], "metrics");
-    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["port"], "probes");
+        // Probes bind loopback; with host networking the kubelet reaches them there.
+        assert_eq!(container[probe]["httpGet"]["host"], "127.0.0.1");
+    }
     let service = find_kind(&docs, "Service");
     assert_eq!(service["spec"]["ports"][0]["targetPort"], "webhook");
     let env: Vec<&str> = container["env"]

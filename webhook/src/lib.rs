@@ -384,3 +384,16 @@ pub async fn serve(
 ) -> Result<(), WebhookError> {
     Webhook::bind(client, opts).await?.run(shutdown).await
 }
+
+/// Serves `app` over HTTPS on `listener` with the certificate `resolver` holds, until `stop`
+/// turns true; the same accept loop as the webhook's, for the controller's secure metrics.
+pub async fn serve_https(
+    listener: TcpListener,
+    resolver: Arc<CertResolver>,
+    app: axum::Router,
+    stop: watch::Receiver<bool>,
+) -> Result<(), TlsError> {
+    let acceptor = server::acceptor(resolver)?;
+    server::serve_tls(listener, acceptor, app, stop).await;
+    Ok(())
+}

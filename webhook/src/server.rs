@@ -206,7 +206,7 @@ pub(crate) async fn serve_tls(
 ) {
     let graceful = GracefulShutdown::new();
     let addr: Option<SocketAddr> = listener.local_addr().ok();
-    info!(?addr, "webhook listening");
+    info!(?addr, "HTTPS listening");
     loop {
         tokio::select! {
             accepted = listener.accept() => {

@@ -18,6 +18,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -27,12 +28,31 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-/// How long to wait before asking the lease manager again after it failed.
-const RETRY: Duration = Duration::from_secs(1);
 /// How long one read of the Lease may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often a standby reads the Lease to notice that it was released.
-const STANDBY_POLL: Duration = Duration::from_secs(1);
+
+/// How the election runs beyond the Lease itself.
+#[derive(Clone, Debug)]
+pub struct Tuning {
+    /// How long to wait before asking the lease manager again after it failed, and how often
+    /// a standby reads the Lease to notice that it was released (`--leader-elect-retry-period`).
+    pub retry: Duration,
+    /// Set to the time (Unix seconds) of every turn of the election loop, for liveness: a loop
+    /// that stops turning would keep reporting leadership past the Lease's expiry.
+    pub progress: Option<Arc<AtomicI64>>,
+    /// A fault for the end-to-end tests: the loop hangs once it has reported leadership.
+    pub stall: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            retry: Duration::from_secs(1),
+            progress: None,
+            stall: false,
+        }
+    }
+}
 
 /// The Lease and this replica's part in it.
 #[derive(Clone, Debug)]
@@ -56,10 +76,19 @@ pub struct Election {
 impl Election {
     /// Sets up the Lease (created if missing) and starts electing.
     pub async fn start(client: Client, opts: LeaseOptions) -> Result<Election, LeaseManagerError> {
+        Self::start_tuned(client, opts, Tuning::default()).await
+    }
+
+    /// [`Election::start`] with the retry period, progress reporting and faults of `tuning`.
+    pub async fn start_tuned(
+        client: Client,
+        opts: LeaseOptions,
+        tuning: Tuning,
+    ) -> Result<Election, LeaseManagerError> {
         let manager = build_manager(&client, &opts).await?;
         let (tx, leadership) = watch::channel(false);
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(elect(manager, client, opts, tx, stopped));
+        let task = tokio::spawn(elect(manager, client, opts, tuning, tx, stopped));
         Ok(Election {
             leadership,
             stop,
@@ -110,6 +139,7 @@ async fn elect(
     manager: LeaseManager,
     client: Client,
     opts: LeaseOptions,
+    tuning: Tuning,
     leadership: watch::Sender<bool>,
     mut stop: oneshot::Receiver<()>,
 ) -> Arc<LeaseManager> {
@@ -129,6 +159,16 @@ async fn elect(
         tokio::pin!(changed);
         loop {
             let now = SystemTime::now();
+            if let Some(progress) = &tuning.progress {
+                let secs = now
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                progress.store(i64::try_from(secs).unwrap_or(i64::MAX), Ordering::Relaxed);
+            }
+            if tuning.stall && *leadership.borrow() {
+                warn!("fault injected: the election loop hangs");
+                std::future::pending::<()>().await;
+            }
             let wake = [
                 read.is_none().then_some(next_read),
                 // Once passed, it has been acted on; waking for it again would spin.
@@ -159,7 +199,7 @@ async fn elect(
                             } else {
                                 debug!(error = %e, failures, "leader election: retrying");
                             }
-                            RETRY
+                            tuning.retry
                         }
                     };
                     changed.set(changed_after(manager.clone(), delay));
@@ -167,7 +207,7 @@ async fn elect(
                 result = wait_read(&mut read) => {
                     read = None;
                     let now = SystemTime::now();
-                    let poll = if fence.claimed { fence.poll } else { STANDBY_POLL };
+                    let poll = if fence.claimed { fence.poll } else { tuning.retry };
                     next_read = match result {
                         Ok(Ok(lease)) if fence.claimed => fence.observe(lease.as_ref(), now),
                         Ok(Ok(lease)) => {

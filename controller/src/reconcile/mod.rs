@@ -88,11 +88,20 @@ pub enum Fault {
     PanicOnNode(String),
     /// The node writer panics when it writes a Node of this name.
     PanicInWriter(String),
+    /// The leader election loop hangs once it holds the lease (liveness must notice).
+    StallElection,
+    /// The webhook's port stays bound but nothing accepts on it (liveness must notice).
+    StallWebhook,
 }
 
 impl std::str::FromStr for Fault {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stall-election" => return Ok(Fault::StallElection),
+            "stall-webhook" => return Ok(Fault::StallWebhook),
+            _ => {}
+        }
         match s.split_once(':') {
             Some(("panic-on-node", name)) if !name.is_empty() => {
                 Ok(Fault::PanicOnNode(name.to_string()))
@@ -101,7 +110,8 @@ impl std::str::FromStr for Fault {
                 Ok(Fault::PanicInWriter(name.to_string()))
             }
             _ => Err(format!(
-                "{s:?} is not a known fault (panic-on-node:NAME, panic-in-writer:NAME)"
+                "{s:?} is not a known fault (panic-on-node:NAME, panic-in-writer:NAME, \
+                 stall-election, stall-webhook)"
             )),
         }
     }

@@ -40,7 +40,7 @@ async fn read(path: &PathBuf) -> Result<Vec<u8>, TlsError> {
 }
 
 /// Watches the files and installs every new, consistent pair into the resolver.
-pub(crate) struct Files {
+pub struct Files {
     pub opts: FilesTls,
     pub resolver: Arc<CertResolver>,
     last: Option<(Vec<u8>, Vec<u8>)>,
