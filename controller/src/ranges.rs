@@ -207,7 +207,7 @@ fn wide(network: &PodNetwork) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::podnetwork::ConfigRanges;
+    use crate::alloc::podnetwork::ConfigRanges;
 
     fn network() -> PodNetwork {
         PodNetwork::new(
