@@ -235,7 +235,12 @@ fn helm_lint_passes_with_default_and_other_values() {
         &["certMode=cert-manager", "ipMasqAgent.enabled=true"][..],
         &[
             "metrics.serviceMonitor.enabled=true",
+            "metrics.readerBinding.enabled=true",
             "metrics.prometheusRule.enabled=true",
+        ][..],
+        &[
+            "metrics.secure=false",
+            "metrics.serviceMonitor.enabled=true",
         ][..],
     ] {
         let mut cmd = helm(home.path());
@@ -266,11 +271,30 @@ fn the_default_chart_renders_config_default() {
         args(&chart),
         [
             "run",
-            "--metrics-addr=0.0.0.0:8085",
+            "--metrics-bind-address=:8085",
+            "--health-probe-bind-address=127.0.0.1:8086",
             "--webhook-addr=0.0.0.0:9445",
             "--log-format=json"
         ]
     );
+    // The probes are plain HTTP on loopback, which the kubelet reaches on the host network.
+    let c = container(&chart);
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(c[probe]["httpGet"]["host"], "127.0.0.1", "{probe}");
+        assert_eq!(c[probe]["httpGet"]["port"], "probes", "{probe}");
+    }
+    // Secure metrics: the controller may ask for TokenReviews and SubjectAccessReviews, and
+    // scrapers have a role to be bound to.
+    let rules = &chart[&cluster_key("ClusterRole", "nodeipam-controller")]["rules"];
+    for group in ["authentication.k8s.io", "authorization.k8s.io"] {
+        assert!(
+            rules.as_array().is_some_and(|rs| rs
+                .iter()
+                .any(|r| r["apiGroups"][0] == group && r["verbs"] == json!(["create"]))),
+            "create in {group}: {rules}"
+        );
+    }
+    assert!(chart.contains_key(&cluster_key("ClusterRole", "nodeipam-metrics-reader")));
     let default = by_key(yaml_docs(&template(&[])));
     assert_eq!(
         container(&default)["image"],
@@ -354,6 +378,9 @@ fn values_reach_the_rendered_objects() {
         "tolerations[0].key=dedicated",
         "tolerations[0].operator=Exists",
         "metrics.port=9100",
+        "metrics.host=10.0.0.5",
+        "probes.port=9101",
+        "metrics.certSecret=metrics-tls",
         "podDisruptionBudget.enabled=false",
     ])));
     let deploy = &chart[&ns_key("Deployment", "nodeipam-controller")];
@@ -366,8 +393,33 @@ fn values_reach_the_rendered_objects() {
         args(&chart).last().map(String::as_str),
         Some("--log-level=debug")
     );
-    assert!(args(&chart).contains(&"--metrics-addr=0.0.0.0:9100".to_string()));
-    assert_eq!(c["ports"][0]["containerPort"], 9100);
+    for arg in [
+        "--metrics-bind-address=10.0.0.5:9100",
+        "--health-probe-bind-address=127.0.0.1:9101",
+        "--metrics-cert-dir=/var/run/nodeipam/metrics-certs",
+    ] {
+        assert!(
+            args(&chart).iter().any(|a| a == arg),
+            "{arg}: {:?}",
+            args(&chart)
+        );
+    }
+    assert_eq!(
+        c["ports"][0],
+        json!({"name": "metrics", "containerPort": 9100, "protocol": "TCP"})
+    );
+    assert_eq!(
+        c["ports"][1],
+        json!({"name": "probes", "containerPort": 9101, "protocol": "TCP"})
+    );
+    assert_eq!(
+        c["volumeMounts"],
+        json!([{"name": "metrics-certs", "mountPath": "/var/run/nodeipam/metrics-certs", "readOnly": true}])
+    );
+    assert_eq!(
+        pod["volumes"],
+        json!([{"name": "metrics-certs", "secret": {"secretName": "metrics-tls"}}])
+    );
     assert_eq!(
         c["env"][2],
         json!({"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.0.1"})
@@ -382,16 +434,64 @@ fn values_reach_the_rendered_objects() {
     let chart = by_key(yaml_docs(&template(&["image.digest=sha256:0123"])));
     assert_eq!(container(&chart)["image"], "nodeipam@sha256:0123");
 
-    // A mistyped cert mode is refused by name.
-    let home = tempfile::tempdir().expect("temp folder");
-    let (ok, _, err) = run(
-        "helm-template",
-        helm(home.path()).args(["template", RELEASE, &chart_dir(), "--set", "certMode=acme"]),
-    );
+    // Off the host network the probes listen on every interface and the kubelet probes the
+    // pod's IP: no httpGet.host. An IPv6 address gets brackets.
+    let chart = by_key(yaml_docs(&template(&[
+        "hostNetwork=false",
+        "probes.host=",
+        "metrics.host=::",
+    ])));
+    let c = container(&chart);
+    assert!(c["livenessProbe"]["httpGet"].get("host").is_none(), "{c}");
+    assert!(c["readinessProbe"]["httpGet"].get("host").is_none(), "{c}");
+    for arg in [
+        "--metrics-bind-address=[::]:8085",
+        "--health-probe-bind-address=:8086",
+    ] {
+        assert!(
+            args(&chart).iter().any(|a| a == arg),
+            "{arg}: {:?}",
+            args(&chart)
+        );
+    }
+    // Metrics off: no port, no metrics RBAC.
+    let chart = by_key(yaml_docs(&template(&["metrics.enabled=false"])));
+    assert!(args(&chart).iter().any(|a| a == "--metrics-bind-address=0"));
     assert!(
-        !ok && err.contains("certMode must be managed or cert-manager"),
-        "{err}"
+        !container(&chart)["ports"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| p["name"] == "metrics"))
     );
+    assert!(!chart.contains_key(&cluster_key("ClusterRole", "nodeipam-metrics-reader")));
+
+    // A mistyped cert mode, and loopback probes off the host network (the kubelet could not
+    // reach them), are refused by name.
+    let home = tempfile::tempdir().expect("temp folder");
+    for (set, message) in [
+        (
+            &["certMode=acme"][..],
+            "certMode must be managed or cert-manager",
+        ),
+        (
+            &["hostNetwork=false"][..],
+            "probes.host is loopback but hostNetwork is false",
+        ),
+        (
+            &[
+                "metrics.enabled=false",
+                "metrics.serviceMonitor.enabled=true",
+            ][..],
+            "need metrics.enabled",
+        ),
+    ] {
+        let mut cmd = helm(home.path());
+        cmd.args(["template", RELEASE, &chart_dir()]);
+        for s in set {
+            cmd.args(["--set", s]);
+        }
+        let (ok, _, err) = run("helm-template", &mut cmd);
+        assert!(!ok && err.contains(message), "{set:?}: {err}");
+    }
 }
 
 #[test]
@@ -404,6 +504,7 @@ fn monitoring_objects_render_when_asked() {
     );
     let chart = by_key(yaml_docs(&template(&[
         "metrics.serviceMonitor.enabled=true",
+        "metrics.readerBinding.enabled=true",
         "metrics.prometheusRule.enabled=true",
     ])));
     let kustomize = by_key(yaml_docs(&kustomize("prometheus")));
@@ -412,8 +513,90 @@ fn monitoring_objects_render_when_asked() {
         .filter(|(k, _)| !base.contains_key(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    // The same Service, ServiceMonitor and alerts as config/prometheus.
+    // The same Service, ServiceMonitor, reader binding and alerts as config/prometheus.
     assert_equivalent(&added, &kustomize, &[], "config/prometheus");
+
+    // Secure metrics are scraped over HTTPS with Prometheus's own token, without verifying
+    // the self-signed certificate, from the port the controller serves them on.
+    let endpoint = |docs: &BTreeMap<Key, Value>| {
+        docs[&ns_key("ServiceMonitor", "nodeipam-controller")]["spec"]["endpoints"][0].clone()
+    };
+    let monitor = endpoint(&chart);
+    assert_eq!(monitor["scheme"], "https");
+    assert_eq!(
+        monitor["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    assert_eq!(monitor["tlsConfig"], json!({"insecureSkipVerify": true}));
+    let service = &chart[&ns_key("Service", "nodeipam-controller-metrics")]["spec"]["ports"][0];
+    assert_eq!(
+        service,
+        &json!({"name": "metrics", "port": 8085, "targetPort": "metrics", "protocol": "TCP"})
+    );
+    assert_eq!(monitor["port"], service["name"]);
+    assert!(
+        args(&chart)
+            .iter()
+            .any(|a| a == "--metrics-bind-address=:8085"),
+        "{:?}",
+        args(&chart)
+    );
+    let binding = &chart[&cluster_key("ClusterRoleBinding", "nodeipam-metrics-reader")];
+    assert_eq!(binding["roleRef"]["name"], "nodeipam-metrics-reader");
+    assert!(chart.contains_key(&cluster_key("ClusterRole", "nodeipam-metrics-reader")));
+
+    // The bound ServiceAccount, the TLS settings and the credentials are values.
+    let chart = by_key(yaml_docs(&template(&[
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.readerBinding.enabled=true",
+        "metrics.readerBinding.serviceAccount.name=kps-prometheus",
+        "metrics.readerBinding.serviceAccount.namespace=observability",
+        "metrics.certSecret=metrics-tls",
+        "metrics.serviceMonitor.tlsConfig.serverName=nodeipam-controller-metrics.nodeipam-system.svc",
+        "metrics.serviceMonitor.tlsConfig.ca.secret.name=metrics-tls",
+        "metrics.serviceMonitor.tlsConfig.ca.secret.key=ca.crt",
+        "metrics.serviceMonitor.authorization.type=Bearer",
+        "metrics.serviceMonitor.authorization.credentials.name=prometheus-token",
+        "metrics.serviceMonitor.authorization.credentials.key=token",
+    ])));
+    assert_eq!(
+        chart[&cluster_key("ClusterRoleBinding", "nodeipam-metrics-reader")]["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "kps-prometheus", "namespace": "observability"}])
+    );
+    let monitor = endpoint(&chart);
+    assert_eq!(monitor["scheme"], "https");
+    assert_eq!(
+        monitor["tlsConfig"],
+        json!({
+            "ca": {"secret": {"name": "metrics-tls", "key": "ca.crt"}},
+            "serverName": "nodeipam-controller-metrics.nodeipam-system.svc",
+        })
+    );
+    assert_eq!(
+        monitor["authorization"],
+        json!({"type": "Bearer", "credentials": {"name": "prometheus-token", "key": "token"}})
+    );
+    assert!(monitor.get("bearerTokenFile").is_none(), "{monitor}");
+
+    // Plain metrics: HTTP, no credentials, and neither the reader role nor the controller's
+    // review rights.
+    let chart = by_key(yaml_docs(&template(&[
+        "metrics.secure=false",
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.readerBinding.enabled=true",
+    ])));
+    let monitor = endpoint(&chart);
+    assert_eq!(monitor["scheme"], "http");
+    assert!(monitor.get("bearerTokenFile").is_none(), "{monitor}");
+    assert!(monitor.get("tlsConfig").is_none(), "{monitor}");
+    assert!(args(&chart).iter().any(|a| a == "--metrics-secure=false"));
+    assert!(!chart.contains_key(&cluster_key("ClusterRole", "nodeipam-metrics-reader")));
+    assert!(!chart.contains_key(&cluster_key(
+        "ClusterRoleBinding",
+        "nodeipam-metrics-reader"
+    )));
+    let rules = chart[&cluster_key("ClusterRole", "nodeipam-controller")]["rules"].to_string();
+    assert!(!rules.contains("tokenreviews"), "{rules}");
 }
 
 // ----- against the API server -----
@@ -486,14 +669,21 @@ async fn the_chart_applies_to_the_real_api_server() {
         cp.kubectl()
             .args(["apply", "-f", &crd.display().to_string()]),
     );
-    let variants: [&[&str]; 4] = [
+    let variants: [&[&str]; 5] = [
         &[],
         &["certMode=cert-manager"],
         &["ipMasqAgent.enabled=true"],
         &[
             "metrics.serviceMonitor.enabled=true",
+            "metrics.readerBinding.enabled=true",
             "metrics.prometheusRule.enabled=true",
             "extraArgs[0]=--log-level=debug",
+        ],
+        &[
+            "metrics.secure=false",
+            "metrics.serviceMonitor.enabled=true",
+            "hostNetwork=false",
+            "probes.host=",
         ],
     ];
     for (i, set) in variants.iter().enumerate() {

@@ -1,7 +1,9 @@
 //! The monitoring manifests and the metrics documentation against the metrics the controller
 //! really registers (`Metrics::new()`): `config/prometheus` parses, every alert's PromQL names
 //! only registered metrics, every alert has a runbook section in `docs/runbooks.md` and a
-//! `runbook_url` pointing at it, the chart carries the same alerts, and `docs/metrics.md`
+//! `runbook_url` pointing at it, the chart carries the same alerts, the ServiceMonitor scrapes
+//! the manager's metrics port over HTTPS with a bearer token and Prometheus is bound to the
+//! metrics reader role, and `docs/metrics.md`
 //! documents every registered metric and no other. Those are file checks; the last test runs
 //! the controller against a real API server and reads the metrics the alerts are built on.
 
@@ -337,10 +339,91 @@ fn config_prometheus_parses_and_the_monitor_selects_the_metrics_service() {
     let ports = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
         .as_array()
         .expect("container ports");
+    let declared = ports
+        .iter()
+        .find(|p| &p["name"] == target)
+        .unwrap_or_else(|| {
+            panic!(
+                "the metrics Service targets port {target}, which the manager container does not declare: {ports:?}"
+            )
+        });
+    // ... and that port is where the manager serves /metrics (--metrics-bind-address), on the
+    // same number as the Service's.
+    let args: Vec<String> = serde_json::from_value(
+        deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone(),
+    )
+    .expect("manager args");
+    let bind = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--metrics-bind-address="))
+        .unwrap_or_else(|| panic!("config/manager sets no --metrics-bind-address: {args:?}"));
+    let bind_port: u64 = bind
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("--metrics-bind-address={bind} has no port"));
+    assert_eq!(target, "metrics");
+    assert_eq!(declared["containerPort"], bind_port, "{declared}");
+    assert_eq!(service[0]["spec"]["ports"][0]["port"], bind_port);
+    assert_eq!(bind_port, 8085);
     assert!(
-        ports.iter().any(|p| &p["name"] == target),
-        "the metrics Service targets port {target}, which the manager container does not declare: {ports:?}"
+        !args.iter().any(|a| a == "--metrics-secure=false"),
+        "config/manager serves metrics securely: {args:?}"
     );
+
+    // The metrics are HTTPS behind a TokenReview and a SubjectAccessReview: the monitor
+    // scrapes with https, Prometheus's ServiceAccount token, and without verifying the
+    // self-signed certificate.
+    let endpoint = &monitor[0]["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"], "https", "{endpoint}");
+    assert_eq!(
+        endpoint["bearerTokenFile"], "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        "{endpoint}"
+    );
+    assert_eq!(
+        endpoint["tlsConfig"]["insecureSkipVerify"], true,
+        "{endpoint}"
+    );
+}
+
+/// Prometheus's ServiceAccount is bound to the ClusterRole that config/rbac ships for
+/// scrapers, which grants `get` on /metrics and nothing else; config/prometheus applies the
+/// binding.
+#[test]
+fn config_prometheus_binds_prometheus_to_the_metrics_reader_role() {
+    let binding = yaml_docs(&read("config/prometheus/metrics_reader_binding.yaml"));
+    assert_eq!(binding.len(), 1);
+    let binding = &binding[0];
+    assert_eq!(binding["kind"], "ClusterRoleBinding");
+    assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
+    assert_eq!(binding["roleRef"]["name"], "nodeipam-metrics-reader");
+    let subjects = binding["subjects"].as_array().expect("subjects");
+    assert!(
+        subjects
+            .iter()
+            .all(|s| s["kind"] == "ServiceAccount" && s["namespace"].is_string()),
+        "{subjects:?}"
+    );
+    let role = yaml_docs(&read("config/rbac/metrics_reader_role.yaml"));
+    assert_eq!(role[0]["kind"], "ClusterRole");
+    assert_eq!(role[0]["metadata"]["name"], "nodeipam-metrics-reader");
+    assert_eq!(
+        role[0]["rules"],
+        serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
+    let kustomization: Value =
+        serde_yaml::from_str(&read("config/prometheus/kustomization.yaml")).expect("parses");
+    let resources = kustomization["resources"].as_array().expect("resources");
+    for file in [
+        "metrics_service.yaml",
+        "monitor.yaml",
+        "metrics_reader_binding.yaml",
+        "prometheus_rule.yaml",
+    ] {
+        assert!(
+            resources.iter().any(|r| r == file),
+            "config/prometheus applies {file}: {resources:?}"
+        );
+    }
 }
 
 /// docs/metrics.md names every registered metric (as queried: counters with `_total`) in a

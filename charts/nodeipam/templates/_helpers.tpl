@@ -30,8 +30,32 @@ app.kubernetes.io/component: controller
 - nodeipam-webhook.{{ .Release.Namespace }}.svc.cluster.local
 {{- end }}
 
+{{/*
+host:port for a --*-bind-address flag: an empty host is every interface (":8085"), an IPv6
+host gets brackets ("[::1]:8086").
+*/}}
+{{- define "nodeipam.bindAddress" -}}
+{{- $host := toString .host -}}
+{{- if contains ":" $host -}}
+[{{ trimAll "[]" $host }}]:{{ .port }}
+{{- else -}}
+{{ $host }}:{{ .port }}
+{{- end -}}
+{{- end }}
+
+{{/* Whether /metrics is served over HTTPS to authorized callers only. */}}
+{{- define "nodeipam.metricsSecure" -}}
+{{- if and .Values.metrics.enabled .Values.metrics.secure -}}true{{- end -}}
+{{- end }}
+
 {{- define "nodeipam.validate" -}}
 {{- if not (has .Values.certMode (list "managed" "cert-manager")) -}}
 {{- fail (printf "certMode must be managed or cert-manager, not %q" .Values.certMode) -}}
+{{- end -}}
+{{- if and (not .Values.metrics.enabled) (or .Values.metrics.service.enabled .Values.metrics.serviceMonitor.enabled) -}}
+{{- fail "metrics.service and metrics.serviceMonitor need metrics.enabled" -}}
+{{- end -}}
+{{- if and (not .Values.hostNetwork) (has (trimAll "[]" (toString .Values.probes.host)) (list "127.0.0.1" "::1" "localhost")) -}}
+{{- fail "probes.host is loopback but hostNetwork is false: the kubelet cannot reach the pod's loopback; set probes.host to \"\" (every interface)" -}}
 {{- end -}}
 {{- end }}
