@@ -514,9 +514,24 @@ async fn the_helm_chart_installs_on_a_real_cluster() {
         other => panic!("step=helm-webhook: an overlapping config was not refused: {other:?}"),
     }
 
-    // An upgrade with ip-masq-agent sync on: its ConfigMap appears with the pod network.
-    helm_install_chart(home.path(), &["--set", "ipMasqAgent.enabled=true"]);
+    // An upgrade with ip-masq-agent sync on. The ConfigMap must exist (RBAC cannot limit
+    // `create` to one name, so the controller may only patch it): made empty first, as an
+    // operator would, it then holds the pod network.
     let ip_masq: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    if ip_masq
+        .get_opt("ip-masq-agent")
+        .await
+        .unwrap_or_else(|e| panic!("step=helm-ip-masq-agent: reading the ConfigMap: {e}"))
+        .is_none()
+    {
+        let mut empty = ConfigMap::default();
+        empty.metadata.name = Some("ip-masq-agent".into());
+        ip_masq
+            .create(&PostParams::default(), &empty)
+            .await
+            .unwrap_or_else(|e| panic!("step=helm-ip-masq-agent: creating the ConfigMap: {e}"));
+    }
+    helm_install_chart(home.path(), &["--set", "ipMasqAgent.enabled=true"]);
     wait_for("ip-masq-agent's ConfigMap holds the default pool", || {
         let ip_masq = ip_masq.clone();
         async move {
