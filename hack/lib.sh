@@ -48,7 +48,7 @@ claim_target() {
   if [[ -f "$last" && "$(cat "$last")" != "$NODEIPAM_ROOT" ]]; then
     log "$CARGO_TARGET_DIR was last built from $(cat "$last"): rebuilding this checkout's crates"
     cargo clean --quiet --manifest-path "$NODEIPAM_ROOT/Cargo.toml" \
-      -p nodeipam-crd -p nodeipam-controller -p nodeipam-webhook -p nodeipam-testenv -p nodeipam-bench
+      -p nodeipam-crd -p nodeipam-alloc -p nodeipam-controller -p nodeipam-webhook -p nodeipam-testenv -p nodeipam-bench
   fi
   echo "$NODEIPAM_ROOT" > "$last"
   export NODEIPAM_TARGET_CLAIMED="$NODEIPAM_ROOT"

@@ -20,7 +20,7 @@ if [[ ${#names[@]} -eq 0 ]]; then
     grep -q '^# test: ' "$p" && names+=("$(basename "$p" .patch)")
   done
 fi
-restore() { git checkout --quiet HEAD -- controller crd webhook tests config; }
+restore() { git checkout --quiet HEAD -- alloc controller crd webhook tests config; }
 trap restore EXIT
 results=()
 for name in "${names[@]}"; do

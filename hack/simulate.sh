@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The deterministic simulator of the allocation core (controller/tests/simulator.rs), beyond
+# The deterministic simulator of the allocation core (alloc/tests/simulator.rs), beyond
 # the budget CI gives it.
 #   hack/simulate.sh [SECONDS]            soak: seeds from a random start for SECONDS (600)
 #   hack/simulate.sh --mutations [NAME…]  puts back each defect of hack/mutations/ marked
@@ -11,7 +11,7 @@ cd "$NODEIPAM_ROOT"
 claim_target
 
 simulate() {
-  cargo test --quiet --locked -p nodeipam-controller --test simulator -- \
+  cargo test --quiet --locked -p nodeipam-alloc --test simulator -- \
     --exact seeded_schedules_keep_every_invariant --nocapture
 }
 
@@ -30,7 +30,7 @@ if [[ ${#names[@]} -eq 0 ]]; then
     grep -q '^# simulator' "$p" && names+=("$(basename "$p" .patch)")
   done
 fi
-restore() { git checkout --quiet HEAD -- controller; }
+restore() { git checkout --quiet HEAD -- alloc controller crd; }
 trap restore EXIT
 budget="${NODEIPAM_SIM_SECONDS:-60}"
 results=()
@@ -41,7 +41,7 @@ for name in "${names[@]}"; do
   out="$NODEIPAM_CACHE/simulate-$name.log"
   start=$SECONDS
   log "mutation $name: simulating for up to ${budget}s"
-  if ! cargo test --quiet --locked -p nodeipam-controller --test simulator --no-run >"$out" 2>&1; then
+  if ! cargo test --quiet --locked -p nodeipam-alloc --test simulator --no-run >"$out" 2>&1; then
     verdict="DOES NOT BUILD (see $out)"
   elif NODEIPAM_SIM_SECONDS="$budget" simulate >>"$out" 2>&1; then
     verdict="SURVIVED (no seed broke an invariant)"

@@ -1,7 +1,6 @@
 //! The nodeipam controller: the pure allocation core (`alloc`), and the API side that feeds it
 //! facts and carries out its effects (`reconcile`).
 
-pub mod alloc;
 pub mod app;
 pub mod cli;
 pub mod client;
@@ -10,8 +9,12 @@ pub mod health;
 pub mod logging;
 pub mod metrics;
 pub mod metrics_server;
-pub mod node;
 pub mod ranges;
 pub mod ratelimit;
 pub mod reconcile;
 pub mod version;
+
+/// The pure allocation core lives in its own crate, which can name neither tokio nor kube's
+/// client; under these names for the code that uses it.
+pub use nodeipam_alloc as alloc;
+pub use nodeipam_alloc::node;

@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{ConfigMap, NodeSelector};
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{Resource, ResourceExt};
+use kube_core::{Resource, ResourceExt};
 use nodeipam_crd::{
     Allocation as AllocationSwitch, FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus,
 };

@@ -2,7 +2,7 @@
 //! user edits and leader changes around a model API server, with the invariants checked after
 //! every step and liveness at rest. See `sim/`.
 //!
-//! - `cargo test -p nodeipam-controller --test simulator` runs a fixed set of seeds
+//! - `cargo test -p nodeipam-alloc --test simulator` runs a fixed set of seeds
 //!   (`NODEIPAM_SIM_SCHEDULES`, default 3000, from `NODEIPAM_SIM_FIRST_SEED`, default 0), or
 //!   as many as fit in `NODEIPAM_SIM_SECONDS`.
 //! - `NODEIPAM_SIM_SEED=N` replays one seed; a failure prints the shrunk schedule and writes it
@@ -41,7 +41,7 @@ fn report(seed: Option<u64>, tried: (u64, usize), setup: &Setup, actions: &[Acti
     panic!(
         "invariant broken at step {at} of seed {seed:?} ({} seeds, {} steps tried): {violation}\n\
          shrunk to {} steps ({}):\n{setup:?}\n{text}\
-         replay: NODEIPAM_SIM_SEED={} cargo test -p nodeipam-controller --test simulator -- --nocapture\n\
+         replay: NODEIPAM_SIM_SEED={} cargo test -p nodeipam-alloc --test simulator -- --nocapture\n\
          {}",
         tried.0,
         tried.1 + at + 1,
@@ -50,7 +50,7 @@ fn report(seed: Option<u64>, tried: (u64, usize), setup: &Setup, actions: &[Acti
         seed.unwrap_or(0),
         if written {
             format!(
-                "or the shrunk trace: NODEIPAM_SIM_TRACE={path} cargo test -p nodeipam-controller --test simulator"
+                "or the shrunk trace: NODEIPAM_SIM_TRACE={path} cargo test -p nodeipam-alloc --test simulator"
             )
         } else {
             String::new()

@@ -655,12 +655,9 @@ fn same_item<T>(_: T, _: T) {}
 fn range_rules_are_the_shared_ones() {
     same_item(nets_overlap, nodeipam_crd::range::overlaps);
     same_item(blocks_covered, nodeipam_crd::range::blocks_covered);
-    same_item(
-        crate::alloc::podnetwork::covered,
-        nodeipam_crd::range::covered,
-    );
+    same_item(crate::podnetwork::covered, nodeipam_crd::range::covered);
     assert_eq!(
-        crate::alloc::cidrset::MAX_BLOCK_BITS,
+        crate::cidrset::MAX_BLOCK_BITS,
         nodeipam_crd::limits::MAX_BLOCK_BITS
     );
 }

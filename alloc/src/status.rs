@@ -9,7 +9,7 @@ use nodeipam_crd::{
     REASON_INVALID, REASON_NO_NODES, REASON_NODES_REMAINING, REASON_OVERLAP, REASON_TERMINATING,
 };
 
-use crate::alloc::ipam::{ConfigFacts, FamilyFacts};
+use crate::ipam::{ConfigFacts, FamilyFacts};
 
 /// A condition that flipped between the previous and the desired status.
 #[derive(Clone, Debug, PartialEq, Eq)]

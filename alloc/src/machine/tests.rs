@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use super::*;
-use crate::alloc::fixtures::{config, configmap, node, service_cidr};
-use crate::alloc::outcome::{NodeNow, WriteOutcome};
+use crate::fixtures::{config, configmap, node, service_cidr};
+use crate::outcome::{NodeNow, WriteOutcome};
 
 fn net(s: &str) -> IpNet {
     s.parse().expect("test CIDR")

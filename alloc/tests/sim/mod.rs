@@ -10,12 +10,12 @@ use std::fmt;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use nodeipam_controller::alloc::effects::{ConfigJob, WriteJob, WriteResult};
-use nodeipam_controller::alloc::fixtures;
-use nodeipam_controller::alloc::ipam::{Holder, nets_overlap};
-use nodeipam_controller::alloc::machine::{self, Effect, Input, Machine, Now};
-use nodeipam_controller::alloc::outcome::{NodeNow, WriteOutcome};
-use nodeipam_controller::alloc::podnetwork::{
+use nodeipam_alloc::effects::{ConfigJob, WriteJob, WriteResult};
+use nodeipam_alloc::fixtures;
+use nodeipam_alloc::ipam::{Holder, nets_overlap};
+use nodeipam_alloc::machine::{self, Effect, Input, Machine, Now};
+use nodeipam_alloc::outcome::{NodeNow, WriteOutcome};
+use nodeipam_alloc::podnetwork::{
     ConfigMapRef, OutputKind, PodNetwork, covered, ip_masq_agent_config,
 };
 use nodeipam_crd::{Allocation, CONDITION_DRAINED, NodeIPAMConfig};
@@ -1027,9 +1027,9 @@ fn brief(text: &str) -> String {
 fn track_service(
     services: &mut BTreeMap<String, Vec<IpNet>>,
     listed: &mut BTreeSet<String>,
-    w: &nodeipam_controller::alloc::machine::Watch<k8s_openapi::api::networking::v1::ServiceCIDR>,
+    w: &nodeipam_alloc::machine::Watch<k8s_openapi::api::networking::v1::ServiceCIDR>,
 ) {
-    use nodeipam_controller::alloc::machine::Watch;
+    use nodeipam_alloc::machine::Watch;
     let cidrs = |s: &k8s_openapi::api::networking::v1::ServiceCIDR| -> Vec<IpNet> {
         s.spec
             .as_ref()

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::ClusterResourceScope;
+use kube_core::ClusterResourceScope;
 use serde::{Deserialize, Deserializer};
 
 /// The parts of a `core/v1` Node that allocation looks at. Usable with `Api`, watchers and
@@ -83,7 +83,7 @@ impl<'de> Deserialize<'de> for IpamNode {
     }
 }
 
-impl kube::Resource for IpamNode {
+impl kube_core::Resource for IpamNode {
     type DynamicType = ();
     type Scope = ClusterResourceScope;
 
@@ -111,7 +111,7 @@ impl kube::Resource for IpamNode {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus};
-    use kube::Resource;
+    use kube_core::Resource;
 
     fn parse(json: &str) -> IpamNode {
         serde_json::from_str(json).expect("node json")

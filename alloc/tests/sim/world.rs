@@ -8,11 +8,11 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use nodeipam_controller::alloc::fixtures;
-use nodeipam_controller::alloc::machine::Input;
-use nodeipam_controller::alloc::machine::Watch;
-use nodeipam_controller::alloc::outcome::NodeNow;
-use nodeipam_controller::node::IpamNode;
+use nodeipam_alloc::fixtures;
+use nodeipam_alloc::machine::Input;
+use nodeipam_alloc::machine::Watch;
+use nodeipam_alloc::node::IpamNode;
+use nodeipam_alloc::outcome::NodeNow;
 use nodeipam_crd::{FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus};
 
 /// A watch stream of one process.

@@ -1,4 +1,5 @@
-//! The allocation core, pure: no kube client, no tokio, no clock. The bitmaps (`cidrset`), the
+//! The allocation core, pure: no kube client, no tokio, no clock (this crate depends on none
+//! of them, so it cannot name them). The bitmaps (`cidrset`), the
 //! allocation state (`ipam`), config selection, write outcomes, status and the pod network are
 //! decided here, and `machine` puts them together behind one `handle(input) -> effects`.
 
@@ -7,6 +8,7 @@ pub mod effects;
 pub mod fixtures;
 pub mod ipam;
 pub mod machine;
+pub mod node;
 pub mod outcome;
 pub mod podnetwork;
 pub mod selection;

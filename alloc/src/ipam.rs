@@ -16,8 +16,8 @@ use k8s_openapi::api::core::v1::NodeSelector;
 pub use nodeipam_crd::range::overlaps as nets_overlap;
 use nodeipam_crd::range::{FamilyRange, blocks_covered};
 
-use crate::alloc::cidrset::CidrSet;
-use crate::alloc::selection::{self, Candidate, NodeView};
+use crate::cidrset::CidrSet;
+use crate::selection::{self, Candidate, NodeView};
 
 /// What the state needs to know about one NodeIPAMConfig, prepared by the caller.
 #[derive(Clone, Debug, Default, PartialEq)]
