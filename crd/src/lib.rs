@@ -19,7 +19,7 @@ pub use validation::{
     validate_spec, validate_update,
 };
 
-use kube::CustomResourceExt;
+use kube_core::CustomResourceExt;
 
 /// Where `crdgen --write` puts the CRD, relative to the workspace root.
 pub const CRD_PATH: &str = "config/crd/bases/nodeipam.io_nodeipamconfigs.yaml";

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +54,7 @@ pub const REASON_EXHAUSTED: &str = "Exhausted";
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "nodeipam.io",
     version = "v1alpha1",
     kind = "NodeIPAMConfig",

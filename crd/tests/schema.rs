@@ -2,7 +2,7 @@
 //! columns, the CEL rules and the limits that keep their cost estimates within budget.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinitionVersion;
-use kube::CustomResourceExt;
+use kube_core::CustomResourceExt;
 use nodeipam_crd::NodeIPAMConfig;
 use serde_json::Value;
 
