@@ -230,23 +230,28 @@ impl PodNetwork {
             })
             .collect();
         let header = ["CIDR", "FAMILY", "CONFIG", "STATE", "NODES", "ALLOCATED"].map(String::from);
-        let mut widths = header.clone().map(|h| h.len());
-        for r in &rows {
-            for (w, cell) in widths.iter_mut().zip(r) {
-                *w = (*w).max(cell.len());
-            }
-        }
-        let mut out = String::new();
-        for r in std::iter::once(&header).chain(rows.iter()) {
-            let line: Vec<String> = r
-                .iter()
-                .zip(widths)
-                .map(|(c, w)| format!("{c:<w$}"))
-                .collect();
-            let _ = writeln!(out, "{}", line.join("   ").trim_end());
-        }
-        out
+        columns(&header, &rows)
     }
+}
+
+/// Rows under a header, each column as wide as its widest cell, as kubectl prints tables.
+pub fn columns<const N: usize>(header: &[String; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.clone().map(|h| h.len());
+    for r in rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    for r in std::iter::once(header).chain(rows.iter()) {
+        let line: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("   ").trim_end());
+    }
+    out
 }
 
 /// The `nonMasqueradeCIDRs` we write: the aggregated pod network, then `extra`.

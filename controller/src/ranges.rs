@@ -185,23 +185,7 @@ fn wide(network: &PodNetwork) -> String {
             ]
         })
         .collect();
-    let mut widths = header.clone().map(|h| h.len());
-    for r in &rows {
-        for (w, cell) in widths.iter_mut().zip(r) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    let mut out = String::new();
-    for r in std::iter::once(&header).chain(rows.iter()) {
-        let line: Vec<String> = r
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(line.join("   ").trim_end());
-        out.push('\n');
-    }
-    out
+    crate::alloc::podnetwork::columns(&header, &rows)
 }
 
 #[cfg(test)]

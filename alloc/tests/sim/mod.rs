@@ -900,9 +900,33 @@ impl Sim {
             && p.rereads.is_empty()
     }
 
+    /// At rest, a deleted config that holds no block of its own is gone. Checked against the
+    /// world, not against a fresh machine that could share the running one's mistake. (At rest
+    /// every config carries our finalizer, so ownership is the oldest config's, as here.)
+    fn check_drained_configs_went(&self) -> Result<(), Violation> {
+        for (name, c) in &self.world.configs {
+            if c.metadata.deletion_timestamp.is_none() {
+                continue;
+            }
+            let owned = self.held().into_iter().any(|(_, block, _)| {
+                self.owner(&block).and_then(|o| o.metadata.name.as_deref()) == Some(name)
+            });
+            if !owned {
+                return Err(Violation {
+                    rule: "every drained config loses our finalizer",
+                    detail: format!(
+                        "at rest, {name} is deleted, holds no block, and is still there"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// A machine started now from the world: it must find nothing to do but what the running
     /// one already did.
     fn check_liveness(&self) -> Result<(), Violation> {
+        self.check_drained_configs_went()?;
         let mut fresh = Machine::new(self.options());
         let now = Now {
             mono: Duration::from_secs(3600),
