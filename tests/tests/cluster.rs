@@ -479,6 +479,32 @@ async fn the_helm_chart_installs_on_a_real_cluster() {
         );
     }
 
+    // The webhook answers through its Service once a replica is ready and the caBundle is
+    // patched in: until then (fail-closed) every config is refused, as `cluster.sh deploy`
+    // waits for too.
+    let configs = config_api(&client);
+    wait_for("helm-webhook reachable through its Service", || {
+        let configs = configs.clone();
+        async move {
+            let check = serde_json::from_value(json!({
+                "apiVersion": "nodeipam.io/v1alpha1",
+                "kind": "NodeIPAMConfig",
+                "metadata": {"name": "nodeipam-helm-check"},
+                "spec": {"ipv4": {"cidr": "198.51.100.0/24", "perNodeMaskSize": 28}},
+            }))
+            .map_err(|e| e.to_string())?;
+            let dry_run = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            configs
+                .create(&dry_run, &check)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await;
     // A config through the webhook (its Service, the chart's ValidatingWebhookConfiguration),
     // then every node Ready with podCIDRs from it.
     script(
