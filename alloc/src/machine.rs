@@ -284,9 +284,18 @@ impl Machine {
     pub fn handle(&mut self, now: Now, input: Input) -> Vec<Effect> {
         self.now = now;
         match input {
-            Input::Node(w) => self.on_node_watch(w),
-            Input::Config(w) => self.on_config_watch(w),
-            Input::Service(w) => self.on_service_watch(w),
+            Input::Node(w) => self.on_watch(Source::Nodes, w, Self::on_node, |m, n| {
+                m.on_node_gone(&n.name_any(), n.uid().as_deref());
+            }),
+            Input::Config(w) => self.on_watch(Source::Configs, w, Self::on_config, |m, c| {
+                m.on_config_gone(&c.name_any());
+            }),
+            Input::Service(w) => self.on_watch(
+                Source::Services,
+                w,
+                |m, s| m.on_service(&s),
+                |m, s| m.on_service_gone(&s.name_any()),
+            ),
             Input::Output(i, w) => self.on_output_watch(i, w),
             Input::Reread { node, uid, now } => self.on_reread(&node, uid.as_deref(), now),
             Input::Written(result) => self.on_write_result(result),
@@ -345,42 +354,24 @@ impl Machine {
 
     // ----- watches and lists -----
 
-    fn on_node_watch(&mut self, w: Watch<IpamNode>) {
+    /// One event of a watched resource: the list bookkeeping is the same for every kind,
+    /// what an object's arrival and departure mean is the kind's own.
+    fn on_watch<T: Resource<DynamicType = ()>>(
+        &mut self,
+        source: Source,
+        w: Watch<T>,
+        apply: fn(&mut Self, T),
+        gone: fn(&mut Self, T),
+    ) {
         match w {
-            Watch::ListStart => self.list_started(Source::Nodes),
-            Watch::Listed(n) => {
-                self.list_saw(Source::Nodes, n.name_any());
-                self.on_node(n);
+            Watch::ListStart => self.list_started(source),
+            Watch::Listed(obj) => {
+                self.list_saw(source, obj.name_any());
+                apply(self, obj);
             }
-            Watch::Applied(n) => self.on_node(n),
-            Watch::Deleted(n) => self.on_node_gone(&n.name_any(), n.uid().as_deref()),
-            Watch::ListDone => self.list_done(Source::Nodes),
-        }
-    }
-
-    fn on_config_watch(&mut self, w: Watch<NodeIPAMConfig>) {
-        match w {
-            Watch::ListStart => self.list_started(Source::Configs),
-            Watch::Listed(c) => {
-                self.list_saw(Source::Configs, c.name_any());
-                self.on_config(c);
-            }
-            Watch::Applied(c) => self.on_config(c),
-            Watch::Deleted(c) => self.on_config_gone(&c.name_any()),
-            Watch::ListDone => self.list_done(Source::Configs),
-        }
-    }
-
-    fn on_service_watch(&mut self, w: Watch<ServiceCIDR>) {
-        match w {
-            Watch::ListStart => self.list_started(Source::Services),
-            Watch::Listed(s) => {
-                self.list_saw(Source::Services, s.name_any());
-                self.on_service(&s);
-            }
-            Watch::Applied(s) => self.on_service(&s),
-            Watch::Deleted(s) => self.on_service_gone(&s.name_any()),
-            Watch::ListDone => self.list_done(Source::Services),
+            Watch::Applied(obj) => apply(self, obj),
+            Watch::Deleted(obj) => gone(self, obj),
+            Watch::ListDone => self.list_done(source),
         }
     }
 
