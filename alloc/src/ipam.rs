@@ -84,11 +84,20 @@ impl ConfigState {
 
     /// Accepting new allocations, ignoring capacity.
     fn accepting(&self) -> bool {
+        self.usable() && self.input.gate.is_none()
+    }
+
+    /// Would hand out a block but for its gate.
+    fn held_back(&self) -> bool {
+        self.usable() && self.input.gate.is_some() && self.free_blocks() > 0
+    }
+
+    /// Enabled, valid, alive and sized; gate and capacity aside.
+    fn usable(&self) -> bool {
         self.input.enabled
             && !self.input.deleting
             && self.input.invalid.is_none()
             && self.overlap.is_none()
-            && self.input.gate.is_none()
             && self.v4.is_some() == self.input.ipv4.is_some()
             && self.v6.is_some() == self.input.ipv6.is_some()
             && (self.v4.is_some() || self.v6.is_some())
@@ -141,6 +150,10 @@ pub enum AllocateError {
     NoMatchingConfig,
     #[error("no matching NodeIPAMConfig has a free block (considered: {considered})")]
     NoCapacity { considered: String },
+    /// A matching config has free blocks but holds them back for now (our finalizer is not on
+    /// it yet, consumers do not know its ranges yet): the node waits, nothing is wrong yet.
+    #[error("waiting for {waiting}")]
+    Waiting { waiting: String },
     #[error("the node already holds blocks")]
     AlreadyHolds,
 }
@@ -464,6 +477,19 @@ impl Ipam {
         }
         if ranked.is_empty() && !any_match {
             return Err(AllocateError::NoMatchingConfig);
+        }
+        let waiting: Vec<String> = self
+            .configs
+            .values()
+            .filter(|c| {
+                c.held_back() && selection::match_score(c.input.selector.as_ref(), node).is_some()
+            })
+            .map(|c| format!("{} ({})", c.input.name, unavailable_reason(c)))
+            .collect();
+        if !waiting.is_empty() {
+            return Err(AllocateError::Waiting {
+                waiting: waiting.join(", "),
+            });
         }
         let considered: Vec<String> = self
             .configs

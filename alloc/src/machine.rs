@@ -33,6 +33,11 @@ use crate::node::IpamNode;
 /// How long a failed re-read of a node missing from a relist waits before it is tried again.
 const REREAD_RETRY: Duration = Duration::from_secs(5);
 
+/// How long a node may wait behind a config's gate (our finalizer, consumers learning the
+/// range) before it is warned about: at start-up and in a burst every node waits a moment, and
+/// a Warning must mean that something is wrong.
+pub const GATE_GRACE: Duration = Duration::from_secs(30);
+
 /// The source name of the `--service-cidr` flag among the Service ranges.
 const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
 
@@ -176,6 +181,8 @@ struct PendingNode {
     uid: Option<String>,
     labels: BTreeMap<String, String>,
     warned: bool,
+    /// Since when it has waited only behind gates, if it does.
+    waiting_since: Option<Duration>,
     /// Not before then: the API server refused every write of its last blocks.
     retry_at: Option<Duration>,
 }
@@ -305,6 +312,7 @@ impl Machine {
                 self.request_finalizers();
                 self.reread_due();
                 self.wake_parked();
+                self.warn_long_waits();
                 self.flush_status();
                 self.publish_network();
             }
@@ -593,14 +601,15 @@ impl Machine {
             }
             None => {}
         }
-        let (warned, retry_at) = self
-            .pending
-            .get(&name)
-            .map_or((false, None), |p| (p.warned, p.retry_at));
+        let (warned, waiting_since, retry_at) =
+            self.pending.get(&name).map_or((false, None, None), |p| {
+                (p.warned, p.waiting_since, p.retry_at)
+            });
         let node = PendingNode {
             uid,
             labels,
             warned,
+            waiting_since,
             retry_at,
         };
         self.pending.insert(name.clone(), node);
@@ -721,25 +730,50 @@ impl Machine {
             Err(AllocateError::AlreadyHolds) => {
                 // The previous record resolves first (its write outcome); then we come back.
             }
-            Err(e) => {
-                let first = self.pending.get_mut(name).is_some_and(|p| {
-                    let first = !p.warned;
-                    p.warned = true;
-                    first
-                });
-                if first {
-                    info!(node = %name, reason = %e, "no block available; node stays pending");
-                    let message = format!("Node {name} has no podCIDR yet: {e}");
-                    let note = Note::node(
-                        name,
-                        uid.as_deref(),
-                        true,
-                        effects::CIDR_NOT_AVAILABLE,
-                        message,
-                    );
-                    self.note(note);
-                }
+            Err(e) => self.not_allocated(name, uid.as_deref(), &e),
+        }
+    }
+
+    /// A node that got no block is warned once, unless it only waits behind gates that
+    /// usually open within moments: then only once it has waited `GATE_GRACE`.
+    fn not_allocated(&mut self, name: &str, uid: Option<&str>, e: &AllocateError) {
+        let now = self.now.mono;
+        let Some(p) = self.pending.get_mut(name) else {
+            return;
+        };
+        if matches!(e, AllocateError::Waiting { .. }) {
+            let since = *p.waiting_since.get_or_insert(now);
+            if now.saturating_sub(since) < GATE_GRACE {
+                debug!(node = %name, reason = %e, "node waits behind a gate");
+                return;
             }
+        } else {
+            p.waiting_since = None;
+        }
+        if std::mem::replace(&mut p.warned, true) {
+            return;
+        }
+        info!(node = %name, reason = %e, "no block available; node stays pending");
+        let message = format!("Node {name} has no podCIDR yet: {e}");
+        let note = Note::node(name, uid, true, effects::CIDR_NOT_AVAILABLE, message);
+        self.note(note);
+    }
+
+    /// Nodes that have waited behind a gate for `GATE_GRACE` are tried again, to warn them.
+    fn warn_long_waits(&mut self) {
+        let now = self.now.mono;
+        let due: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| !p.warned)
+            .filter(|(_, p)| {
+                p.waiting_since
+                    .is_some_and(|s| now.saturating_sub(s) >= GATE_GRACE)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in due {
+            self.try_allocate(&name);
         }
     }
 
@@ -882,6 +916,7 @@ impl Machine {
             uid: job.uid,
             labels: job.labels,
             warned: false,
+            waiting_since: None,
             retry_at: None,
         };
         self.repend(&job.node, again);
@@ -928,6 +963,7 @@ impl Machine {
             uid: job.uid,
             labels: job.labels,
             warned: true,
+            waiting_since: None,
             retry_at: Some(self.now.mono + after),
         };
         self.repend(&job.node, parked);

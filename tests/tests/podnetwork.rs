@@ -496,3 +496,113 @@ async fn ranges_command_errors_are_clear() {
         "{err}"
     );
 }
+
+/// Warning events with `reason` about any object.
+async fn warnings(c: &kube::Client, reason: &str) -> Vec<String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::all(c.clone());
+    let list = api.list(&Default::default()).await.expect("list events");
+    list.items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning"))
+        .map(|e| {
+            let who = e.regarding.and_then(|r| r.name).unwrap_or_default();
+            format!("{who}: {}", e.note.unwrap_or_default())
+        })
+        .collect()
+}
+
+/// Waits a little for events still on their way, then fails if any says CIDRNotAvailable.
+async fn assert_no_cidr_warnings(c: &kube::Client) {
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let found = warnings(c, "CIDRNotAvailable").await;
+    assert!(
+        found.is_empty(),
+        "nodes that only waited behind a start-up gate were warned: {} events, e.g. {:?}",
+        found.len(),
+        found.iter().take(3).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_wait_only_behind_start_up_gates_get_no_warning() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    // As a new user has it: the config has no finalizer yet, nothing is published yet, and
+    // the nodes are there before the controller starts.
+    create_config(&c, "pods", spec(family("10.61.0.0/16", 24), None, None)).await;
+    for i in 0..60 {
+        create_node(&c, &format!("n{i}"), &[]).await;
+    }
+    let _ctl = start_controller(c.clone(), publishing(None, &[]));
+    for i in 0..60 {
+        wait_cidrs(&c, &format!("n{i}")).await;
+    }
+    assert_no_cidr_warnings(&c).await;
+    assert_invariant(&c, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_onto_new_and_overlapping_configs_warns_nobody() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    let _ctl = start_controller(c.clone(), publishing(None, &[]));
+    create_config(&c, "older", spec(family("10.62.0.0/16", 24), None, None)).await;
+    create_config(&c, "younger", spec(family("10.62.0.0/17", 24), None, None)).await;
+    let creates = (0..60).map(|i| {
+        let c = c.clone();
+        async move { create_node(&c, &format!("b{i}"), &[]).await }
+    });
+    futures::future::join_all(creates).await;
+    for i in 0..60 {
+        let got = wait_cidrs(&c, &format!("b{i}")).await;
+        assert!(got[0].starts_with("10.62."), "{got:?}");
+    }
+    assert_no_cidr_warnings(&c).await;
+    assert_invariant(&c, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_network_configmap_is_written_only_when_its_content_changes() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    let (cms, _recorder) = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
+    let _ctl = start_controller(c.clone(), publishing(None, &[]));
+    create_config(&c, "pods", spec(family("10.63.0.0/16", 24), None, None)).await;
+    let creates = (0..120).map(|i| {
+        let c = c.clone();
+        async move { create_node(&c, &format!("w{i}"), &[]).await }
+    });
+    futures::future::join_all(creates).await;
+    for i in 0..120 {
+        wait_cidrs(&c, &format!("w{i}")).await;
+    }
+    // Time for any late rewrite (the status flushes every 200 ms) to show.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let log = cms.lock().expect("log").clone();
+    let versions: Vec<BTreeMap<String, String>> = log
+        .iter()
+        .filter(|(_, deleted, cm)| !deleted && cm.name_any() == CM)
+        .map(|(_, _, cm)| {
+            let mut data = cm.data.clone().unwrap_or_default();
+            data.remove("observedAt");
+            data
+        })
+        .collect();
+    assert!(!versions.is_empty(), "the pod network was never published");
+    let unchanged: Vec<&BTreeMap<String, String>> = versions
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| &w[1])
+        .collect();
+    assert!(
+        unchanged.is_empty(),
+        "{} of {} writes of {CM} changed nothing but observedAt, e.g. {:?}",
+        unchanged.len(),
+        versions.len(),
+        unchanged.first()
+    );
+    assert_invariant(&c, &[]).await;
+}

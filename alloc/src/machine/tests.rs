@@ -656,3 +656,34 @@ fn a_publication_in_flight_that_lacks_a_range_keeps_its_gate_closed() {
         "allocated on a stale view of the pod network"
     );
 }
+
+#[test]
+fn a_node_waiting_behind_a_gate_is_warned_only_after_the_grace() {
+    let (mut m, _) = synced(options(false));
+    m.handle(at(1), Input::Config(Watch::Applied(pool(false))));
+    let out = m.handle(
+        at(1),
+        Input::Node(Watch::Applied(node("a", "u-a", &[], &[]))),
+    );
+    assert!(reasons(&out).is_empty(), "warned at once: {out:?}");
+    let grace = GATE_GRACE.as_secs();
+    let out = m.handle(at(grace), Input::Tick);
+    assert!(reasons(&out).is_empty(), "warned before the grace: {out:?}");
+    let out = m.handle(at(1 + grace), Input::Tick);
+    assert_eq!(reasons(&out), vec![effects::CIDR_NOT_AVAILABLE]);
+    let out = m.handle(at(2 + grace), Input::Tick);
+    assert!(reasons(&out).is_empty(), "warned twice: {out:?}");
+    // The gate opens after all: the node is served.
+    let out = m.handle(at(3 + grace), Input::Config(Watch::Applied(pool(true))));
+    assert_eq!(writes(&out).len(), 1);
+}
+
+#[test]
+fn a_node_no_config_can_serve_is_warned_at_once() {
+    let (mut m, _) = synced(options(false));
+    let out = m.handle(
+        at(1),
+        Input::Node(Watch::Applied(node("a", "u-a", &[], &[]))),
+    );
+    assert_eq!(reasons(&out), vec![effects::CIDR_NOT_AVAILABLE]);
+}
