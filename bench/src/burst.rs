@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+use crate::audit::Requests;
 use crate::common::{self, CommonArgs, ServerCpu, dec};
 use crate::contender::{self, Kind, Settings};
 use crate::nodes::{self, BENCH_LABEL, LoadReport};
@@ -24,7 +25,11 @@ pub struct BurstArgs {
     /// Burst sizes.
     #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
     pub nodes: Vec<usize>,
-    #[arg(long, value_delimiter = ',', default_value = "nodeipam,kcm,floor")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "nodeipam-default,kcm,floor"
+    )]
     pub contenders: Vec<Kind>,
     #[command(flatten)]
     pub common: CommonArgs,
@@ -108,6 +113,11 @@ pub struct BurstRun {
     pub load1_before: f64,
     pub load1_after: f64,
     pub watch_errors: u64,
+    /// Every request the contender made in the run (start-up included), from the audit log.
+    #[serde(default)]
+    pub requests: Requests,
+    #[serde(default)]
+    pub requests_per_node: f64,
 }
 
 pub async fn run(args: BurstArgs) -> anyhow::Result<BurstReport> {
@@ -159,13 +169,14 @@ async fn one(
     n: usize,
     round: usize,
 ) -> anyhow::Result<BurstRun> {
-    let (cp, _) = args.common.control_plane().await?;
+    let (cp, contender, _) = args.common.control_plane().await?;
     let admin = cp.client();
     let backlog = args.mode == Mode::Backlog;
-    if kind == Kind::Nodeipam {
-        // In a backlog run nodeipam starts as on a restart: its finalizer is on the config.
-        common::create_config(&admin, backlog).await?;
-    }
+    let mut settings = settings.clone();
+    // In a backlog run the tuned nodeipam starts as on a restart: its finalizer is on the
+    // config. The default install always starts as a new user's does.
+    common::prepare(&admin, kind, &mut settings, backlog).await?;
+    let settings = &settings;
     if args.existing > 0 {
         let range: IpNet = common::CLUSTER_CIDR.parse()?;
         let service: IpNet = common::SERVICE_RANGE.parse()?;
@@ -204,10 +215,13 @@ async fn one(
         let mut proc = contender::spawn(
             kind,
             settings,
-            cp.kubeconfig_path(),
+            &contender.kubeconfig,
             &args.common.work,
             &log_name,
         )?;
+        if kind == Kind::NodeipamDefault {
+            common::create_config_once_admitted(&admin).await?;
+        }
         observer
             .wait_assigned(n, timeout, || proc.check_alive())
             .await?;
@@ -223,11 +237,14 @@ async fn one(
         let mut proc = contender::spawn(
             kind,
             settings,
-            cp.kubeconfig_path(),
+            &contender.kubeconfig,
             &args.common.work,
             &log_name,
         )?;
         proc.wait_synced(Duration::from_secs(60)).await?;
+        if kind == Kind::NodeipamDefault {
+            common::create_config_once_admitted(&admin).await?;
+        }
         // Warm-up: one node through the whole path, so every gate is open and every
         // connection up.
         let warm = Observer::start(&admin, &format!("{BENCH_LABEL}=warmup")).await?;
@@ -293,6 +310,8 @@ async fn one(
     let watch_errors = observer.watch_errors();
     drop(observer);
     proc.stop().await?;
+    // Counted after the contender stopped: its watches have ended and been logged.
+    let requests = contender.requests()?;
     cp.stop().await;
     Ok(BurstRun {
         contender: kind,
@@ -311,6 +330,8 @@ async fn one(
         load1_before,
         load1_after,
         watch_errors,
+        requests_per_node: dec(requests.total as f64 / n as f64, 3),
+        requests,
     })
 }
 
@@ -388,17 +409,88 @@ pub fn table(report: &BurstReport) -> String {
                 r.load1_after,
             );
         }
-        if let Some(ours) = median(Kind::Nodeipam) {
-            let mut line = String::from("\nmedian totals:");
-            if let Some(kcm) = median(Kind::Kcm) {
-                line += &format!(" kcm / nodeipam = {:.2}× (goal ≥ 2);", kcm / ours);
-            }
-            if let Some(f) = floor {
-                line += &format!(" nodeipam / floor = {:.2}× (goal ≤ 1.25);", ours / f);
-            }
-            out += line.trim_end_matches(';');
-            out += "\n";
-        }
+        out += &summary(&runs, n);
+    }
+    out
+}
+
+fn median_of(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        k if k % 2 == 1 => Some(v[k / 2]),
+        k => Some((v[k / 2 - 1] + v[k / 2]) / 2.0),
+    }
+}
+
+fn spread(v: &[f64]) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{lo:.2}–{hi:.2}")
+}
+
+/// Per contender over its rounds: the median total and its spread, the median of the per-round
+/// ratios to the floor (rounds are interleaved, so each ratio compares runs made minutes
+/// apart), requests per node and the API server's and etcd's CPU per node.
+fn summary(runs: &[&BurstRun], n: usize) -> String {
+    let mut kinds: Vec<Kind> = runs.iter().map(|r| r.contender).collect();
+    kinds.dedup();
+    kinds.sort_by_key(|k| k.name());
+    kinds.dedup();
+    let floor_of = |round: usize| {
+        runs.iter()
+            .find(|r| r.contender == Kind::Floor && r.round == round)
+            .map(|r| r.total_s)
+    };
+    let mut out = String::from(
+        "\n| contender | rounds | median total s | spread s | median × floor | spread × floor | requests/node | apiserver+etcd CPU ms/node |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for kind in kinds {
+        let mine: Vec<&&BurstRun> = runs.iter().filter(|r| r.contender == kind).collect();
+        let totals: Vec<f64> = mine.iter().map(|r| r.total_s).collect();
+        let ratios: Vec<f64> = mine
+            .iter()
+            .filter_map(|r| floor_of(r.round).map(|f| r.total_s / f))
+            .collect();
+        let per_node = median_of(mine.iter().map(|r| r.requests_per_node).collect());
+        let cpu = median_of(
+            mine.iter()
+                .map(|r| (r.servers_cpu_s.apiserver_s + r.servers_cpu_s.etcd_s) * 1e3 / n as f64)
+                .collect(),
+        );
+        out += &format!(
+            "| {} | {} | {:.2} | {} | {} | {} | {} | {} |\n",
+            kind.name(),
+            mine.len(),
+            median_of(totals.clone()).unwrap_or(f64::NAN),
+            spread(&totals),
+            median_of(ratios.clone()).map_or("–".into(), |r| format!("{r:.2}")),
+            if ratios.is_empty() {
+                "–".into()
+            } else {
+                spread(&ratios)
+            },
+            per_node.map_or("–".into(), |r| format!("{r:.2}")),
+            cpu.map_or("–".into(), |c| format!("{c:.2}")),
+        );
+    }
+    let requests: Vec<String> = runs
+        .iter()
+        .filter(|r| r.round == 1)
+        .map(|r| {
+            let kinds: Vec<String> = r
+                .requests
+                .by_kind
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            format!("- {}: {}", r.contender.name(), kinds.join(", "))
+        })
+        .collect();
+    if !requests.is_empty() {
+        out += "\nrequests in round 1, by verb and resource (start-up included):\n";
+        out += &requests.join("\n");
+        out += "\n";
     }
     out
 }

@@ -12,14 +12,16 @@ use nodeipam_testenv::ControlPlane;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::contender::Settings;
+use crate::audit;
+use crate::contender::{Kind, Settings};
 use crate::procstat;
 
 pub const CLUSTER_CIDR: &str = "10.0.0.0/8";
 pub const MASK: u8 = 24;
-/// The harness's `--service-cluster-ip-range`; kcm and the floor keep it out, nodeipam reads it
-/// from the `kubernetes` ServiceCIDR object.
-pub const SERVICE_RANGE: &str = "10.96.0.0/16";
+/// The control plane's `--service-cluster-ip-range`, outside the cluster CIDR: nodeipam's
+/// webhook refuses a pod range that overlaps a Service range, as it should. kcm and the floor
+/// are told it all the same.
+pub const SERVICE_RANGE: &str = "172.30.0.0/16";
 pub const CONFIG_NAME: &str = "bench";
 
 #[derive(Debug, Clone, clap::Args)]
@@ -60,12 +62,23 @@ impl CommonArgs {
             service_range: SERVICE_RANGE.into(),
             nodeipam_bin: self.nodeipam.clone(),
             kcm_bin: assets.join("kube-controller-manager"),
+            webhook_port: 0,
         }
     }
 
-    pub async fn control_plane(&self) -> anyhow::Result<(ControlPlane, f64)> {
+    /// A fresh control plane that audits the contender's requests, and the contender's
+    /// kubeconfig (its own identity, a cluster admin).
+    pub async fn control_plane(&self) -> anyhow::Result<(ControlPlane, Contender, f64)> {
         let began = Instant::now();
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos();
+        let dir = self.work.join(format!("audit-{stamp}"));
+        let audit = audit::files(&dir)?;
         let mut builder = ControlPlane::builder().service_cluster_ip_range(SERVICE_RANGE);
+        for arg in &audit.args {
+            builder = builder.apiserver_arg(arg);
+        }
         if let Some(a) = &self.assets {
             builder = builder.assets_dir(a);
         }
@@ -73,8 +86,109 @@ impl CommonArgs {
             .start()
             .await
             .context("starting the control plane")?;
-        Ok((cp, began.elapsed().as_secs_f64()))
+        let kubeconfig = dir.join("contender.kubeconfig");
+        cp.write_kubeconfig_for(audit::CONTENDER_USER, &["system:masters"], &kubeconfig)
+            .context("writing the contender's kubeconfig")?;
+        let contender = Contender {
+            kubeconfig,
+            audit_log: audit.log,
+        };
+        Ok((cp, contender, began.elapsed().as_secs_f64()))
     }
+}
+
+/// How a contender reaches the control plane, and where its requests are counted.
+pub struct Contender {
+    pub kubeconfig: PathBuf,
+    pub audit_log: PathBuf,
+}
+
+impl Contender {
+    pub fn requests(&self) -> anyhow::Result<audit::Requests> {
+        audit::count_file(&self.audit_log)
+    }
+}
+
+/// What `kind` needs in the cluster before it starts: nodeipam's config (with our finalizer
+/// as a restarted controller finds it when `finalizer`); for the default install also its
+/// namespace and its webhook, registered by URL as `config/webhook` declares it.
+pub async fn prepare(
+    admin: &kube::Client,
+    kind: Kind,
+    settings: &mut Settings,
+    finalizer: bool,
+) -> anyhow::Result<()> {
+    match kind {
+        Kind::Nodeipam => create_config(admin, finalizer).await,
+        // Its webhook refuses every config until it answers: the config comes after the
+        // start (`create_config_once_admitted`), as a user's does.
+        Kind::NodeipamDefault => install_default(admin, settings).await,
+        _ => Ok(()),
+    }
+}
+
+/// Creates the config as a user does right after installing: without our finalizer, retried
+/// until the webhook (fail-closed) admits it.
+pub async fn create_config_once_admitted(client: &kube::Client) -> anyhow::Result<()> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match create_config(client, false).await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() < deadline && format!("{e:#}").contains("webhook") => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The namespace and the webhook registration of the default install.
+pub async fn install_default(admin: &kube::Client, settings: &mut Settings) -> anyhow::Result<()> {
+    namespace(admin, nodeipam_webhook::DEFAULT_NAMESPACE).await?;
+    settings.webhook_port = free_port()?;
+    register_webhook(admin, settings.webhook_port).await
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+async fn namespace(admin: &kube::Client, name: &str) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("creating namespace {name}")),
+    }
+}
+
+/// The ValidatingWebhookConfiguration of `config/webhook`, reaching the webhook by URL.
+async fn register_webhook(admin: &kube::Client, port: u16) -> anyhow::Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let path = nodeipam_testenv::workspace_root().join("config/webhook/manifests.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut vwc: ValidatingWebhookConfiguration =
+        serde_yaml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    for hook in vwc.webhooks.iter_mut().flatten() {
+        let service_path = hook
+            .client_config
+            .service
+            .take()
+            .and_then(|s| s.path)
+            .context("the webhook manifest names no path")?;
+        hook.client_config.url = Some(format!("https://127.0.0.1:{port}{service_path}"));
+    }
+    Api::<ValidatingWebhookConfiguration>::all(admin.clone())
+        .create(&PostParams::default(), &vwc)
+        .await
+        .context("registering the webhook")?;
+    Ok(())
 }
 
 /// The one NodeIPAMConfig nodeipam allocates from: 10.0.0.0/8, a /24 per node. With

@@ -20,7 +20,11 @@ use crate::procstat;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
+    /// nodeipam tuned for the benchmark: no webhook, no publishing, no leader election.
     Nodeipam,
+    /// nodeipam as installed: webhook, publishing and leader election on, the config created
+    /// without our finalizer.
+    NodeipamDefault,
     Kcm,
     Floor,
     /// The floor reading the existing nodes with a streaming list instead of pages of 500.
@@ -39,6 +43,7 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Nodeipam => "nodeipam",
+            Kind::NodeipamDefault => "nodeipam-default",
             Kind::Kcm => "kcm",
             Kind::Floor => "floor",
             Kind::FloorStreaming => "floor-streaming",
@@ -54,7 +59,7 @@ impl Kind {
     /// starts; the floor's own line.
     fn synced_lines(self) -> &'static [&'static str] {
         match self {
-            Kind::Nodeipam => &["allocation state rebuilt from the API"],
+            Kind::Nodeipam | Kind::NodeipamDefault => &["allocation state rebuilt from the API"],
             Kind::Kcm => &["Starting range CIDR allocator", "Caches are synced"],
             _ => &["floor: synced"],
         }
@@ -75,6 +80,9 @@ pub struct Settings {
     pub nodeipam_bin: PathBuf,
     #[serde(skip)]
     pub kcm_bin: PathBuf,
+    /// Where `nodeipam-default` serves its webhook (registered by URL before it starts).
+    #[serde(skip)]
+    pub webhook_port: u16,
 }
 
 #[derive(Default)]
@@ -109,6 +117,20 @@ pub fn command(kind: Kind, s: &Settings, kubeconfig: &Path) -> anyhow::Result<Ve
             format!("--write-concurrency={}", s.write_concurrency),
             // Any free port: several benchmarks or tests may run on one machine.
             "--metrics-addr=127.0.0.1:0".into(),
+        ],
+        Kind::NodeipamDefault => vec![
+            s.nodeipam_bin.display().to_string(),
+            "run".into(),
+            format!("--kubeconfig={kc}"),
+            format!("--kube-api-qps={}", s.qps),
+            format!("--kube-api-burst={}", s.burst),
+            format!("--write-concurrency={}", s.write_concurrency),
+            "--identity=bench".into(),
+            // Loopback instead of a Service: the API server reaches the webhook by URL.
+            format!("--webhook-addr=127.0.0.1:{}", s.webhook_port),
+            "--webhook-dns-names=127.0.0.1".into(),
+            "--metrics-bind-address=127.0.0.1:0".into(),
+            "--health-probe-bind-address=127.0.0.1:0".into(),
         ],
         Kind::Kcm => vec![
             s.kcm_bin.display().to_string(),

@@ -2,6 +2,7 @@
 //! plain patcher) on a real local control plane; see BENCHMARKS.md and hack/bench/.
 
 mod allocator;
+mod audit;
 mod burst;
 mod common;
 mod contender;
@@ -90,7 +91,7 @@ struct PopulateArgs {
     /// Name prefix and the value of the bench.nodeipam.io/group label.
     #[arg(long, default_value = "existing")]
     group: String,
-    /// Give each node a /24 of 10.0.0.0/8 (outside 10.96.0.0/16), as if allocated earlier.
+    /// Give each node a /24 of 10.0.0.0/8 (outside the Service range), as if allocated earlier.
     #[arg(long)]
     with_pod_cidrs: bool,
     #[arg(long, default_value_t = 64)]

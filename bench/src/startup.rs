@@ -83,8 +83,9 @@ pub async fn run(args: StartupArgs) -> anyhow::Result<StartupReport> {
         runs: Vec::new(),
     };
     for &n in &args.nodes {
-        let (cp, _) = args.common.control_plane().await?;
+        let (cp, contender, _) = args.common.control_plane().await?;
         let admin = cp.client();
+        let mut settings = settings.clone();
         eprintln!(
             "startup: creating {n} nodes with podCIDRs (load {:.2})",
             procstat::load1()?
@@ -113,9 +114,13 @@ pub async fn run(args: StartupArgs) -> anyhow::Result<StartupReport> {
         report.populations.push(Population { nodes: n, load });
         // As a restarted nodeipam finds it: with its finalizer.
         common::create_config(&admin, true).await?;
+        // After the config: the webhook refuses every config until a nodeipam answers.
+        if args.contenders.contains(&Kind::NodeipamDefault) {
+            common::install_default(&admin, &mut settings).await?;
+        }
         for round in 1..=args.rounds {
             for &kind in &args.contenders {
-                let run = one(&args, &settings, &cp, kind, n, round)
+                let run = one(&args, &settings, &cp, &contender, kind, n, round)
                     .await
                     .with_context(|| format!("start-up of {} with {n} nodes", kind.name()))?;
                 eprintln!(
@@ -140,6 +145,7 @@ async fn one(
     args: &StartupArgs,
     settings: &Settings,
     cp: &nodeipam_testenv::ControlPlane,
+    contender: &common::Contender,
     kind: Kind,
     n: usize,
     round: usize,
@@ -162,7 +168,7 @@ async fn one(
     let mut proc = contender::spawn(
         kind,
         settings,
-        cp.kubeconfig_path(),
+        &contender.kubeconfig,
         &args.common.work,
         &log_name,
     )?;

@@ -22,6 +22,8 @@ timed "cargo build --release nodeipam, nodeipam-bench" \
 # Private copies: another build in the shared target folder must not swap them mid-run.
 mkdir -p "$WORK/bin"
 cp "$CARGO_TARGET_DIR/release/nodeipam" "$CARGO_TARGET_DIR/release/nodeipam-bench" "$WORK/bin/"
+# The run itself needs no build folder: other builds may go on meanwhile (claim_target's lock).
+flock -u 9
 log "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores; contender logs in $WORK"
 "$WORK/bin/nodeipam-bench" "$KIND" \
   --nodeipam "$WORK/bin/nodeipam" --work "$WORK" --out "$OUT" "$@"
