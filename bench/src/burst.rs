@@ -180,7 +180,7 @@ async fn one(
     if args.existing > 0 {
         let range: IpNet = common::CLUSTER_CIDR.parse()?;
         let service: IpNet = common::SERVICE_RANGE.parse()?;
-        let blocks = nodes::blocks(range, common::MASK, &[service], args.existing)?;
+        let blocks = nodes::blocks(range, settings.mask, &[service], args.existing)?;
         let existing = blocks
             .iter()
             .enumerate()
@@ -220,7 +220,7 @@ async fn one(
             &log_name,
         )?;
         if kind == Kind::NodeipamDefault {
-            common::create_config_once_admitted(&admin).await?;
+            common::create_config_once_admitted(&admin, settings.mask).await?;
         }
         observer
             .wait_assigned(n, timeout, || proc.check_alive())
@@ -243,7 +243,7 @@ async fn one(
         )?;
         proc.wait_synced(Duration::from_secs(60)).await?;
         if kind == Kind::NodeipamDefault {
-            common::create_config_once_admitted(&admin).await?;
+            common::create_config_once_admitted(&admin, settings.mask).await?;
         }
         // Warm-up: one node through the whole path, so every gate is open and every
         // connection up.

@@ -33,6 +33,9 @@ pub struct CommonArgs {
     /// `--kube-api-burst` of every contender.
     #[arg(long, default_value_t = 1000)]
     pub burst: u32,
+    /// The per-node mask of every contender (kcm takes at most 16 bits more than the /8: 24).
+    #[arg(long, default_value_t = MASK)]
+    pub mask: u8,
     /// nodeipam's `--write-concurrency` and the floor's patches in flight (kcm has 30 workers).
     #[arg(long, default_value_t = 16)]
     pub write_concurrency: usize,
@@ -58,11 +61,12 @@ impl CommonArgs {
             burst: self.burst,
             write_concurrency: self.write_concurrency,
             cluster_cidr: CLUSTER_CIDR.into(),
-            mask: MASK,
+            mask: self.mask,
             service_range: SERVICE_RANGE.into(),
             nodeipam_bin: self.nodeipam.clone(),
             kcm_bin: assets.join("kube-controller-manager"),
             webhook_port: 0,
+            replica: None,
         }
     }
 
@@ -119,7 +123,7 @@ pub async fn prepare(
     finalizer: bool,
 ) -> anyhow::Result<()> {
     match kind {
-        Kind::Nodeipam => create_config(admin, finalizer).await,
+        Kind::Nodeipam => create_config(admin, finalizer, settings.mask).await,
         // Its webhook refuses every config until it answers: the config comes after the
         // start (`create_config_once_admitted`), as a user's does.
         Kind::NodeipamDefault => install_default(admin, settings).await,
@@ -129,10 +133,10 @@ pub async fn prepare(
 
 /// Creates the config as a user does right after installing: without our finalizer, retried
 /// until the webhook (fail-closed) admits it.
-pub async fn create_config_once_admitted(client: &kube::Client) -> anyhow::Result<()> {
+pub async fn create_config_once_admitted(client: &kube::Client, mask: u8) -> anyhow::Result<()> {
     let deadline = Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        match create_config(client, false).await {
+        match create_config(client, false, mask).await {
             Ok(()) => return Ok(()),
             Err(e) if Instant::now() < deadline && format!("{e:#}").contains("webhook") => {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -149,12 +153,12 @@ pub async fn install_default(admin: &kube::Client, settings: &mut Settings) -> a
     register_webhook(admin, settings.webhook_port).await
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
 
-async fn namespace(admin: &kube::Client, name: &str) -> anyhow::Result<()> {
+pub async fn namespace(admin: &kube::Client, name: &str) -> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::Namespace;
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
     match Api::<Namespace>::all(admin.clone())
@@ -193,7 +197,7 @@ async fn register_webhook(admin: &kube::Client, port: u16) -> anyhow::Result<()>
 
 /// The one NodeIPAMConfig nodeipam allocates from: 10.0.0.0/8, a /24 per node. With
 /// `finalizer`, it carries nodeipam's finalizer already, as a restarted controller finds it.
-pub async fn create_config(client: &kube::Client, finalizer: bool) -> anyhow::Result<()> {
+pub async fn create_config(client: &kube::Client, finalizer: bool, mask: u8) -> anyhow::Result<()> {
     let mut meta = json!({ "name": CONFIG_NAME });
     if finalizer {
         meta["finalizers"] = json!([nodeipam_crd::FINALIZER]);
@@ -202,7 +206,7 @@ pub async fn create_config(client: &kube::Client, finalizer: bool) -> anyhow::Re
         "apiVersion": "nodeipam.io/v1alpha1",
         "kind": "NodeIPAMConfig",
         "metadata": meta,
-        "spec": { "ipv4": { "cidr": CLUSTER_CIDR, "perNodeMaskSize": MASK } },
+        "spec": { "ipv4": { "cidr": CLUSTER_CIDR, "perNodeMaskSize": mask } },
     }))
     .context("the NodeIPAMConfig literal")?;
     Api::<NodeIPAMConfig>::all(client.clone())

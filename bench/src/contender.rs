@@ -83,6 +83,10 @@ pub struct Settings {
     /// Where `nodeipam-default` serves its webhook (registered by URL before it starts).
     #[serde(skip)]
     pub webhook_port: u16,
+    /// A replica's name, for a run with leader election (failover): nodeipam's `--identity`;
+    /// kcm then runs with `--leader-elect=true`.
+    #[serde(skip)]
+    pub replica: Option<String>,
 }
 
 #[derive(Default)]
@@ -125,7 +129,7 @@ pub fn command(kind: Kind, s: &Settings, kubeconfig: &Path) -> anyhow::Result<Ve
             format!("--kube-api-qps={}", s.qps),
             format!("--kube-api-burst={}", s.burst),
             format!("--write-concurrency={}", s.write_concurrency),
-            "--identity=bench".into(),
+            format!("--identity={}", s.replica.as_deref().unwrap_or("bench")),
             // Loopback instead of a Service: the API server reaches the webhook by URL.
             format!("--webhook-addr=127.0.0.1:{}", s.webhook_port),
             "--webhook-dns-names=127.0.0.1".into(),
@@ -142,7 +146,7 @@ pub fn command(kind: Kind, s: &Settings, kubeconfig: &Path) -> anyhow::Result<Ve
             format!("--service-cluster-ip-range={}", s.service_range),
             format!("--kube-api-qps={}", s.qps),
             format!("--kube-api-burst={}", s.burst),
-            "--leader-elect=false".into(),
+            format!("--leader-elect={}", s.replica.is_some()),
             "--secure-port=0".into(),
         ],
         _ => vec![

@@ -6,6 +6,7 @@ mod audit;
 mod burst;
 mod common;
 mod contender;
+mod failover;
 mod floor;
 mod nodes;
 mod observer;
@@ -33,6 +34,8 @@ struct Cli {
 enum Command {
     /// N nodes created at once; time until each has podCIDRs, per contender.
     Burst(burst::BurstArgs),
+    /// A leader and a standby with N nodes that hold podCIDRs; the leader killed.
+    Failover(failover::FailoverArgs),
     /// Start each contender with N nodes that hold podCIDRs already.
     Startup(startup::StartupArgs),
     /// The floor patcher (a contender; started by `burst` and `startup`).
@@ -64,6 +67,12 @@ fn main() -> anyhow::Result<()> {
                 let out = args.out.clone();
                 let report = startup::run(args).await?;
                 println!("{}", startup::table(&report));
+                eprintln!("results: {}", out.display());
+            }
+            Command::Failover(args) => {
+                let out = args.out.clone();
+                let report = failover::run(args).await?;
+                println!("{}", failover::table(&report));
                 eprintln!("results: {}", out.display());
             }
             Command::Allocator(args) => {
@@ -143,6 +152,7 @@ fn report(path: &Path) -> anyhow::Result<String> {
         Some("burst") => Ok(burst::table(&serde_json::from_value(value)?)),
         Some("allocator") => Ok(allocator::table(&serde_json::from_value(value)?)),
         Some("startup") => Ok(startup::table(&serde_json::from_value(value)?)),
+        Some("failover") => Ok(failover::table(&serde_json::from_value(value)?)),
         other => anyhow::bail!("{}: unknown benchmark {other:?}", path.display()),
     }
 }

@@ -92,7 +92,7 @@ pub async fn run(args: StartupArgs) -> anyhow::Result<StartupReport> {
         );
         let range: IpNet = common::CLUSTER_CIDR.parse()?;
         let service: IpNet = common::SERVICE_RANGE.parse()?;
-        let blocks = nodes::blocks(range, common::MASK, &[service], n)?;
+        let blocks = nodes::blocks(range, settings.mask, &[service], n)?;
         let batch: Vec<_> = blocks
             .iter()
             .enumerate()
@@ -113,7 +113,7 @@ pub async fn run(args: StartupArgs) -> anyhow::Result<StartupReport> {
         );
         report.populations.push(Population { nodes: n, load });
         // As a restarted nodeipam finds it: with its finalizer.
-        common::create_config(&admin, true).await?;
+        common::create_config(&admin, true, settings.mask).await?;
         // After the config: the webhook refuses every config until a nodeipam answers.
         if args.contenders.contains(&Kind::NodeipamDefault) {
             common::install_default(&admin, &mut settings).await?;
