@@ -7,11 +7,9 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -19,20 +17,15 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use nodeipam_crd::{FINALIZER, NodeIPAMConfig};
-use nodeipam_testenv::{ControlPlane, workspace_root};
-use rustix::process::{Pid, Signal, kill_process};
+use nodeipam_testenv::ControlPlane;
+use rustix::process::Signal;
 use serde_json::{Value, json};
+use support::process::{
+    NAMESPACE, Replica, SA_GROUPS, SA_USER, config_path, free_port, install_rbac, kubectl_ok,
+    metric, nodeipam_bin, sa_kubeconfig,
+};
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Names fixed by the manifests and the binary's defaults; RBAC names them.
-const NAMESPACE: &str = "nodeipam-system";
-const SA_USER: &str = "system:serviceaccount:nodeipam-system:nodeipam-controller";
-const SA_GROUPS: &[&str] = &[
-    "system:serviceaccounts",
-    "system:serviceaccounts:nodeipam-system",
-    "system:authenticated",
-];
 const LEASE: &str = "nodeipam-controller";
 const SECRET: &str = "nodeipam-webhook-tls";
 const VWC: &str = "nodeipam-webhook";
@@ -40,72 +33,6 @@ const VWC: &str = "nodeipam-webhook";
 const FAST_LEASE: &[&str] = &["--lease-duration=4", "--lease-grace=2"];
 
 // ----- helpers -----
-
-/// The `nodeipam` binary: `$NODEIPAM_BIN`, else next to this test binary's folder
-/// (`<target>/debug/deps/deploy-*` → `<target>/debug/nodeipam`).
-fn nodeipam_bin() -> PathBuf {
-    if let Some(path) = std::env::var_os("NODEIPAM_BIN").filter(|v| !v.is_empty()) {
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "step=locate-nodeipam: NODEIPAM_BIN={} is not a file",
-            path.display()
-        );
-        return path;
-    }
-    let exe = std::env::current_exe().expect("step=locate-nodeipam: path of the test binary");
-    let candidate = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|debug| debug.join("nodeipam"));
-    match candidate {
-        Some(path) if path.is_file() => path,
-        _ => panic!(
-            "step=locate-nodeipam: no nodeipam binary at {:?} (next to {}): run `cargo build -p \
-             nodeipam-controller --bin nodeipam` first (hack/test.sh does), or set NODEIPAM_BIN",
-            candidate,
-            exe.display()
-        ),
-    }
-}
-
-fn setpriv() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("setpriv"))
-        .find(|p| p.is_file())
-}
-
-fn config_path(rel: &str) -> String {
-    workspace_root()
-        .join("config")
-        .join(rel)
-        .display()
-        .to_string()
-}
-
-/// Runs kubectl (admin) and returns (success, stdout, stderr). Async so that a webhook served
-/// on this runtime could answer the API server meanwhile.
-async fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = tokio::process::Command::from(cp.kubectl());
-    cmd.args(args).stdin(Stdio::null());
-    let out = cmd
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("step=kubectl: cannot run kubectl {args:?}: {e}"));
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// kubectl that must succeed; returns stdout.
-async fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> String {
-    let (ok, out, err) = kubectl(cp, args).await;
-    assert!(ok, "kubectl {args:?} failed:\n{err}\n{out}");
-    out
-}
 
 /// The objects of a multi-document YAML stream.
 fn yaml_docs(text: &str) -> Vec<Value> {
@@ -121,220 +48,6 @@ fn find_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     docs.iter()
         .find(|d| d["kind"] == kind)
         .unwrap_or_else(|| panic!("no {kind} in the rendered manifests"))
-}
-
-/// Applies the namespace and `config/rbac` for real.
-async fn install_rbac(cp: &ControlPlane) {
-    kubectl_ok(cp, &["apply", "-f", &config_path("manager/namespace.yaml")]).await;
-    kubectl_ok(cp, &["apply", "-k", &config_path("rbac")]).await;
-}
-
-/// Writes a kubeconfig for exactly the controller's ServiceAccount identity.
-fn sa_kubeconfig(cp: &ControlPlane, dir: &Path) -> PathBuf {
-    let path = dir.join("nodeipam-controller.kubeconfig");
-    cp.write_kubeconfig_for(SA_USER, SA_GROUPS, &path)
-        .unwrap_or_else(|e| panic!("step=write-kubeconfig: {e}"));
-    path
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("step=pick-port: bind 127.0.0.1:0")
-}
-
-/// One plain HTTP/1.0 GET on loopback: (status, body).
-async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-        stream.write_all(req.as_bytes()).await?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        Ok::<_, std::io::Error>(String::from_utf8_lossy(&raw).into_owned())
-    };
-    let text = tokio::time::timeout(Duration::from_secs(5), attempt)
-        .await
-        .ok()?
-        .ok()?;
-    let status = text.split(' ').nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((status, body))
-}
-
-/// The value of the series `name` whose labels include `labels`, from Prometheus text.
-fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (n, set) = match series.split_once('{') {
-                Some((n, rest)) => (n, rest.strip_suffix('}')?),
-                None => (series, ""),
-            };
-            let all = labels.iter().all(|(k, v)| {
-                let want = format!("{k}=\"{v}\"");
-                set.split(',').any(|kv| kv == want)
-            });
-            (n == name && all).then(|| value.parse().ok()).flatten()
-        })
-}
-
-/// `nodeipam run` as a child process with its own ports and log file.
-struct Replica {
-    name: String,
-    child: tokio::process::Child,
-    metrics_port: u16,
-    webhook_port: u16,
-    log: PathBuf,
-}
-
-impl Replica {
-    /// Starts `nodeipam run` as `kubeconfig`'s identity, with leader election and the webhook
-    /// on (managed TLS, certificate for 127.0.0.1), and waits until /healthz answers.
-    async fn start(dir: &Path, kubeconfig: &Path, name: &str, extra: &[&str]) -> Replica {
-        let bin = nodeipam_bin();
-        let (metrics_port, webhook_port) = (free_port(), free_port());
-        let log = dir.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log)
-            .unwrap_or_else(|e| panic!("step=spawn-nodeipam: create {}: {e}", log.display()));
-        let err = out
-            .try_clone()
-            .expect("step=spawn-nodeipam: clone log handle");
-        // setpriv (util-linux), when present, makes the kernel kill the child if this test
-        // process dies, so a killed test run leaks no controllers.
-        let mut cmd = match setpriv() {
-            Some(setpriv) => {
-                let mut cmd = tokio::process::Command::new(setpriv);
-                cmd.args(["--pdeathsig", "KILL", "--"]).arg(&bin);
-                cmd
-            }
-            None => tokio::process::Command::new(&bin),
-        };
-        // A clean environment: no KUBECONFIG, POD_NAME or NODEIPAM_* of the caller leaks in.
-        cmd.env_clear()
-            .arg("run")
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--namespace={NAMESPACE}"))
-            .arg(format!("--identity={name}"))
-            .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
-            .arg(format!("--webhook-addr=127.0.0.1:{webhook_port}"))
-            .arg("--webhook-dns-names=127.0.0.1")
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("step=spawn-nodeipam: {}: {e}", bin.display()));
-        let mut replica = Replica {
-            name: name.to_string(),
-            child,
-            metrics_port,
-            webhook_port,
-            log,
-        };
-        replica.wait_healthy().await;
-        replica
-    }
-
-    async fn wait_healthy(&mut self) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "step=start-nodeipam: {} exited early ({status}):\n{}",
-                    self.name,
-                    self.log_tail()
-                );
-            }
-            if let Some((200, _)) = http_get(self.metrics_port, "/healthz").await {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "step=start-nodeipam: {} did not answer /healthz:\n{}",
-                self.name,
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn metrics(&self) -> String {
-        match http_get(self.metrics_port, "/metrics").await {
-            Some((200, body)) => body,
-            other => panic!("{}: /metrics answered {other:?}", self.name),
-        }
-    }
-
-    async fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        metric(&self.metrics().await, name, labels)
-    }
-
-    /// Waits until `nodeipam_leader` is `want`.
-    async fn wait_leader_metric(&self, want: f64) {
-        wait_for(
-            &format!("nodeipam_leader {want} on {}", self.name),
-            || async { (self.gauge("nodeipam_leader", &[]).await == Some(want)).then_some(()) },
-        )
-        .await;
-    }
-
-    fn signal(&self, signal: Signal) {
-        let pid = self
-            .child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .and_then(Pid::from_raw)
-            .unwrap_or_else(|| panic!("{} has already exited", self.name));
-        kill_process(pid, signal).unwrap_or_else(|e| panic!("signal {}: {e}", self.name));
-    }
-
-    /// Waits for the process to exit, which it must within [`WAIT`].
-    async fn wait_exit(&mut self) -> ExitStatus {
-        match tokio::time::timeout(WAIT, self.child.wait()).await {
-            Ok(Ok(status)) => status,
-            Ok(Err(e)) => panic!("waiting for {}: {e}", self.name),
-            Err(_) => panic!("{} did not exit:\n{}", self.name, self.log_tail()),
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn log_tail(&self) -> String {
-        let text = self.log_text();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    /// No API call of this replica was refused by RBAC.
-    fn assert_never_forbidden(&self) {
-        let log = self.log_text();
-        let refused: Vec<&str> = log
-            .lines()
-            .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
-            .collect();
-        assert!(
-            refused.is_empty(),
-            "{} was refused by RBAC:\n{}",
-            self.name,
-            refused.join("\n")
-        );
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        // kill_on_drop ends the process; a failing test shows what it logged.
-        if std::thread::panicking() {
-            eprintln!("--- {} log tail ---\n{}", self.name, self.log_tail());
-        }
-    }
 }
 
 async fn lease_holder(client: &Client) -> Option<String> {
@@ -679,8 +392,8 @@ async fn rbac_allows_every_feature_and_nothing_more() {
     let admin = cp.client();
     let dir = tempfile::tempdir().expect("temp dir");
     install_rbac(&cp).await;
-    let kubeconfig = sa_kubeconfig(&cp, dir.path());
-    let mut replica = Replica::start(dir.path(), &kubeconfig, "rbac-0", &[]).await;
+    let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
+    let mut replica = Replica::start_plain(dir.path(), &kubeconfig, "rbac-0", &[]).await;
     register_webhook_by_url(&admin, replica.webhook_port).await;
 
     // Leader election: the lease is created and held.
@@ -874,13 +587,13 @@ async fn failover_during_a_node_burst() {
     let admin = cp.client();
     let dir = tempfile::tempdir().expect("temp dir");
     install_rbac(&cp).await;
-    let kubeconfig = sa_kubeconfig(&cp, dir.path());
+    let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
     let mut fast: Vec<&str> = FAST_LEASE.to_vec();
     fast.extend(["--kube-api-qps=200", "--kube-api-burst=200"]);
 
-    let mut a = Replica::start(dir.path(), &kubeconfig, "replica-a", &fast).await;
+    let mut a = Replica::start_plain(dir.path(), &kubeconfig, "replica-a", &fast).await;
     wait_holder(&admin, "replica-a").await;
-    let mut b = Replica::start(dir.path(), &kubeconfig, "replica-b", &fast).await;
+    let mut b = Replica::start_plain(dir.path(), &kubeconfig, "replica-b", &fast).await;
     a.wait_leader_metric(1.0).await;
 
     create_ready_config(&admin, "pool", dual_stack(v4, v6)).await;
@@ -962,7 +675,7 @@ async fn failover_during_a_node_burst() {
 
     // A replacement stands by. SIGTERM: the leader clears the lease's holder before it exits;
     // the standby takes it when it next reads the lease.
-    let mut c = Replica::start(dir.path(), &kubeconfig, "replica-c", &fast).await;
+    let mut c = Replica::start_plain(dir.path(), &kubeconfig, "replica-c", &fast).await;
     assert_eq!(c.gauge("nodeipam_leader", &[]).await, Some(0.0));
     let term_at = Instant::now();
     b.signal(Signal::TERM);
@@ -1020,11 +733,11 @@ async fn sigterm_hands_the_lease_to_the_standby() {
     let admin = cp.client();
     let dir = tempfile::tempdir().expect("temp dir");
     install_rbac(&cp).await;
-    let kubeconfig = sa_kubeconfig(&cp, dir.path());
+    let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
 
-    let mut a = Replica::start(dir.path(), &kubeconfig, "replica-a", LEASE_FLAGS).await;
+    let mut a = Replica::start_plain(dir.path(), &kubeconfig, "replica-a", LEASE_FLAGS).await;
     wait_holder(&admin, "replica-a").await;
-    let mut b = Replica::start(dir.path(), &kubeconfig, "replica-b", LEASE_FLAGS).await;
+    let mut b = Replica::start_plain(dir.path(), &kubeconfig, "replica-b", LEASE_FLAGS).await;
     a.wait_leader_metric(1.0).await;
     create_ready_config(&admin, "pool", dual_stack("10.140.0.0/16", "fd00:140::/48")).await;
     create_node(&admin, "before", &[]).await;
@@ -1073,13 +786,13 @@ async fn a_panic_ends_the_leader_and_the_standby_takes_over(fault: &str, base: u
     let admin = cp.client();
     let dir = tempfile::tempdir().expect("temp dir");
     install_rbac(&cp).await;
-    let kubeconfig = sa_kubeconfig(&cp, dir.path());
+    let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
     let mut faulty = FAST_LEASE.to_vec();
     let flag = format!("--inject-fault={fault}:boom");
     faulty.push(&flag);
-    let mut a = Replica::start(dir.path(), &kubeconfig, "replica-a", &faulty).await;
+    let mut a = Replica::start_plain(dir.path(), &kubeconfig, "replica-a", &faulty).await;
     wait_holder(&admin, "replica-a").await;
-    let mut b = Replica::start(dir.path(), &kubeconfig, "replica-b", FAST_LEASE).await;
+    let mut b = Replica::start_plain(dir.path(), &kubeconfig, "replica-b", FAST_LEASE).await;
     let (v4, v6) = (format!("10.{base}.0.0/16"), format!("fd00:{base}::/48"));
     create_ready_config(&admin, "pool", dual_stack(&v4, &v6)).await;
     create_node(&admin, "before", &[]).await;

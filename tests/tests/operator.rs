@@ -5,11 +5,8 @@
 //! no more; `KUBECONFIG` lists and `--context`; the command line's `version`, `completion` and
 //! `ranges -o`.
 
-#[path = "support/scrape.rs"]
-mod scrape;
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -20,15 +17,13 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use nodeipam_crd::NodeIPAMConfig;
 use nodeipam_testenv::{ControlPlane, workspace_root};
 use serde_json::json;
+use support::process::{
+    NAMESPACE, Replica, SA_USER, config_path, free_port, http_get, install_rbac, kubectl,
+    kubectl_ok, nodeipam_bin,
+};
+use support::scrape;
 use support::*;
 
-const NAMESPACE: &str = "nodeipam-system";
-const SA_USER: &str = "system:serviceaccount:nodeipam-system:nodeipam-controller";
-const SA_GROUPS: &[&str] = &[
-    "system:serviceaccounts",
-    "system:serviceaccounts:nodeipam-system",
-    "system:authenticated",
-];
 /// A short lease, so that a stalled election is noticed within the tests' wait.
 const FAST_LEASE: &[&str] = &[
     "--leader-elect-lease-duration=4s",
@@ -38,205 +33,9 @@ const FAST_LEASE: &[&str] = &[
 
 // ----- helpers -----
 
-/// The `nodeipam` binary: `$NODEIPAM_BIN`, else next to this test binary's folder.
-fn nodeipam_bin() -> PathBuf {
-    if let Some(path) = std::env::var_os("NODEIPAM_BIN").filter(|v| !v.is_empty()) {
-        return PathBuf::from(path);
-    }
-    let exe = std::env::current_exe().expect("step=locate-nodeipam: path of the test binary");
-    let candidate = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|debug| debug.join("nodeipam"));
-    match candidate {
-        Some(path) if path.is_file() => path,
-        _ => panic!(
-            "step=locate-nodeipam: no nodeipam binary at {candidate:?}: run `cargo build -p \
-             nodeipam-controller --bin nodeipam` first (hack/test.sh does), or set NODEIPAM_BIN"
-        ),
-    }
-}
-
-fn config_path(rel: &str) -> String {
-    workspace_root()
-        .join("config")
-        .join(rel)
-        .display()
-        .to_string()
-}
-
-async fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = tokio::process::Command::from(cp.kubectl());
-    cmd.args(args).stdin(Stdio::null());
-    let out = cmd
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("step=kubectl: cannot run kubectl {args:?}: {e}"));
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-async fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> String {
-    let (ok, out, err) = kubectl(cp, args).await;
-    assert!(ok, "kubectl {args:?} failed:\n{err}\n{out}");
-    out
-}
-
-async fn install_rbac(cp: &ControlPlane) {
-    kubectl_ok(cp, &["apply", "-f", &config_path("manager/namespace.yaml")]).await;
-    kubectl_ok(cp, &["apply", "-k", &config_path("rbac")]).await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("step=pick-port: bind 127.0.0.1:0")
-}
-
-/// One plain HTTP GET on loopback.
-async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    scrape::http_get(&format!("127.0.0.1:{port}"), path).await
-}
-
 /// One HTTPS GET on loopback, with `Authorization: Bearer <token>` when given.
 async fn https_get(port: u16, path: &str, token: Option<&str>) -> Result<(u16, String), String> {
     scrape::https_get(&format!("127.0.0.1:{port}"), path, token).await
-}
-
-/// `nodeipam run` as the controller's ServiceAccount, with its own ports and log file.
-struct Replica {
-    name: String,
-    child: tokio::process::Child,
-    metrics_port: u16,
-    probe_port: u16,
-    log: PathBuf,
-}
-
-impl Replica {
-    async fn start(cp: &ControlPlane, dir: &Path, name: &str, extra: &[&str]) -> Replica {
-        Self::start_with_env(cp, dir, name, extra, &[]).await
-    }
-
-    /// [`Replica::start`] with these environment variables (and no others).
-    async fn start_with_env(
-        cp: &ControlPlane,
-        dir: &Path,
-        name: &str,
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Replica {
-        let kubeconfig = dir.join(format!("{name}.kubeconfig"));
-        cp.write_kubeconfig_for(SA_USER, SA_GROUPS, &kubeconfig)
-            .unwrap_or_else(|e| panic!("step=write-kubeconfig: {e}"));
-        let (metrics_port, probe_port, webhook_port) = (free_port(), free_port(), free_port());
-        let log = dir.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log)
-            .unwrap_or_else(|e| panic!("step=spawn-nodeipam: create {}: {e}", log.display()));
-        let err = out
-            .try_clone()
-            .expect("step=spawn-nodeipam: clone log handle");
-        let mut cmd = tokio::process::Command::new(nodeipam_bin());
-        cmd.env_clear()
-            .envs(env.iter().copied())
-            .arg("run")
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--namespace={NAMESPACE}"))
-            .arg(format!("--identity={name}"));
-        if !extra
-            .iter()
-            .any(|a| a.starts_with("--metrics-bind-address"))
-        {
-            cmd.arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"));
-        }
-        cmd.arg(format!(
-            "--health-probe-bind-address=127.0.0.1:{probe_port}"
-        ))
-        .arg(format!("--webhook-addr=127.0.0.1:{webhook_port}"))
-        .arg("--webhook-dns-names=127.0.0.1")
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("step=spawn-nodeipam: {e}"));
-        let mut replica = Replica {
-            name: name.into(),
-            child,
-            metrics_port,
-            probe_port,
-            log,
-        };
-        replica.wait_healthy().await;
-        replica
-    }
-
-    async fn wait_healthy(&mut self) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "step=start-nodeipam: {} exited early ({status}):\n{}",
-                    self.name,
-                    self.log_tail()
-                );
-            }
-            if let Some((200, _)) = http_get(self.probe_port, "/healthz").await {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "step=start-nodeipam: {} did not answer /healthz:\n{}",
-                self.name,
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Waits until /healthz answers 503 and returns why.
-    async fn wait_unhealthy(&self) -> String {
-        wait_for(&format!("/healthz of {} to fail", self.name), || async {
-            match http_get(self.probe_port, "/healthz").await {
-                Some((503, why)) => Some(why),
-                _ => None,
-            }
-        })
-        .await
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    fn assert_never_forbidden(&self) {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let refused: Vec<&str> = log
-            .lines()
-            .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
-            .collect();
-        assert!(
-            refused.is_empty(),
-            "{} was refused by RBAC:\n{}",
-            self.name,
-            refused.join("\n")
-        );
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("--- {} log tail ---\n{}", self.name, self.log_tail());
-        }
-    }
 }
 
 /// Creates a ServiceAccount and returns a token for it (TokenRequest, as `kubectl create

@@ -1,5 +1,6 @@
 //! Shared end-to-end helpers: a control plane with the controller running in-process, object
 //! builders, polling, and the global invariant (no two nodes hold overlapping podCIDRs).
+//! [`process`] runs the `nodeipam` binary as a child; [`scrape`] reads it as a scraper would.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -20,6 +21,9 @@ use nodeipam_crd::{Allocation, FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec};
 use nodeipam_testenv::ControlPlane;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+pub mod process;
+pub mod scrape;
 
 /// Generous: a wait that fails means the behaviour is missing, not slow. Never a duration
 /// assertion.

@@ -1,6 +1,7 @@
 //! Scraping the controller as a scraper would: plain HTTP for the probes, HTTPS with a bearer
 //! token for `/metrics`, and a token of a ServiceAccount bound to the metrics reader role.
-//! Included by path (`#[path = "support/scrape.rs"] mod scrape;`) from the tests that need it.
+//! Part of `support`, and included by path (`#[path = "support/scrape.rs"] mod scrape;`) from
+//! the tests that do not take the rest of it.
 #![allow(dead_code)]
 
 use std::sync::Arc;
