@@ -6,12 +6,14 @@
 //! it, and [`schema`] (the CEL rules) and [`validation`] (their Rust twin) on both.
 
 pub mod limits;
+pub mod pool;
 pub mod range;
 pub mod schema;
 pub mod selector;
 pub mod types;
 pub mod validation;
 
+pub use pool::*;
 pub use range::{CidrError, Family, FamilyRange, Ranges, overlaps};
 pub use types::*;
 pub use validation::{
