@@ -18,8 +18,9 @@ pub use pool::*;
 pub use range::{CidrError, Family, FamilyRange, Ranges, overlaps};
 pub use types::*;
 pub use validation::{
-    FieldError, FieldErrorKind, Overlap, ParsedPool, PoolFamily, find_overlaps, format_errors,
-    validate_node_selector, validate_pool_update, validate_spec, validate_update,
+    FieldError, FieldErrorKind, Overlap, ParsedPool, PoolCidr, PoolFamily, ServiceRangeRef,
+    config_pool_conflicts, find_overlaps, format_errors, pool_conflicts, validate_node_selector,
+    validate_pool_update, validate_spec, validate_update,
 };
 
 use kube_core::CustomResourceExt;

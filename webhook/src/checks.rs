@@ -2,7 +2,6 @@
 //! what a denial needs: a field path and a Kubernetes-style message. Also the overlap wording;
 //! what overlaps is decided by `nodeipam_crd::range`, shared with the controller.
 
-use ipnet::IpNet;
 use nodeipam_crd::NodeIPAMConfigSpec;
 
 /// One rejected field, in the two parts a Kubernetes `StatusCause` has.
@@ -52,19 +51,17 @@ pub fn update_problems(old: &NodeIPAMConfigSpec, new: &NodeIPAMConfigSpec) -> Ve
 /// controller's allocator decides overlap with the same `nodeipam_crd::range`, so a range this
 /// webhook admits is one the allocator sees as disjoint too. Re-exported under the names the
 /// messages and tests use.
-pub use nodeipam_crd::range::{Nesting as Overlap, nesting as overlap};
+pub use nodeipam_crd::range::nesting as overlap;
 
-/// `10.0.0.0/8 contains 10.64.0.0/14`, for messages.
-pub fn describe(a: &IpNet, b: &IpNet, how: Overlap) -> String {
-    match how {
-        Overlap::Same => format!("{a} is the same range"),
-        Overlap::Contains => format!("{a} contains {b}"),
-        Overlap::Inside => format!("{a} is inside {b}"),
-    }
-}
+/// `10.0.0.0/8 contains 10.64.0.0/14`, for messages: the crd's wording, shared with the
+/// pool checks.
+pub use nodeipam_crd::range::describe;
 
 #[cfg(test)]
 mod tests {
+    use ipnet::IpNet;
+    use nodeipam_crd::range::Nesting as Overlap;
+
     use super::*;
 
     fn net(s: &str) -> IpNet {
