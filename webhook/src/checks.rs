@@ -1,8 +1,9 @@
-//! The webhook's view of the shared validation rules (`nodeipam_crd::validation`), reduced to
-//! what a denial needs: a field path and a Kubernetes-style message. Also the overlap wording;
-//! what overlaps is decided by `nodeipam_crd::range`, shared with the controller.
+//! The webhook's view of the shared validation rules (`nodeipam_crd::validation`), for configs
+//! and pools, reduced to what a denial needs: a field path and a Kubernetes-style message.
+//! Also the overlap wording; what overlaps is decided by `nodeipam_crd::range`, shared with
+//! the controller.
 
-use nodeipam_crd::NodeIPAMConfigSpec;
+use nodeipam_crd::{NodeIPAMConfigSpec, NodeIPAMPoolSpec};
 
 /// One rejected field, in the two parts a Kubernetes `StatusCause` has.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +24,8 @@ impl Problem {
     }
 }
 
-fn from_field_error(e: nodeipam_crd::validation::FieldError) -> Problem {
+/// A shared-validation error as a denial cause.
+pub fn from_field_error(e: nodeipam_crd::validation::FieldError) -> Problem {
     Problem {
         reason: e.kind.cause_type(),
         body: e.body(),
@@ -34,6 +36,24 @@ fn from_field_error(e: nodeipam_crd::validation::FieldError) -> Problem {
 /// Everything the shared rules reject in a spec.
 pub fn spec_problems(spec: &NodeIPAMConfigSpec) -> Vec<Problem> {
     nodeipam_crd::validation::validate_spec(spec)
+        .into_iter()
+        .map(from_field_error)
+        .collect()
+}
+
+/// Everything the shared rules reject in a pool's spec.
+pub fn pool_spec_problems(spec: &NodeIPAMPoolSpec) -> Vec<Problem> {
+    spec.parse()
+        .err()
+        .unwrap_or_default()
+        .into_iter()
+        .map(from_field_error)
+        .collect()
+}
+
+/// Everything the shared rules reject in a change of a pool's spec from `old` to `new`.
+pub fn pool_update_problems(old: &NodeIPAMPoolSpec, new: &NodeIPAMPoolSpec) -> Vec<Problem> {
+    nodeipam_crd::validation::validate_pool_update(old, new)
         .into_iter()
         .map(from_field_error)
         .collect()
