@@ -2,7 +2,8 @@
 //! kube-apiserver (no webhook, no controller): every rule accepts a good value and refuses a
 //! bad one with a 422 Invalid naming the field; the Rust twin (`NodeIPAMPoolSpec::parse` and
 //! `validate_pool_update`) reaches the same verdict on every case; the defaults the API server
-//! fills in are the Rust ones; and `kubectl get nipp` shows the printer columns.
+//! fills in are the Rust ones; `kubectl get nipp` shows the printer columns; and the sample
+//! pool applies.
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, Status};
@@ -765,6 +766,44 @@ fn explain(cp: &ControlPlane) -> Vec<String> {
     .collect()
 }
 
+/// The sample pool passes the schema and the CEL rules, and the Rust twin finds it valid with
+/// room for its `ranges.max`.
+async fn sample_applies(cp: &ControlPlane, api: &Api<DynamicObject>) -> Vec<String> {
+    let path =
+        nodeipam_testenv::workspace_root().join("config/samples/nodeipam_v1alpha1_pool.yaml");
+    let out = match cp
+        .kubectl()
+        .args(["apply", "-f", &path.display().to_string()])
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => return vec![format!("kubectl apply sample: cannot run: {e}")],
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !stdout.contains("nodeipampool.nodeipam.io/batch created") {
+        return vec![format!(
+            "the sample pool was not created: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )];
+    }
+    let stored = match api.get("batch").await {
+        Ok(obj) => obj,
+        Err(e) => return vec![format!("sample: get: {e}")],
+    };
+    match serde_json::from_value::<NodeIPAMPoolSpec>(stored.data["spec"].clone())
+        .map_err(|e| e.to_string())
+        .and_then(|spec| spec.parse().map_err(|e| nodeipam_crd::format_errors(&e)))
+    {
+        Ok(pool) if pool.budget_ranges() == u64::from(pool.max_ranges) => Vec::new(),
+        Ok(pool) => vec![format!(
+            "sample: its CIDRs hold {} ranges, fewer than ranges.max {}",
+            pool.budget_ranges(),
+            pool.max_ranges
+        )],
+        Err(e) => vec![format!("sample: the Rust twin refuses it: {e}")],
+    }
+}
+
 #[tokio::test]
 async fn pool_rules_through_the_api_server() {
     let cp = match ControlPlane::start().await {
@@ -779,6 +818,7 @@ async fn pool_rules_through_the_api_server() {
     }
     failures.extend(printer_columns(&cp, &api).await);
     failures.extend(explain(&cp));
+    failures.extend(sample_applies(&cp, &api).await);
     assert!(
         failures.is_empty(),
         "{} failure(s):\n  {}",
