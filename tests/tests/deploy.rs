@@ -18,7 +18,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use nodeipam_crd::{FINALIZER, NodeIPAMConfig, NodeIPAMPool};
+use nodeipam_crd::{FINALIZER, NodeIPAMConfig};
 use nodeipam_testenv::{ControlPlane, workspace_root};
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::{Value, json};
@@ -823,7 +823,7 @@ async fn rbac_allows_every_feature_and_nothing_more() {
     );
     // It deletes the configs a pool carved one by one, never a collection; it writes no
     // config by update, and no pool but its status.
-    let pool: NodeIPAMPool = serde_json::from_value(json!({
+    let pool: nodeipam_crd::NodeIPAMPool = serde_json::from_value(json!({
         "apiVersion": "nodeipam.io/v1alpha1",
         "kind": "NodeIPAMPool",
         "metadata": {"name": "any"},
@@ -844,19 +844,19 @@ async fn rbac_allows_every_feature_and_nothing_more() {
     );
     forbidden(
         "create a NodeIPAMPool",
-        Api::<NodeIPAMPool>::all(sa.clone())
+        Api::<nodeipam_crd::NodeIPAMPool>::all(sa.clone())
             .create(&PostParams::default(), &pool)
             .await,
     );
     forbidden(
         "delete a NodeIPAMPool",
-        Api::<NodeIPAMPool>::all(sa.clone())
+        Api::<nodeipam_crd::NodeIPAMPool>::all(sa.clone())
             .delete("any", &DeleteParams::default())
             .await,
     );
     forbidden(
         "patch a NodeIPAMPool's spec",
-        Api::<NodeIPAMPool>::all(sa.clone())
+        Api::<nodeipam_crd::NodeIPAMPool>::all(sa.clone())
             .patch("any", &merge, &Patch::Merge(&label))
             .await,
     );
