@@ -118,6 +118,25 @@ pub struct BurstRun {
     pub requests: Requests,
     #[serde(default)]
     pub requests_per_node: f64,
+    /// `nodeipam-pool`: for each range carved, seconds from the need (free blocks below the
+    /// headroom, or a node waiting) to the range accepting allocations (published, finalized).
+    #[serde(default)]
+    pub carve_s: Vec<f64>,
+}
+
+/// The carve latencies nodeipam logs ("carved range accepts allocations ... seconds=S").
+fn carve_seconds(log: &str) -> Vec<f64> {
+    log.lines()
+        .filter(|l| l.contains("carved range accepts allocations"))
+        .filter_map(|l| {
+            let at = l.find("seconds=")? + "seconds=".len();
+            let value: String = l[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect();
+            value.parse().ok()
+        })
+        .collect()
 }
 
 pub async fn run(args: BurstArgs) -> anyhow::Result<BurstReport> {
@@ -219,8 +238,8 @@ async fn one(
             &args.common.work,
             &log_name,
         )?;
-        if kind == Kind::NodeipamDefault {
-            common::create_config_once_admitted(&admin, settings.mask).await?;
+        if matches!(kind, Kind::NodeipamDefault | Kind::NodeipamPool) {
+            common::create_allocation_source(&admin, kind, settings.mask).await?;
         }
         observer
             .wait_assigned(n, timeout, || proc.check_alive())
@@ -242,8 +261,8 @@ async fn one(
             &log_name,
         )?;
         proc.wait_synced(Duration::from_secs(60)).await?;
-        if kind == Kind::NodeipamDefault {
-            common::create_config_once_admitted(&admin, settings.mask).await?;
+        if matches!(kind, Kind::NodeipamDefault | Kind::NodeipamPool) {
+            common::create_allocation_source(&admin, kind, settings.mask).await?;
         }
         // Warm-up: one node through the whole path, so every gate is open and every
         // connection up.
@@ -309,9 +328,11 @@ async fn one(
     let total_s = last.duration_since(start).as_secs_f64();
     let watch_errors = observer.watch_errors();
     drop(observer);
+    let proc_log = proc.log.clone();
     proc.stop().await?;
     // Counted after the contender stopped: its watches have ended and been logged.
     let requests = contender.requests()?;
+    let carves = carve_seconds(&std::fs::read_to_string(&proc_log).unwrap_or_default());
     cp.stop().await;
     Ok(BurstRun {
         contender: kind,
@@ -331,6 +352,7 @@ async fn one(
         load1_after,
         watch_errors,
         requests_per_node: dec(requests.total as f64 / n as f64, 3),
+        carve_s: carves,
         requests,
     })
 }
@@ -474,6 +496,17 @@ fn summary(runs: &[&BurstRun], n: usize) -> String {
             cpu.map_or("–".into(), |c| format!("{c:.2}")),
         );
     }
+    let carves: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| r.carve_s.iter().copied())
+        .collect();
+    if let Some(m) = median_of(carves.clone()) {
+        out += &format!(
+            "\nnodeipam-pool: {} ranges carved over its rounds; need to range accepting: median {m:.2}s, spread {}s\n",
+            carves.len(),
+            spread(&carves)
+        );
+    }
     let requests: Vec<String> = runs
         .iter()
         .filter(|r| r.round == 1)
@@ -493,4 +526,17 @@ fn summary(runs: &[&BurstRun], n: usize) -> String {
         out += "\n";
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::carve_seconds;
+
+    #[test]
+    fn carve_latencies_are_read_from_the_log() {
+        let log = "2026-12-01T07:00:00Z  INFO carved range accepts allocations pool=bench config=bench-10-1-0-0-16 seconds=0.734\n\
+                   2026-12-01T07:00:01Z  INFO something else seconds=9\n\
+                   2026-12-01T07:00:02Z  INFO carved range accepts allocations pool=bench config=x seconds=1.5";
+        assert_eq!(carve_seconds(log), vec![0.734, 1.5]);
+    }
 }

@@ -126,9 +126,60 @@ pub async fn prepare(
         Kind::Nodeipam => create_config(admin, finalizer, settings.mask).await,
         // Its webhook refuses every config until it answers: the config comes after the
         // start (`create_config_once_admitted`), as a user's does.
-        Kind::NodeipamDefault => install_default(admin, settings).await,
+        Kind::NodeipamDefault | Kind::NodeipamPool => install_default(admin, settings).await,
         _ => Ok(()),
     }
+}
+
+/// What a user creates right after installing: the config, or for `nodeipam-pool` the pool.
+pub async fn create_allocation_source(
+    client: &kube::Client,
+    kind: Kind,
+    mask: u8,
+) -> anyhow::Result<()> {
+    match kind {
+        Kind::NodeipamPool => retry_while_webhook_starts(|| create_pool(client, mask)).await,
+        _ => create_config_once_admitted(client, mask).await,
+    }
+}
+
+/// Retries `create` while the (fail-closed) webhook is not answering yet.
+async fn retry_while_webhook_starts<F, Fut>(mut create: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match create().await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() < deadline && format!("{e:#}").contains("webhook") => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The pool of `nodeipam-pool`: all of the cluster CIDR as its budget, ranges of 256 blocks.
+pub async fn create_pool(client: &kube::Client, mask: u8) -> anyhow::Result<()> {
+    use nodeipam_crd::NodeIPAMPool;
+    let pool: NodeIPAMPool = serde_json::from_value(json!({
+        "apiVersion": "nodeipam.io/v1alpha1",
+        "kind": "NodeIPAMPool",
+        "metadata": { "name": CONFIG_NAME },
+        "spec": {
+            "ipv4": { "cidrs": [CLUSTER_CIDR], "rangeMaskSize": mask - 8, "perNodeMaskSize": mask },
+            "ranges": { "min": 1, "max": 256 },
+            "headroom": { "blocks": 16 },
+        },
+    }))
+    .context("the NodeIPAMPool literal")?;
+    Api::<NodeIPAMPool>::all(client.clone())
+        .create(&PostParams::default(), &pool)
+        .await
+        .context("creating the NodeIPAMPool")?;
+    Ok(())
 }
 
 /// Creates the config as a user does right after installing: without our finalizer, retried

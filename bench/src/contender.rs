@@ -25,6 +25,9 @@ pub enum Kind {
     /// nodeipam as installed: webhook, publishing and leader election on, the config created
     /// without our finalizer.
     NodeipamDefault,
+    /// nodeipam as installed, with a NodeIPAMPool instead of one big config: it starts with
+    /// one range of 256 blocks and carves more as nodes come.
+    NodeipamPool,
     Kcm,
     Floor,
     /// The floor reading the existing nodes with a streaming list instead of pages of 500.
@@ -44,6 +47,7 @@ impl Kind {
         match self {
             Kind::Nodeipam => "nodeipam",
             Kind::NodeipamDefault => "nodeipam-default",
+            Kind::NodeipamPool => "nodeipam-pool",
             Kind::Kcm => "kcm",
             Kind::Floor => "floor",
             Kind::FloorStreaming => "floor-streaming",
@@ -59,7 +63,9 @@ impl Kind {
     /// starts; the floor's own line.
     fn synced_lines(self) -> &'static [&'static str] {
         match self {
-            Kind::Nodeipam | Kind::NodeipamDefault => &["allocation state rebuilt from the API"],
+            Kind::Nodeipam | Kind::NodeipamDefault | Kind::NodeipamPool => {
+                &["allocation state rebuilt from the API"]
+            }
             Kind::Kcm => &["Starting range CIDR allocator", "Caches are synced"],
             _ => &["floor: synced"],
         }
@@ -122,7 +128,7 @@ pub fn command(kind: Kind, s: &Settings, kubeconfig: &Path) -> anyhow::Result<Ve
             // Any free port: several benchmarks or tests may run on one machine.
             "--metrics-addr=127.0.0.1:0".into(),
         ],
-        Kind::NodeipamDefault => vec![
+        Kind::NodeipamDefault | Kind::NodeipamPool => vec![
             s.nodeipam_bin.display().to_string(),
             "run".into(),
             format!("--kubeconfig={kc}"),
