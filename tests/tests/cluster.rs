@@ -364,6 +364,101 @@ fn in_pod_network(data: &BTreeMap<String, String>, cidr: &str) -> bool {
         .any(|v| v.split(',').any(|c| c.trim() == cidr))
 }
 
+// ----- pod network autoscaling -----
+
+/// The pool of step 9: its budget per family, and its label on the nodes it serves.
+const AUTOSCALE_POOL: (&str, &str, &str) = ("autoscale", "10.80.0.0/24", "fd00:10:80::/60");
+
+fn pool_api(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("nodeipam.io", "v1alpha1", "NodeIPAMPool");
+    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
+/// The pool's children: name and IPv4 range, lowest first.
+async fn pool_children(client: &Client, pool: &str) -> Vec<(String, String)> {
+    let selector = format!("nodeipam.io/pool={pool}");
+    let list = config_api(client)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .unwrap_or_else(|e| panic!("step=autoscale: list the children of {pool}: {e}"));
+    let mut children: Vec<(String, String)> = list
+        .items
+        .iter()
+        .map(|c| {
+            let v4 = c.data["spec"]["ipv4"]["cidr"].as_str().unwrap_or_default();
+            (c.name_any(), v4.to_string())
+        })
+        .collect();
+    children.sort_by_key(|(_, v4)| net(v4).network().to_string());
+    children
+}
+
+async fn autoscaling_pool_grows_on_a_real_cluster(client: &Client) {
+    let (name, v4, v6) = AUTOSCALE_POOL;
+    let pool: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nodeipam.io/v1alpha1",
+        "kind": "NodeIPAMPool",
+        "metadata": {"name": name},
+        "spec": {
+            "ipv4": {"cidrs": [v4], "rangeMaskSize": 25, "perNodeMaskSize": 26},
+            "ipv6": {"cidrs": [v6], "rangeMaskSize": 63, "perNodeMaskSize": 64},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "nodeipam.io/pool", "operator": "In", "values": [name]},
+            ]}]},
+            "ranges": {"min": 1, "max": 2},
+            "headroom": {"blocks": 0},
+        },
+    }))
+    .expect("pool manifest");
+    pool_api(client)
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("step=autoscale: create pool {name} (through the webhook): {e}")
+        });
+    let first = wait_for("the pool's first range", || async {
+        match pool_children(client, name).await.as_slice() {
+            [only] => Ok(only.clone()),
+            other => Err(format!("children {other:?}")),
+        }
+    })
+    .await;
+    let label = format!("nodeipam.io/pool={name}");
+    let mut joined = Vec::new();
+    for _ in 0..3 {
+        let added = script("autoscale-add-node", &["add-node", "--labels", &label]);
+        let added = added.trim().to_string();
+        joined.push(wait_ready_with_cidrs(client, &added, AUTOSCALE_POOL).await);
+    }
+    let children = pool_children(client, name).await;
+    assert_eq!(
+        children.len(),
+        2,
+        "step=autoscale: three nodes in ranges of two blocks need a second range: {children:?}"
+    );
+    assert_eq!(children[0], first, "step=autoscale: the first range stays");
+    let second = &children[1];
+    let third = &joined[2];
+    let cidrs = pod_cidrs(third);
+    assert!(
+        inside(&cidrs[0], &second.1),
+        "step=autoscale: the third node's {cidrs:?} is not in the carved range {second:?} \
+         (the first range {first:?} fills first)"
+    );
+    let published = pod_network(client).await;
+    assert!(
+        in_pod_network(&published, &second.1),
+        "step=autoscale: the carved range {} is in the published pod network: {published:?}",
+        second.1
+    );
+    probe_pod_ips(client, third).await;
+    eprintln!(
+        "cluster: pool {name} carved {} for {} ({cidrs:?})",
+        second.0,
+        third.name_any()
+    );
+}
+
 // ----- the Helm chart -----
 
 /// The image `hack/image.sh` builds and imports into every node (no registry).
@@ -950,7 +1045,12 @@ async fn a_real_cluster_consumes_what_nodeipam_allocates() {
         "step=drain: the default pool stays published: {published:?}"
     );
 
-    // 9. Down, checked: nothing of the cluster is left on the host. A first `down` has twice
+    // 9. Pod network autoscaling: a NodeIPAMPool of ranges of two blocks per family. Three
+    // labelled nodes join; the third outgrows the first range, the controller carves a second
+    // one with no manual step, publishes it, and the node's pods get IPs from it.
+    autoscaling_pool_grows_on_a_real_cluster(&client).await;
+
+    // 10. Down, checked: nothing of the cluster is left on the host. A first `down` has twice
     // exited 1 without a word in many runs (its ERR trap now names the command); a second one
     // then finished the job, and its own check of what is left is what this step asserts.
     if let Err(e) = try_script(&["down"]) {
