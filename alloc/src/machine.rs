@@ -1473,6 +1473,7 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
         invalid,
         gate: None,
         provisional: !obj.finalizers().iter().any(|f| f == FINALIZER),
+        pool: obj.labels().get(crate::pool::POOL_LABEL).cloned(),
     }
 }
 
