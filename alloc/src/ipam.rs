@@ -812,6 +812,11 @@ impl Ipam {
         })
     }
 
+    /// Every Service range, of every source.
+    pub fn service_ranges(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.services.values().flatten().copied()
+    }
+
     pub fn service_sources(&self) -> impl Iterator<Item = &str> {
         self.services.keys().map(String::as_str)
     }

@@ -20,18 +20,25 @@ use nodeipam_crd::{
 };
 use tracing::{debug, error, info, warn};
 
-use super::effects::{self, ConfigJob, Note, WriteJob, WriteResult};
+use super::effects::{
+    self, ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, Note, WriteJob, WriteResult,
+};
 use super::ipam::{AllocateError, ConfigInput, Ipam, Phase};
 use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
 use super::podnetwork::{
     ConfigMapRef, ConfigRanges, OutputContent, OutputKind, PodNetwork, covered,
 };
+use super::pool::{self as scaling, Carve, ChildView, PoolInput, PoolStatus, PoolWorld};
 use super::selection::{self, NodeView};
 use super::status::desired_status;
 use crate::node::IpamNode;
 
 /// How long a failed re-read of a node missing from a relist waits before it is tried again.
 const REREAD_RETRY: Duration = Duration::from_secs(5);
+
+/// How long a child config a create was answered for may take to show up in the config watch
+/// before the pool forgets the carve (and decides again).
+const CARVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The source name of the `--service-cidr` flag among the Service ranges.
 const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
@@ -43,6 +50,8 @@ pub struct Options {
     pub service_cidrs: Vec<IpNet>,
     /// Whether the API serves ServiceCIDR objects: then their list is awaited before allocating.
     pub service_cidr_api: bool,
+    /// Whether NodeIPAMPools are watched: then their list is awaited too.
+    pub pools: bool,
     /// How many refused writes of the same blocks before we give up on them.
     pub write_attempts: u32,
     /// How long a node whose write we gave up on waits before it is tried again from scratch.
@@ -82,6 +91,19 @@ pub enum Input {
     Node(Watch<IpamNode>),
     Config(Watch<NodeIPAMConfig>),
     Service(Watch<ServiceCIDR>),
+    /// NodeIPAMPools, as the driver maps them.
+    Pool(Watch<PoolInput>),
+    /// The answer to `Effect::CreateConfig`.
+    ConfigCreated {
+        config: ChildConfig,
+        outcome: CreateOutcome,
+    },
+    /// The answer to `Effect::DeleteConfig`.
+    ConfigDeleted {
+        name: String,
+        uid: Option<String>,
+        outcome: DeleteOutcome,
+    },
     /// A published ConfigMap, by its index in `Options::outputs`.
     Output(usize, Watch<ConfigMap>),
     /// The answer to `Effect::Reread`.
@@ -118,6 +140,20 @@ pub enum Effect {
         uid: Option<String>,
     },
     Metric(Metric),
+    /// Create a pool's child config; answer with `Input::ConfigCreated`.
+    CreateConfig(ChildConfig),
+    /// Delete a pool's empty child config, only the object `uid`; answer with
+    /// `Input::ConfigDeleted`.
+    DeleteConfig {
+        name: String,
+        uid: Option<String>,
+    },
+    /// Write a pool's status, only to the object `uid`.
+    PoolStatus {
+        name: String,
+        uid: Option<String>,
+        status: PoolStatus,
+    },
 }
 
 /// A metric change; ranges are the config ranges the blocks came from.
@@ -152,6 +188,25 @@ pub enum Metric {
     },
     /// A config is gone: drop its series.
     ConfigGone(String),
+    /// The ranges a pool has (its active children).
+    PoolRanges {
+        pool: String,
+        ranges: u64,
+    },
+    RangeCarved {
+        pool: String,
+    },
+    RangeRetired {
+        pool: String,
+    },
+    /// From a pool's decision to carve (its headroom breached) to the new range accepting
+    /// allocations (its gates open: finalizer on, published).
+    ScaleUpSeconds {
+        pool: String,
+        seconds: f64,
+    },
+    /// A pool is gone: drop its series.
+    PoolGone(String),
 }
 
 /// What the machine remembers of a config object besides the allocation state.
@@ -168,6 +223,25 @@ struct ConfigSeen {
     /// consumers may act on that. See `update_drain_gate`.
     drain_gate: bool,
     finalizer_requested: bool,
+    /// The uid of the NodeIPAMPool named by its controller ownerReference, if any.
+    owner_uid: Option<String>,
+}
+
+/// A pool and what the last decision found.
+#[derive(Clone, Debug)]
+struct PoolSeen {
+    input: PoolInput,
+    /// The pool can still grow (or is growing): its nodes wait without a warning.
+    room: bool,
+}
+
+/// A carve asked for and not yet seen in the config watch.
+#[derive(Clone, Debug)]
+struct CarveInFlight {
+    pool: String,
+    carve: Carve,
+    /// When the create was answered (created, or already there).
+    answered: Option<Duration>,
 }
 
 /// A node waiting for a block.
@@ -197,6 +271,7 @@ enum Source {
     Nodes,
     Configs,
     Services,
+    Pools,
     Output(usize),
 }
 
@@ -237,6 +312,17 @@ pub struct Machine {
     /// The status last reported written per config.
     status_landed: HashMap<String, NodeIPAMConfigStatus>,
     network_dirty: bool,
+    pools: BTreeMap<String, PoolSeen>,
+    /// Carves in flight, by child name.
+    carves: BTreeMap<String, CarveInFlight>,
+    /// Children whose delete we asked for, by name, with the uid: they hand out nothing more.
+    retiring: BTreeMap<String, Option<String>>,
+    /// When each pool child's node count last became 0.
+    empty_since: HashMap<String, Duration>,
+    /// The status we last wrote per pool.
+    pool_written: HashMap<String, PoolStatus>,
+    /// Carved children not yet accepting: their pool, and when the carve was decided.
+    scale_started: HashMap<String, (String, Duration)>,
     effects: Vec<Effect>,
 }
 
@@ -276,6 +362,12 @@ impl Machine {
             status_in_flight: HashMap::new(),
             status_landed: HashMap::new(),
             network_dirty: true,
+            pools: BTreeMap::new(),
+            carves: BTreeMap::new(),
+            retiring: BTreeMap::new(),
+            empty_since: HashMap::new(),
+            pool_written: HashMap::new(),
+            scale_started: HashMap::new(),
             effects: Vec::new(),
         }
     }
@@ -296,6 +388,20 @@ impl Machine {
                 |m, s| m.on_service(&s),
                 |m, s| m.on_service_gone(&s.name_any()),
             ),
+            Input::Pool(w) => match w {
+                Watch::ListStart => self.list_started(Source::Pools),
+                Watch::Listed(p) => {
+                    self.list_saw(Source::Pools, p.name.clone());
+                    self.on_pool(p);
+                }
+                Watch::Applied(p) => self.on_pool(p),
+                Watch::Deleted(p) => self.on_pool_gone(&p.name),
+                Watch::ListDone => self.list_done(Source::Pools),
+            },
+            Input::ConfigCreated { config, outcome } => self.on_config_created(&config, outcome),
+            Input::ConfigDeleted { name, uid, outcome } => {
+                self.on_config_deleted(&name, uid.as_deref(), outcome);
+            }
             Input::Output(i, w) => self.on_output_watch(i, w),
             Input::Reread { node, uid, now } => self.on_reread(&node, uid.as_deref(), now),
             Input::Written(result) => self.on_write_result(result),
@@ -306,6 +412,7 @@ impl Machine {
                 self.reread_due();
                 self.wake_parked();
                 self.flush_status();
+                self.scale_pools();
                 self.publish_network();
             }
             Input::Resync => {
@@ -333,6 +440,11 @@ impl Machine {
     /// How many nodes wait for a block.
     pub fn pending(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Carves asked for and not yet seen as configs, for the simulator's checks.
+    pub fn carves_in_flight(&self) -> usize {
+        self.carves.len()
     }
 
     /// The configs this machine knows, for `retry_pending` benches and checks.
@@ -408,7 +520,10 @@ impl Machine {
         let seen = self.relist.remove(&source).unwrap_or_default();
         self.on_relisted(source, &seen);
         self.listed.insert(source);
-        let needed = 2 + self.outputs.len() + usize::from(self.options.service_cidr_api);
+        let needed = 2
+            + self.outputs.len()
+            + usize::from(self.options.service_cidr_api)
+            + usize::from(self.options.pools);
         if !self.synced && self.listed.len() >= needed {
             self.on_synced();
         }
@@ -472,6 +587,17 @@ impl Machine {
                     .collect();
                 for name in gone {
                     self.on_service_gone(&name);
+                }
+            }
+            Source::Pools => {
+                let gone: Vec<String> = self
+                    .pools
+                    .keys()
+                    .filter(|n| !seen.contains(*n))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    self.on_pool_gone(&name);
                 }
             }
             Source::Output(_) => {}
@@ -699,6 +825,7 @@ impl Machine {
         match self.ipam.allocate(name, uid.as_deref(), &labels) {
             Ok(a) => {
                 self.pending.remove(name);
+                self.empty_since.remove(&a.config);
                 debug!(node = %name, config = %a.config, cidrs = ?a.cidrs, "allocated");
                 for c in &a.cidrs {
                     if let Some(range) = self.ipam.config_range(&a.config, c) {
@@ -720,6 +847,9 @@ impl Machine {
             }
             Err(AllocateError::AlreadyHolds) => {
                 // The previous record resolves first (its write outcome); then we come back.
+            }
+            Err(e) if self.pool_may_grow(name, &labels) => {
+                debug!(node = %name, reason = %e, "no block available yet; a pool is growing");
             }
             Err(e) => {
                 let first = self.pending.get_mut(name).is_some_and(|p| {
@@ -975,6 +1105,21 @@ impl Machine {
         let finalizer_requested = previous
             .as_ref()
             .is_some_and(|p| p.finalizer_requested && !has_finalizer);
+        // The carve that made it is done; a delete of ours shows as deleting (or a new object).
+        self.carves.remove(&name);
+        if deleting
+            || self
+                .retiring
+                .get(&name)
+                .is_some_and(|u| u.is_some() && *u != obj.uid())
+        {
+            self.retiring.remove(&name);
+        }
+        let owner_uid = obj
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true) && o.kind == "NodeIPAMPool")
+            .map(|o| o.uid.clone());
         let mut seen = ConfigSeen {
             base: config_input(&obj),
             uid: obj.uid(),
@@ -984,6 +1129,7 @@ impl Machine {
             drain_gate: false,
             status: obj.status.clone(),
             finalizer_requested,
+            owner_uid,
         };
         if !has_finalizer && !deleting && !seen.finalizer_requested {
             seen.finalizer_requested = true;
@@ -1012,7 +1158,11 @@ impl Machine {
             return;
         }
         let input = self.gated(&name);
+        let open = input.gate.is_none();
         self.ipam.upsert_config(input);
+        if open {
+            self.scaled_up(&name);
+        }
         // Overlaps, and so every config's Ready, may change with any config.
         self.dirty.extend(self.configs.keys().cloned());
         self.unmanaged_dirty = true;
@@ -1034,6 +1184,9 @@ impl Machine {
         self.metric(Metric::ConfigGone(name.to_string()));
         self.configs.remove(name);
         self.forget_config(name);
+        self.retiring.remove(name);
+        self.empty_since.remove(name);
+        self.scale_started.remove(name);
         self.ipam.remove_config(name);
         self.network_dirty = true;
         self.dirty.extend(self.configs.keys().cloned());
@@ -1071,6 +1224,405 @@ impl Machine {
         self.dirty.extend(self.configs.keys().cloned());
         if self.synced {
             self.retry_pending();
+        }
+    }
+
+    // ----- pools -----
+
+    fn on_pool(&mut self, pool: PoolInput) {
+        let name = pool.name.clone();
+        let previous = self.pools.remove(&name);
+        let same_object = previous
+            .as_ref()
+            .is_none_or(|p| p.input.uid.is_none() || p.input.uid == pool.uid);
+        if !same_object {
+            // Another object under the same name: the old one's carves and status are moot.
+            self.carves.retain(|_, c| c.pool != name);
+            self.pool_written.remove(&name);
+        }
+        // A status that is not the one we wrote was edited by someone else (or predates us).
+        if self
+            .pool_written
+            .get(&name)
+            .is_some_and(|w| Some(w) != pool.status.as_ref())
+        {
+            self.pool_written.remove(&name);
+        }
+        let room = previous.is_none_or(|p| p.room);
+        self.pools.insert(name, PoolSeen { input: pool, room });
+    }
+
+    fn on_pool_gone(&mut self, name: &str) {
+        info!(pool = %name, "NodeIPAMPool gone; its children go with it (ownerReference)");
+        self.pools.remove(name);
+        self.carves.retain(|_, c| c.pool != name);
+        self.pool_written.remove(name);
+        self.scale_started.retain(|_, (pool, _)| pool != name);
+        self.metric(Metric::PoolGone(name.to_string()));
+        if self.synced {
+            // Nodes that waited for it without a warning get one now.
+            self.retry_pending();
+        }
+    }
+
+    fn on_config_created(&mut self, config: &ChildConfig, outcome: CreateOutcome) {
+        match outcome {
+            CreateOutcome::Created | CreateOutcome::AlreadyExists => {
+                if outcome == CreateOutcome::AlreadyExists {
+                    info!(pool = %config.pool, config = %config.name, "child config already exists (a retry, or another leader's)");
+                }
+                let now = self.now.mono;
+                if let Some(c) = self.carves.get_mut(&config.name) {
+                    c.answered.get_or_insert(now);
+                }
+            }
+            CreateOutcome::Failed(why) => {
+                warn!(pool = %config.pool, config = %config.name, reason = %why, "creating a child config failed; deciding again");
+                self.metric(Metric::Error("config_create"));
+                self.carves.remove(&config.name);
+                self.scale_started.remove(&config.name);
+            }
+        }
+    }
+
+    fn on_config_deleted(&mut self, name: &str, uid: Option<&str>, outcome: DeleteOutcome) {
+        if self.retiring.get(name).is_none_or(|u| u.as_deref() != uid) {
+            return;
+        }
+        match outcome {
+            // The watch shows it deleting soon; until then it stays held back.
+            DeleteOutcome::Deleted => return,
+            DeleteOutcome::Gone => {}
+            DeleteOutcome::Failed(why) => {
+                warn!(config = %name, reason = %why, "retiring a pool's child config failed; deciding again");
+                self.metric(Metric::Error("config_delete"));
+            }
+        }
+        self.retiring.remove(name);
+        if self.configs.contains_key(name) {
+            self.regate();
+        }
+    }
+
+    /// The pool a config is a child of: it carries the pool's label and a controller
+    /// ownerReference to the pool object we know.
+    fn child_pool(&self, config: &str) -> Option<&str> {
+        let seen = self.configs.get(config)?;
+        let pool = seen.base.pool.as_deref()?;
+        let p = self.pools.get(pool)?;
+        (p.input.uid.is_none() || seen.owner_uid == p.input.uid).then_some(pool)
+    }
+
+    /// The pool that will take a pending node, if any: the best matching one by its selector.
+    fn pool_for<'a>(&'a self, node: NodeView<'_>) -> Option<&'a PoolSeen> {
+        self.pools
+            .values()
+            .filter(|p| p.input.invalid.is_none() && !p.input.deleting)
+            .filter_map(|p| selection::match_score(p.input.selector.as_ref(), node).map(|s| (s, p)))
+            .max_by(|(sa, pa), (sb, pb)| sa.cmp(sb).then(pb.input.name.cmp(&pa.input.name)))
+            .map(|(_, p)| p)
+    }
+
+    /// A pool that selects the node can still grow: its wait is not a shortage to warn about.
+    fn pool_may_grow(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        let node = NodeView { name, labels };
+        self.pool_for(node).is_some_and(|p| p.room)
+    }
+
+    /// A carved child accepts allocations for the first time: how long scaling up took.
+    fn scaled_up(&mut self, name: &str) {
+        if let Some((pool, since)) = self.scale_started.remove(name) {
+            let seconds = self.now.mono.saturating_sub(since).as_secs_f64();
+            info!(pool = %pool, config = %name, seconds, "carved range accepts allocations");
+            self.metric(Metric::ScaleUpSeconds { pool, seconds });
+        }
+    }
+
+    /// Every pool's decision: carve, retire, status.
+    fn scale_pools(&mut self) {
+        if !self.synced || self.pools.is_empty() {
+            return;
+        }
+        let now = self.now.mono;
+        // A create answered long ago whose child never showed up (deleted at once, or a
+        // watch that missed it): forget it and decide again.
+        self.carves.retain(|_, c| {
+            c.answered
+                .is_none_or(|t| now.saturating_sub(t) < CARVE_TIMEOUT)
+        });
+        let pending = self.pending_per_pool();
+        let wall = Time(
+            k8s_openapi::jiff::Timestamp::from_second(self.now.wall_seconds).unwrap_or_default(),
+        );
+        let names: Vec<String> = self.pools.keys().cloned().collect();
+        for name in names {
+            let waiting = pending.get(&name).copied().unwrap_or(0);
+            self.scale_pool(&name, waiting, &wall);
+        }
+    }
+
+    /// Per pool, the pending nodes it would take that no other config can serve.
+    fn pending_per_pool(&self) -> HashMap<String, u64> {
+        let others: Vec<&ConfigSeen> = self
+            .configs
+            .iter()
+            .filter(|(name, _)| self.child_pool(name).is_none())
+            .filter(|(name, _)| {
+                self.ipam.config_facts(name).is_some_and(|f| {
+                    let free = [f.ipv4, f.ipv6].into_iter().flatten().map(|x| x.free).min();
+                    f.enabled
+                        && !f.deleting
+                        && f.invalid.is_none()
+                        && f.overlap.is_none()
+                        && free.unwrap_or(0) > 0
+                })
+            })
+            .map(|(_, seen)| seen)
+            .collect();
+        let mut out = HashMap::new();
+        for (name, p) in &self.pending {
+            let node = NodeView {
+                name,
+                labels: &p.labels,
+            };
+            let served = others
+                .iter()
+                .any(|c| selection::match_score(c.base.selector.as_ref(), node).is_some());
+            if served {
+                continue;
+            }
+            if let Some(pool) = self.pool_for(node) {
+                *out.entry(pool.input.name.clone()).or_insert(0u64) += 1;
+            }
+        }
+        out
+    }
+
+    fn child_view(&self, name: &str, seen: &ConfigSeen) -> ChildView {
+        let facts = self.ipam.config_facts(name).unwrap_or_default();
+        let families = [facts.ipv4, facts.ipv6];
+        let free = families.iter().flatten().map(|f| f.free).min().unwrap_or(0);
+        let allocated = families
+            .iter()
+            .flatten()
+            .map(|f| f.allocated)
+            .max()
+            .unwrap_or(0);
+        ChildView {
+            name: name.to_string(),
+            uid: seen.uid.clone(),
+            ipv4: seen.base.ipv4.map(|(r, _)| r),
+            ipv6: seen.base.ipv6.map(|(r, _)| r),
+            enabled: seen.base.enabled,
+            deleting: seen.deleting,
+            usable: facts.invalid.is_none() && facts.overlap.is_none(),
+            accepting: facts.accepting,
+            allocated,
+            free,
+            nodes: facts.nodes,
+            empty_since: self.empty_since.get(name).copied(),
+            retiring: self.retiring.contains_key(name),
+        }
+    }
+
+    fn scale_pool(&mut self, name: &str, pending: u64, wall: &Time) {
+        let Some(pool) = self.pools.get(name) else {
+            return;
+        };
+        let input = pool.input.clone();
+        let now = self.now.mono;
+        let child_names: Vec<String> = self
+            .configs
+            .keys()
+            .filter(|c| self.child_pool(c) == Some(name))
+            .cloned()
+            .collect();
+        let mut children = Vec::with_capacity(child_names.len());
+        for c in &child_names {
+            let Some(seen) = self.configs.get(c) else {
+                continue;
+            };
+            let mut view = self.child_view(c, seen);
+            if view.nodes == 0 {
+                view.empty_since = Some(*self.empty_since.entry(c.clone()).or_insert(now));
+            } else {
+                self.empty_since.remove(c);
+                view.empty_since = None;
+            }
+            children.push(view);
+        }
+        let mut occupied: Vec<IpNet> = self
+            .configs
+            .iter()
+            .filter(|(c, _)| self.child_pool(c) != Some(name))
+            .flat_map(|(_, s)| [s.base.ipv4, s.base.ipv6].into_iter().flatten())
+            .map(|(r, _)| r)
+            .collect();
+        occupied.extend(
+            self.pools
+                .iter()
+                .filter(|(n, _)| n.as_str() != name)
+                .flat_map(|(_, p)| p.input.budget().copied()),
+        );
+        occupied.extend(self.ipam.service_ranges());
+        occupied.extend(self.ipam.unmanaged().into_iter().map(|(c, _)| c));
+        let in_flight: Vec<Carve> = self
+            .carves
+            .values()
+            .filter(|c| c.pool == name)
+            .map(|c| c.carve.clone())
+            .collect();
+        let previous: Vec<Condition> = self
+            .pool_written
+            .get(name)
+            .or(input.status.as_ref())
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let world = PoolWorld {
+            pool: &input,
+            children: &children,
+            occupied: &occupied,
+            pending,
+            in_flight: &in_flight,
+            now,
+        };
+        let decision = scaling::decide(&world, &previous, wall);
+        let uid = input.uid.clone();
+        let free: u64 = children
+            .iter()
+            .filter(|c| c.active() && c.usable)
+            .map(|c| c.free)
+            .sum();
+        for carve in &decision.carves {
+            if self.configs.contains_key(&carve.name) {
+                // A config that is not this pool's child holds the name: creating it would
+                // only find it there. Nothing more can be carved until it goes.
+                debug!(pool = %name, config = %carve.name, "a config of another owner holds the child's name");
+                continue;
+            }
+            let child = ChildConfig {
+                pool: name.to_string(),
+                pool_uid: uid.clone(),
+                name: carve.name.clone(),
+                ipv4: carve.ipv4.zip(input.ipv4.as_ref().map(|f| f.per_node_mask)),
+                ipv6: carve.ipv6.zip(input.ipv6.as_ref().map(|f| f.per_node_mask)),
+                selector: input.selector.clone(),
+            };
+            let ranges: Vec<String> = carve.ranges().map(|r| r.to_string()).collect();
+            info!(pool = %name, config = %carve.name, ?ranges, pending, free, "carving a range");
+            let message = format!(
+                "carved {} as NodeIPAMConfig {}: {pending} node(s) wait, {free} block(s) free, headroom {}",
+                ranges.join(" and "),
+                carve.name,
+                input.headroom
+            );
+            self.note(Note::pool(
+                name,
+                uid.as_deref(),
+                false,
+                effects::RANGE_CARVED,
+                message,
+            ));
+            self.metric(Metric::RangeCarved {
+                pool: name.to_string(),
+            });
+            self.push(Effect::CreateConfig(child));
+            self.carves.insert(
+                carve.name.clone(),
+                CarveInFlight {
+                    pool: name.to_string(),
+                    carve: carve.clone(),
+                    answered: None,
+                },
+            );
+            self.scale_started
+                .insert(carve.name.clone(), (name.to_string(), now));
+        }
+        for retire in &decision.retires {
+            let ranges: Vec<String> = children
+                .iter()
+                .filter(|c| c.name == retire.name)
+                .flat_map(|c| c.ipv4.into_iter().chain(c.ipv6))
+                .map(|r| r.to_string())
+                .collect();
+            info!(pool = %name, config = %retire.name, ?ranges, "retiring an empty range");
+            let message = format!(
+                "retiring NodeIPAMConfig {} ({}): empty for {}s",
+                retire.name,
+                ranges.join(" and "),
+                input.empty_for.as_secs()
+            );
+            self.note(Note::pool(
+                name,
+                uid.as_deref(),
+                false,
+                effects::RANGE_RETIRED,
+                message,
+            ));
+            self.metric(Metric::RangeRetired {
+                pool: name.to_string(),
+            });
+            self.retiring
+                .insert(retire.name.clone(), retire.uid.clone());
+            self.push(Effect::DeleteConfig {
+                name: retire.name.clone(),
+                uid: retire.uid.clone(),
+            });
+            // It hands out nothing from now on.
+            let gated = self.gated(&retire.name);
+            self.ipam.upsert_config(gated);
+            self.dirty.insert(retire.name.clone());
+        }
+        for (type_, message) in &decision.turned_true {
+            if *type_ == nodeipam_crd::CONDITION_EXHAUSTED {
+                warn!(pool = %name, %message, "pool exhausted");
+                self.note(Note::pool(
+                    name,
+                    uid.as_deref(),
+                    true,
+                    effects::POOL_EXHAUSTED,
+                    message.clone(),
+                ));
+            }
+        }
+        let ranges = children.iter().filter(|c| c.active()).count() + decision.carves.len()
+            - decision.retires.len();
+        self.metric(Metric::PoolRanges {
+            pool: name.to_string(),
+            ranges: ranges as u64,
+        });
+        let current = self.pool_written.get(name).or(input.status.as_ref());
+        if !input.deleting && current != Some(&decision.status) {
+            self.push(Effect::PoolStatus {
+                name: name.to_string(),
+                uid: uid.clone(),
+                status: decision.status.clone(),
+            });
+            self.pool_written
+                .insert(name.to_string(), decision.status.clone());
+        }
+        let growing = decision.room || self.carves.values().any(|c| c.pool == name);
+        let was = self.pools.get(name).is_some_and(|p| p.room);
+        if let Some(p) = self.pools.get_mut(name) {
+            p.room = growing;
+        }
+        if was && !growing {
+            // Nodes that waited for it without a warning get one now.
+            let names: Vec<String> = self
+                .pending
+                .iter()
+                .filter(|(n, p)| {
+                    let node = NodeView {
+                        name: n,
+                        labels: &p.labels,
+                    };
+                    self.pool_for(node).is_some_and(|p| p.input.name == name)
+                })
+                .map(|(n, _)| n.clone())
+                .collect();
+            for n in names {
+                self.try_allocate(&n);
+            }
         }
     }
 
@@ -1380,6 +1932,9 @@ impl Machine {
             self.ipam.upsert_config(input);
             self.dirty.insert(name);
         }
+        for name in &opened {
+            self.scaled_up(name);
+        }
         self.retry_pending_for(&opened);
     }
 
@@ -1393,6 +1948,10 @@ impl Machine {
             };
         };
         let mut input = seen.base.clone();
+        if self.retiring.contains_key(name) {
+            input.gate = Some("being retired by its NodeIPAMPool".into());
+            return input;
+        }
         if !seen.has_finalizer {
             input.gate = Some(format!("waiting for the {FINALIZER} finalizer"));
             return input;

@@ -218,6 +218,7 @@ impl Sim {
                 Vec::new()
             },
             service_cidr_api: true,
+            pools: false,
             write_attempts: 3,
             retry_rejected_after: RETRY_REJECTED_AFTER,
             outputs: (0..self.setup.outputs)
@@ -337,6 +338,7 @@ impl Sim {
             Effect::Publish(network) => proc.publish = Some(network),
             Effect::Reread { node, uid } => proc.rereads.push((node, uid)),
             Effect::Note(_) | Effect::Metric(_) => {}
+            Effect::CreateConfig(_) | Effect::DeleteConfig { .. } | Effect::PoolStatus { .. } => {}
         }
         Ok(())
     }

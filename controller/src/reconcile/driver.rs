@@ -128,6 +128,8 @@ fn machine_options(ctx: &Context, service_cidr_api: bool) -> machine::Options {
     machine::Options {
         service_cidrs: o.service_cidrs.clone(),
         service_cidr_api,
+        // NodeIPAMPools are not watched yet: the machine carves and retires nothing.
+        pools: false,
         write_attempts: o.write_attempts,
         retry_rejected_after: o.retry_rejected_after,
         outputs,
@@ -175,6 +177,12 @@ impl Effects {
                     });
                 }
                 Effect::Metric(m) => record(&self.ctx.metrics, m),
+                // Only a machine that watches pools asks for these, and this one does not.
+                Effect::CreateConfig(_)
+                | Effect::DeleteConfig { .. }
+                | Effect::PoolStatus { .. } => {
+                    warn!("a pool effect without a pool watch; ignored");
+                }
             }
         }
     }
@@ -230,6 +238,11 @@ fn record(metrics: &Metrics, metric: Metric) {
         Metric::Capacity { range, blocks } => metrics.range_capacity(&range, blocks),
         Metric::Status { config, status } => metrics.observe_status(&config, &status),
         Metric::ConfigGone(config) => metrics.forget_config(&config),
+        Metric::PoolRanges { .. }
+        | Metric::RangeCarved { .. }
+        | Metric::RangeRetired { .. }
+        | Metric::ScaleUpSeconds { .. }
+        | Metric::PoolGone(_) => {}
     }
 }
 
