@@ -4,7 +4,8 @@
 pub mod app;
 pub mod cli;
 pub mod client;
-pub mod duration;
+/// Go durations, shared with the pool API's `scaleDown.emptyFor`.
+pub use nodeipam_crd::duration;
 pub mod health;
 pub mod logging;
 pub mod metrics;

@@ -5,18 +5,21 @@
 //! family's range is, overlaps and block counts, shared by the controller and the webhook) on
 //! it, and [`schema`] (the CEL rules) and [`validation`] (their Rust twin) on both.
 
+pub mod duration;
 pub mod limits;
+pub mod pool;
 pub mod range;
 pub mod schema;
 pub mod selector;
 pub mod types;
 pub mod validation;
 
+pub use pool::*;
 pub use range::{CidrError, Family, FamilyRange, Ranges, overlaps};
 pub use types::*;
 pub use validation::{
-    FieldError, FieldErrorKind, Overlap, find_overlaps, format_errors, validate_node_selector,
-    validate_spec, validate_update,
+    FieldError, FieldErrorKind, Overlap, ParsedPool, PoolFamily, find_overlaps, format_errors,
+    validate_node_selector, validate_pool_update, validate_spec, validate_update,
 };
 
 use kube_core::CustomResourceExt;

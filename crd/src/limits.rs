@@ -38,3 +38,21 @@ pub const MAX_DNS_SUBDOMAIN_LENGTH: usize = 253;
 
 /// Longest node name (a DNS subdomain).
 pub const MAX_NODE_NAME_LENGTH: usize = MAX_DNS_SUBDOMAIN_LENGTH;
+
+/// Most CIDRs in one family of a `NodeIPAMPool`.
+pub const MAX_POOL_CIDRS: usize = 16;
+
+/// At most this many more bits in a pool's `perNodeMaskSize` than in its `rangeMaskSize`: a
+/// child carved from a pool holds at most 2^16 blocks. Below [`MAX_BLOCK_BITS`], so every
+/// child is a valid `NodeIPAMConfig`; small, so a child fills and empties in reasonable time.
+pub const MAX_POOL_BLOCK_BITS: u8 = 16;
+
+/// Most children (`ranges.max`) a `NodeIPAMPool` may carve.
+pub const MAX_POOL_RANGES: u32 = 256;
+
+/// Largest `headroom.blocks`: the most blocks a pool can ever hold ([`MAX_POOL_RANGES`]
+/// children of 2^[`MAX_POOL_BLOCK_BITS`] blocks). Also keeps the field an int32.
+pub const MAX_POOL_HEADROOM_BLOCKS: u32 = MAX_POOL_RANGES << MAX_POOL_BLOCK_BITS;
+
+/// Longest `scaleDown.emptyFor` string (bounds the CEL cost of parsing it).
+pub const MAX_DURATION_LENGTH: usize = 32;

@@ -295,6 +295,19 @@ impl FamilyRange {
     }
 }
 
+/// Parses one CIDR of `family` as the CRD's CEL rules check it: not empty, at most
+/// [`MAX_CIDR_LENGTH`] bytes, of that family, canonical (host bits zero). For the CIDR lists of
+/// a `NodeIPAMPool`, which have no per-node mask of their own.
+pub fn parse_canonical(cidr: &str, family: Family) -> Result<IpNet, RangeError> {
+    let net = parse_family_cidr(cidr, family)?;
+    if net.addr() != net.network() {
+        return Err(RangeError::NotCanonical {
+            canonical: net.trunc(),
+        });
+    }
+    Ok(net)
+}
+
 /// Parses `cidr` and checks its length and family; host bits are checked by the caller.
 fn parse_family_cidr(cidr: &str, family: Family) -> Result<IpNet, RangeError> {
     if cidr.is_empty() {

@@ -22,6 +22,9 @@ pub use crate::range::{
 };
 use crate::types::{FamilySpec, NodeIPAMConfigSpec};
 
+mod pool;
+pub use pool::{ParsedPool, PoolFamily, validate_pool_update};
+
 /// What is wrong with a field, named as Kubernetes names it in `field.ErrorType`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FieldErrorKind {

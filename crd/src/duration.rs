@@ -1,5 +1,7 @@
 //! Durations written the way Go's `time.ParseDuration` reads them (`15s`, `1m30s`, `500ms`,
-//! `1.5h`), so the leader-election flags take the same values as kube-controller-manager's.
+//! `1.5h`): the controller's leader-election flags take the same values as
+//! kube-controller-manager's, and a `NodeIPAMPool`'s `scaleDown.emptyFor` what the CRD's CEL
+//! `duration()` accepts (minus negative durations, which both refuse).
 
 use std::time::Duration;
 
