@@ -10,14 +10,15 @@ use std::time::Duration;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube_core::ResourceExt;
 use nodeipam_crd::range::{bounds, overlaps};
 use nodeipam_crd::{CONDITION_EXHAUSTED, CONDITION_READY};
-use serde::{Deserialize, Serialize};
 
-/// The label every child config carries: the name of its pool.
-pub const POOL_LABEL: &str = "nodeipam.io/pool";
-/// `True` while a carve or a retire is under way.
-pub const CONDITION_SCALING: &str = "Scaling";
+pub use nodeipam_crd::pool::{
+    CONDITION_SCALING, NodeIPAMPoolStatus as PoolStatus, POOL_LABEL, PoolFamilyStatus,
+    PoolRangeStatus, child_name,
+};
+use nodeipam_crd::pool::{NodeIPAMPool, RANGE_ACTIVE, RANGE_DRAINING, RANGE_RETIRING};
 
 /// Condition reasons of a pool.
 pub const REASON_ACCEPTING: &str = "Accepting";
@@ -31,11 +32,6 @@ pub const REASON_ROOM: &str = "Room";
 pub const REASON_CARVING: &str = "Carving";
 pub const REASON_RETIRING: &str = "Retiring";
 pub const REASON_STABLE: &str = "Stable";
-
-/// The states of a child range in the pool's status.
-pub const STATE_ACTIVE: &str = "Active";
-pub const STATE_DRAINING: &str = "Draining";
-pub const STATE_RETIRING: &str = "Retiring";
 
 /// One family of a pool's budget: the CIDRs children are carved from, the size of each child
 /// range and the per-node block size of the children.
@@ -55,17 +51,22 @@ impl PoolFamily {
             .unwrap_or(0)
     }
 
-    /// Blocks in the whole budget at the per-node mask.
-    pub fn budget_blocks(&self) -> u64 {
-        self.cidrs
+    /// Blocks the budget could hold in at most `max` ranges of this family.
+    pub fn budget_blocks(&self, max: u32) -> u64 {
+        let ranges = self
+            .cidrs
             .iter()
             .map(|c| {
-                self.per_node_mask
+                self.range_mask
                     .checked_sub(c.prefix_len())
-                    .and_then(|bits| 1u64.checked_shl(u32::from(bits)))
-                    .unwrap_or(0)
+                    .map_or(0, |bits| {
+                        1u64.checked_shl(u32::from(bits)).unwrap_or(u64::MAX)
+                    })
             })
-            .fold(0u64, u64::saturating_add)
+            .fold(0u64, u64::saturating_add);
+        ranges
+            .min(u64::from(max))
+            .saturating_mul(self.blocks_per_range())
     }
 }
 
@@ -109,6 +110,71 @@ impl PoolInput {
     /// The budget CIDRs of every family.
     pub fn budget(&self) -> impl Iterator<Item = &IpNet> {
         self.families().flat_map(|f| f.cidrs.iter())
+    }
+}
+
+/// The decision's view of a pool object. An invalid spec becomes `invalid` with the
+/// validation errors (nothing is carved or retired then), its CIDRs still claimed as far as
+/// they parse, so other pools keep out of them.
+pub fn pool_input(obj: &NodeIPAMPool) -> PoolInput {
+    let spec = &obj.spec;
+    let (ipv4, ipv6, invalid, (min, max, headroom, empty_for)) = match spec.parse() {
+        Ok(p) => {
+            let family = |f: Option<&nodeipam_crd::PoolFamily>| {
+                f.map(|f| PoolFamily {
+                    cidrs: f.cidrs.clone(),
+                    range_mask: f.range_mask_size,
+                    per_node_mask: f.per_node_mask_size,
+                })
+            };
+            let bounds = (
+                p.min_ranges,
+                p.max_ranges,
+                u64::from(p.headroom_blocks),
+                p.empty_for,
+            );
+            (
+                family(p.ipv4.as_ref()),
+                family(p.ipv6.as_ref()),
+                None,
+                bounds,
+            )
+        }
+        Err(errors) => {
+            let family = |f: &Option<nodeipam_crd::PoolFamilySpec>| {
+                f.as_ref().map(|f| PoolFamily {
+                    cidrs: f.cidrs.iter().filter_map(|c| c.parse().ok()).collect(),
+                    range_mask: f.range_mask_size,
+                    per_node_mask: f.per_node_mask_size,
+                })
+            };
+            let why = errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ");
+            (
+                family(&spec.ipv4),
+                family(&spec.ipv6),
+                Some(why),
+                (0, 0, 0, Duration::MAX),
+            )
+        }
+    };
+    PoolInput {
+        name: obj.name_any(),
+        uid: obj.uid(),
+        generation: obj.metadata.generation,
+        ipv4,
+        ipv6,
+        selector: spec.node_selector.clone(),
+        min,
+        max,
+        headroom,
+        empty_for,
+        deleting: obj.metadata.deletion_timestamp.is_some(),
+        invalid,
+        status: obj.status.clone(),
     }
 }
 
@@ -188,50 +254,12 @@ pub struct PoolWorld<'a> {
     pub now: Duration,
 }
 
-/// The status of one child range.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolRangeStatus {
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ipv4: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ipv6: Option<String>,
-    pub state: String,
-}
-
-/// One family's counts in a pool's status.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolFamilyStatus {
-    pub ranges: u32,
-    pub capacity: u64,
-    pub allocated: u64,
-    pub budget_blocks: u64,
-}
-
-/// A pool's status as the decision computes it (the API type has the same fields).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolStatus {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    pub ranges: Vec<PoolRangeStatus>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ipv4: Option<PoolFamilyStatus>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ipv6: Option<PoolFamilyStatus>,
-    pub conditions: Vec<Condition>,
-}
-
-impl PoolStatus {
-    pub fn condition(&self, type_: &str) -> Option<&Condition> {
-        self.conditions.iter().find(|c| c.type_ == type_)
-    }
-
-    pub fn says(&self, type_: &str) -> bool {
-        self.condition(type_).is_some_and(|c| c.status == "True")
-    }
+/// Whether the status has the condition `type_` True.
+pub fn says(status: &PoolStatus, type_: &str) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
 }
 
 /// What to do about one pool.
@@ -244,22 +272,6 @@ pub struct Decision {
     pub turned_true: Vec<(&'static str, String)>,
     /// One more range could be carved now (count and budget allow it).
     pub room: bool,
-}
-
-/// A child's deterministic name: the pool's and its first carved CIDR's, so that a retried
-/// create or a new leader's finds the same name (and gets AlreadyExists) instead of making a
-/// second child for one range.
-pub fn child_name(pool: &str, first_cidr: &IpNet) -> String {
-    let cidr: String = first_cidr
-        .trunc()
-        .to_string()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .collect();
-    // A DNS subdomain of at most 253 characters; the CIDR part is at most 43.
-    let room = 253 - cidr.len() - 1;
-    let pool: String = pool.chars().take(room).collect();
-    format!("{}-{cidr}", pool.trim_end_matches(['-', '.']))
 }
 
 /// The lowest range of `/mask` inside one of `budget` (lowest budget CIDR first) that overlaps
@@ -408,13 +420,13 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
     // Status.
     let state = |c: &ChildView| {
         if c.retiring || retires.iter().any(|r| r.name == c.name) {
-            STATE_RETIRING
+            RANGE_RETIRING
         } else if c.active() {
-            STATE_ACTIVE
+            RANGE_ACTIVE
         } else if c.deleting && c.nodes == 0 {
-            STATE_RETIRING
+            RANGE_RETIRING
         } else {
-            STATE_DRAINING
+            RANGE_DRAINING
         }
     };
     let ranges: Vec<PoolRangeStatus> = children
@@ -429,7 +441,7 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
     let family = |f: &Option<PoolFamily>, of: fn(&ChildView) -> Option<IpNet>| {
         f.as_ref().map(|f| {
             let mut s = PoolFamilyStatus {
-                budget_blocks: f.budget_blocks(),
+                budget_blocks: f.budget_blocks(pool.max),
                 ..PoolFamilyStatus::default()
             };
             for c in children.iter().filter(|c| !c.deleting) {

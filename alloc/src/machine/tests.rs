@@ -739,7 +739,7 @@ fn a_pool_carves_its_first_range_once_and_the_child_serves_nodes() {
     assert_eq!(c[0].pool_uid.as_deref(), Some("pool-uid"));
     assert!(reasons(&out).contains(&effects::RANGE_CARVED));
     let status = pool_status(&out).expect("status");
-    assert!(status.says(scaling::CONDITION_SCALING));
+    assert!(scaling::says(status, scaling::CONDITION_SCALING));
     // In flight: the next decision does not carve it again.
     let again = m.handle(at(2), Input::Tick);
     assert!(creates(&again).is_empty());
@@ -764,8 +764,8 @@ fn a_pool_carves_its_first_range_once_and_the_child_serves_nodes() {
     assert_eq!(writes(&out)[0].config, "pods-10-0-0-0-29");
     let out = m.handle(at(4), Input::Tick);
     let status = pool_status(&out).expect("status");
-    assert!(!status.says(scaling::CONDITION_SCALING));
-    assert!(status.says(nodeipam_crd::CONDITION_READY));
+    assert!(!scaling::says(status, scaling::CONDITION_SCALING));
+    assert!(scaling::says(status, nodeipam_crd::CONDITION_READY));
     assert_eq!(status.ranges.len(), 1);
 }
 
@@ -821,7 +821,7 @@ fn nodes_waiting_for_a_carve_get_no_warning_until_the_budget_runs_out() {
     let children: Vec<ChildConfig> = creates(&out).into_iter().cloned().collect();
     assert_eq!(children.len(), 2);
     let status = pool_status(&out).expect("status");
-    assert!(status.says(nodeipam_crd::CONDITION_EXHAUSTED));
+    assert!(scaling::says(status, nodeipam_crd::CONDITION_EXHAUSTED));
     assert!(reasons(&out).contains(&effects::POOL_EXHAUSTED));
     // Carves are in flight: still no warning.
     assert!(!reasons(&out).contains(&effects::CIDR_NOT_AVAILABLE));

@@ -81,7 +81,11 @@ fn carved(d: &Decision) -> Vec<String> {
 }
 
 fn condition<'a>(d: &'a Decision, type_: &str) -> &'a Condition {
-    d.status.condition(type_).expect("condition")
+    d.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .expect("condition")
 }
 
 #[test]
@@ -132,7 +136,7 @@ fn an_empty_pool_carves_min_and_the_headroom() {
     let d = decide_now(&p, &[], &[], 0, &[], Duration::ZERO);
     assert_eq!(carved(&d), ["10.0.0.0/24", "10.0.1.0/24"]);
     assert_eq!(d.carves[0].name, "pods-10-0-0-0-24");
-    assert!(d.status.says(CONDITION_SCALING));
+    assert!(says(&d.status, CONDITION_SCALING));
     assert_eq!(condition(&d, CONDITION_READY).reason, REASON_PENDING);
 }
 
@@ -146,7 +150,7 @@ fn pending_nodes_carve_as_many_ranges_as_they_need_up_to_max() {
     // 9 nodes need 3 ranges of 4, but max allows 2 more.
     assert_eq!(carved(&d), ["10.0.1.0/24", "10.0.2.0/24"]);
     assert!(!d.room);
-    assert!(d.status.says(CONDITION_EXHAUSTED));
+    assert!(says(&d.status, CONDITION_EXHAUSTED));
     assert_eq!(condition(&d, CONDITION_EXHAUSTED).reason, REASON_MAX_RANGES);
 }
 
@@ -158,7 +162,7 @@ fn carves_in_flight_count_as_supply_and_are_not_carved_twice() {
     assert_eq!(carved(&first), ["10.0.0.0/24"]);
     let again = decide_now(&p, &[], &[], 0, &first.carves, Duration::from_secs(1));
     assert!(again.carves.is_empty(), "{:?}", again.carves);
-    assert!(again.status.says(CONDITION_SCALING));
+    assert!(says(&again.status, CONDITION_SCALING));
 }
 
 #[test]
@@ -179,7 +183,7 @@ fn carves_avoid_occupied_ranges_and_other_children() {
     let children = [child("10.0.1.0/24", 4, 0)];
     let d = decide_now(&p, &children, &occupied, 0, &[], Duration::ZERO);
     assert_eq!(carved(&d), ["10.0.3.0/24"]);
-    assert!(d.status.says(CONDITION_EXHAUSTED));
+    assert!(says(&d.status, CONDITION_EXHAUSTED));
     assert_eq!(
         condition(&d, CONDITION_EXHAUSTED).reason,
         REASON_BUDGET_EXHAUSTED
@@ -193,9 +197,9 @@ fn exhausted_needs_both_a_used_up_budget_and_a_shortage() {
     let full_budget_but_enough = [child("10.0.0.0/24", 1, 3)];
     let d = decide_now(&p, &full_budget_but_enough, &[], 0, &[], Duration::ZERO);
     assert!(!d.room);
-    assert!(!d.status.says(CONDITION_EXHAUSTED));
+    assert!(!says(&d.status, CONDITION_EXHAUSTED));
     let d = decide_now(&p, &full_budget_but_enough, &[], 3, &[], Duration::ZERO);
-    assert!(d.status.says(CONDITION_EXHAUSTED));
+    assert!(says(&d.status, CONDITION_EXHAUSTED));
     assert!(d.turned_true.iter().any(|(t, _)| *t == CONDITION_EXHAUSTED));
 }
 
@@ -215,7 +219,7 @@ fn dual_stack_carves_both_families_in_lockstep() {
     assert_eq!(d.carves[0].ipv6, Some(net("fd00:0:0:1::/64")));
     assert_eq!(d.carves[0].name, "pods-10-0-0-0-24");
     assert!(!d.room);
-    assert!(d.status.says(CONDITION_EXHAUSTED));
+    assert!(says(&d.status, CONDITION_EXHAUSTED));
 }
 
 #[test]
@@ -235,9 +239,9 @@ fn empty_children_retire_after_empty_for_youngest_first_down_to_min() {
     let names: Vec<&str> = d.retires.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["pods-10-0-2-0-24", "pods-10-0-1-0-24"]);
     assert_eq!(d.retires[0].uid.as_deref(), Some("uid-10.0.2.0/24"));
-    assert!(d.status.says(CONDITION_SCALING));
+    assert!(says(&d.status, CONDITION_SCALING));
     let states: Vec<&str> = d.status.ranges.iter().map(|r| r.state.as_str()).collect();
-    assert_eq!(states, [STATE_ACTIVE, STATE_RETIRING, STATE_RETIRING]);
+    assert_eq!(states, [RANGE_ACTIVE, RANGE_RETIRING, RANGE_RETIRING]);
 }
 
 #[test]
@@ -288,8 +292,8 @@ fn status_counts_per_family() {
         })
     );
     let states: Vec<&str> = d.status.ranges.iter().map(|r| r.state.as_str()).collect();
-    assert_eq!(states, [STATE_ACTIVE, STATE_ACTIVE, STATE_DRAINING]);
-    assert!(d.status.says(CONDITION_READY));
+    assert_eq!(states, [RANGE_ACTIVE, RANGE_ACTIVE, RANGE_DRAINING]);
+    assert!(says(&d.status, CONDITION_READY));
 }
 
 #[test]
@@ -367,4 +371,43 @@ proptest! {
             d.carves.iter().map(|c| c.name.as_str()).collect();
         prop_assert_eq!(names.len(), d.carves.len());
     }
+}
+
+#[test]
+fn the_api_object_maps_to_the_decisions_input() {
+    use nodeipam_crd::pool::{
+        NodeIPAMPoolSpec, PoolFamilySpec, PoolHeadroom, PoolRanges, PoolScaleDown,
+    };
+    let spec = NodeIPAMPoolSpec {
+        ipv4: Some(PoolFamilySpec {
+            cidrs: vec!["10.64.0.0/16".into()],
+            range_mask_size: 20,
+            per_node_mask_size: 24,
+        }),
+        ipv6: None,
+        node_selector: None,
+        ranges: PoolRanges { min: 2, max: 8 },
+        headroom: PoolHeadroom { blocks: 4 },
+        scale_down: PoolScaleDown {
+            empty_for: "1m30s".into(),
+        },
+    };
+    let mut obj = NodeIPAMPool::new("pods", spec);
+    obj.metadata.uid = Some("u".into());
+    let p = pool_input(&obj);
+    assert_eq!(p.invalid, None);
+    assert_eq!((p.min, p.max, p.headroom), (2, 8, 4));
+    assert_eq!(p.empty_for, Duration::from_secs(90));
+    assert_eq!(p.blocks_per_range(), 16);
+    assert_eq!(p.uid.as_deref(), Some("u"));
+    obj.spec.ranges.min = 9;
+    let p = pool_input(&obj);
+    assert!(p.invalid.is_some());
+    assert_eq!(
+        p.budget().copied().collect::<Vec<_>>(),
+        [net("10.64.0.0/16")],
+        "an invalid pool still claims its budget"
+    );
+    let d = decide_now(&p, &[], &[], 3, &[], Duration::ZERO);
+    assert!(d.carves.is_empty());
 }
