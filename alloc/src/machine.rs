@@ -23,7 +23,7 @@ use tracing::{debug, error, info, warn};
 use super::effects::{
     self, ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, Note, WriteJob, WriteResult,
 };
-use super::ipam::{AllocateError, ConfigInput, Ipam, Phase};
+use super::ipam::{AllocateError, ConfigInput, Ipam, Phase, nets_overlap};
 use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
 use super::podnetwork::{
     ConfigMapRef, ConfigRanges, OutputContent, OutputKind, PodNetwork, covered,
@@ -35,10 +35,6 @@ use crate::node::IpamNode;
 
 /// How long a failed re-read of a node missing from a relist waits before it is tried again.
 const REREAD_RETRY: Duration = Duration::from_secs(5);
-
-/// How long a child config a create was answered for may take to show up in the config watch
-/// before the pool forgets the carve (and decides again).
-const CARVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The source name of the `--service-cidr` flag among the Service ranges.
 const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
@@ -240,8 +236,12 @@ struct PoolSeen {
 struct CarveInFlight {
     pool: String,
     carve: Carve,
-    /// When the create was answered (created, or already there).
-    answered: Option<Duration>,
+    /// The step at which the create was answered (created, or already there): a config list
+    /// started after it that lacks the child means the child is gone again.
+    answered: Option<u64>,
+    /// The create failed, perhaps after landing: it is asked again, the same range under the
+    /// same name, so a landed one is found (AlreadyExists) rather than a second one made.
+    failed: bool,
 }
 
 /// A node waiting for a block.
@@ -323,6 +323,10 @@ pub struct Machine {
     pool_written: HashMap<String, PoolStatus>,
     /// Carved children not yet accepting: their pool, and when the carve was decided.
     scale_started: HashMap<String, (String, Duration)>,
+    /// Inputs handled so far: orders create answers against config lists.
+    step: u64,
+    /// The step at which the config list in progress started.
+    configs_list_step: u64,
     effects: Vec<Effect>,
 }
 
@@ -368,6 +372,8 @@ impl Machine {
             empty_since: HashMap::new(),
             pool_written: HashMap::new(),
             scale_started: HashMap::new(),
+            step: 0,
+            configs_list_step: 0,
             effects: Vec::new(),
         }
     }
@@ -375,6 +381,7 @@ impl Machine {
     /// Takes one fact at `now`; returns what to do about it.
     pub fn handle(&mut self, now: Now, input: Input) -> Vec<Effect> {
         self.now = now;
+        self.step += 1;
         match input {
             Input::Node(w) => self.on_watch(Source::Nodes, w, Self::on_node, |m, n| {
                 m.on_node_gone(&n.name_any(), n.uid().as_deref());
@@ -509,6 +516,9 @@ impl Machine {
     }
 
     fn list_started(&mut self, source: Source) {
+        if source == Source::Configs {
+            self.configs_list_step = self.step;
+        }
         self.relist.insert(source, HashSet::new());
     }
 
@@ -576,6 +586,12 @@ impl Machine {
                 for name in gone {
                     self.on_config_gone(&name);
                 }
+                // A child created before this list started and not in it is gone again
+                // (its create and delete both fell between two lists).
+                let started = self.configs_list_step;
+                self.carves.retain(|name, c| {
+                    c.answered.is_none_or(|at| at >= started) || seen.contains(name)
+                });
             }
             Source::Services => {
                 let gone: Vec<String> = self
@@ -1271,16 +1287,18 @@ impl Machine {
                 if outcome == CreateOutcome::AlreadyExists {
                     info!(pool = %config.pool, config = %config.name, "child config already exists (a retry, or another leader's)");
                 }
-                let now = self.now.mono;
+                let step = self.step;
                 if let Some(c) = self.carves.get_mut(&config.name) {
-                    c.answered.get_or_insert(now);
+                    c.answered = Some(step);
+                    c.failed = false;
                 }
             }
             CreateOutcome::Failed(why) => {
-                warn!(pool = %config.pool, config = %config.name, reason = %why, "creating a child config failed; deciding again");
+                warn!(pool = %config.pool, config = %config.name, reason = %why, "creating a child config failed; asking again");
                 self.metric(Metric::Error("config_create"));
-                self.carves.remove(&config.name);
-                self.scale_started.remove(&config.name);
+                if let Some(c) = self.carves.get_mut(&config.name) {
+                    c.failed = true;
+                }
             }
         }
     }
@@ -1343,13 +1361,6 @@ impl Machine {
         if !self.synced || self.pools.is_empty() {
             return;
         }
-        let now = self.now.mono;
-        // A create answered long ago whose child never showed up (deleted at once, or a
-        // watch that missed it): forget it and decide again.
-        self.carves.retain(|_, c| {
-            c.answered
-                .is_none_or(|t| now.saturating_sub(t) < CARVE_TIMEOUT)
-        });
         let pending = self.pending_per_pool();
         let wall = Time(
             k8s_openapi::jiff::Timestamp::from_second(self.now.wall_seconds).unwrap_or_default(),
@@ -1358,6 +1369,53 @@ impl Machine {
         for name in names {
             let waiting = pending.get(&name).copied().unwrap_or(0);
             self.scale_pool(&name, waiting, &wall);
+        }
+    }
+
+    /// Creates that failed are asked again as they were, unless their range is taken by
+    /// now (then the create cannot have landed: the webhook refuses an overlap) or the pool
+    /// no longer has it in its budget.
+    fn retry_failed_carves(&mut self, pool: &str, input: &PoolInput, occupied: &[IpNet]) {
+        let failed: Vec<String> = self
+            .carves
+            .iter()
+            .filter(|(_, c)| c.pool == pool && c.failed)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in failed {
+            let Some(c) = self.carves.get(&name) else {
+                continue;
+            };
+            let in_budget = c
+                .carve
+                .ranges()
+                .all(|r| input.budget().any(|b| b.contains(&r)));
+            let clear = c
+                .carve
+                .ranges()
+                .all(|r| !occupied.iter().any(|o| nets_overlap(o, &r)));
+            if !in_budget || !clear || self.configs.contains_key(&name) {
+                info!(pool, config = %name, "a failed carve is moot now; deciding again");
+                self.carves.remove(&name);
+                self.scale_started.remove(&name);
+                continue;
+            }
+            let child = self.child_config(pool, input, &c.carve);
+            if let Some(c) = self.carves.get_mut(&name) {
+                c.failed = false;
+            }
+            self.push(Effect::CreateConfig(child));
+        }
+    }
+
+    fn child_config(&self, pool: &str, input: &PoolInput, carve: &Carve) -> ChildConfig {
+        ChildConfig {
+            pool: pool.to_string(),
+            pool_uid: input.uid.clone(),
+            name: carve.name.clone(),
+            ipv4: carve.ipv4.zip(input.ipv4.as_ref().map(|f| f.per_node_mask)),
+            ipv6: carve.ipv6.zip(input.ipv6.as_ref().map(|f| f.per_node_mask)),
+            selector: input.selector.clone(),
         }
     }
 
@@ -1466,6 +1524,7 @@ impl Machine {
         );
         occupied.extend(self.ipam.service_ranges());
         occupied.extend(self.ipam.unmanaged().into_iter().map(|(c, _)| c));
+        self.retry_failed_carves(name, &input, &occupied);
         let in_flight: Vec<Carve> = self
             .carves
             .values()
@@ -1500,14 +1559,7 @@ impl Machine {
                 debug!(pool = %name, config = %carve.name, "a config of another owner holds the child's name");
                 continue;
             }
-            let child = ChildConfig {
-                pool: name.to_string(),
-                pool_uid: uid.clone(),
-                name: carve.name.clone(),
-                ipv4: carve.ipv4.zip(input.ipv4.as_ref().map(|f| f.per_node_mask)),
-                ipv6: carve.ipv6.zip(input.ipv6.as_ref().map(|f| f.per_node_mask)),
-                selector: input.selector.clone(),
-            };
+            let child = self.child_config(name, &input, carve);
             let ranges: Vec<String> = carve.ranges().map(|r| r.to_string()).collect();
             info!(pool = %name, config = %carve.name, ?ranges, pending, free, "carving a range");
             let message = format!(
@@ -1533,6 +1585,7 @@ impl Machine {
                     pool: name.to_string(),
                     carve: carve.clone(),
                     answered: None,
+                    failed: false,
                 },
             );
             self.scale_started

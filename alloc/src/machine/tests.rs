@@ -907,3 +907,25 @@ fn an_empty_child_beyond_min_retires_after_empty_for_and_hands_out_nothing_more(
     let out = m.handle(at(68), Input::Tick);
     assert!(deletes(&out).is_empty());
 }
+
+#[test]
+fn a_created_child_missing_from_a_later_config_list_is_carved_again() {
+    let mut m = with_pool(small_pool(1, 4, 1));
+    let child = creates(&m.handle(at(1), Input::Tick))[0].clone();
+    // A list that started before the answer proves nothing.
+    m.handle(at(1), Input::Config(Watch::ListStart));
+    m.handle(
+        at(1),
+        Input::ConfigCreated {
+            config: child.clone(),
+            outcome: CreateOutcome::Created,
+        },
+    );
+    m.handle(at(1), Input::Config(Watch::ListDone));
+    assert_eq!(m.carves_in_flight(), 1);
+    // One that started after it and lacks the child: it is gone again.
+    m.handle(at(2), Input::Config(Watch::ListStart));
+    m.handle(at(2), Input::Config(Watch::ListDone));
+    assert_eq!(m.carves_in_flight(), 0);
+    assert_eq!(creates(&m.handle(at(3), Input::Tick)), [&child]);
+}
