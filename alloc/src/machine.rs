@@ -36,6 +36,10 @@ use crate::node::IpamNode;
 /// How long a failed re-read of a node missing from a relist waits before it is tried again.
 const REREAD_RETRY: Duration = Duration::from_secs(5);
 
+/// How long a created child may take to show in the config watch before its create is sent
+/// again (the same range under the same name: AlreadyExists if it is there after all).
+const CARVE_RECHECK: Duration = Duration::from_secs(30);
+
 /// The source name of the `--service-cidr` flag among the Service ranges.
 const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
 
@@ -235,13 +239,21 @@ struct PoolSeen {
 #[derive(Clone, Debug)]
 struct CarveInFlight {
     pool: String,
+    pool_uid: Option<String>,
     carve: Carve,
     /// The step at which the create was answered (created, or already there): a config list
     /// started after it that lacks the child means the child is gone again.
     answered: Option<u64>,
+    /// The time of that answer.
+    answered_at: Duration,
     /// The create failed, perhaps after landing: it is asked again, the same range under the
     /// same name, so a landed one is found (AlreadyExists) rather than a second one made.
     failed: bool,
+    /// Creates sent and not yet answered: until none is, one may still land (again, after a
+    /// user deleted the child), so the carve still counts.
+    sent: u32,
+    /// The child has shown in the config watch.
+    seen: bool,
 }
 
 /// A node waiting for a block.
@@ -590,7 +602,7 @@ impl Machine {
                 // (its create and delete both fell between two lists).
                 let started = self.configs_list_step;
                 self.carves.retain(|name, c| {
-                    c.answered.is_none_or(|at| at >= started) || seen.contains(name)
+                    c.sent > 0 || c.answered.is_none_or(|at| at >= started) || seen.contains(name)
                 });
             }
             Source::Services => {
@@ -1121,8 +1133,23 @@ impl Machine {
         let finalizer_requested = previous
             .as_ref()
             .is_some_and(|p| p.finalizer_requested && !has_finalizer);
-        // The carve that made it is done; a delete of ours shows as deleting (or a new object).
-        self.carves.remove(&name);
+        // The carve that made it is done (only if it is that carve's child: an object of
+        // another owner under the name, such as an old pool's child on its way out, is not);
+        // a delete of ours shows as deleting (or a new object).
+        let owner_uid = obj
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true) && o.kind == "NodeIPAMPool")
+            .map(|o| o.uid.clone());
+        if let Some(c) = self.carves.get_mut(&name).filter(|c| {
+            obj.labels().get(scaling::POOL_LABEL) == Some(&c.pool)
+                && (c.pool_uid.is_none() || owner_uid == c.pool_uid)
+        }) {
+            c.seen = true;
+            if c.sent == 0 {
+                self.carves.remove(&name);
+            }
+        }
         if deleting
             || self
                 .retiring
@@ -1131,11 +1158,6 @@ impl Machine {
         {
             self.retiring.remove(&name);
         }
-        let owner_uid = obj
-            .owner_references()
-            .iter()
-            .find(|o| o.controller == Some(true) && o.kind == "NodeIPAMPool")
-            .map(|o| o.uid.clone());
         let mut seen = ConfigSeen {
             base: config_input(&obj),
             uid: obj.uid(),
@@ -1287,19 +1309,39 @@ impl Machine {
                 if outcome == CreateOutcome::AlreadyExists {
                     info!(pool = %config.pool, config = %config.name, "child config already exists (a retry, or another leader's)");
                 }
-                let step = self.step;
-                if let Some(c) = self.carves.get_mut(&config.name) {
+                let (step, now) = (self.step, self.now.mono);
+                // Only the carve the create was for: a late answer to an old pool's create
+                // of the same name says nothing about this one.
+                if let Some(c) = self
+                    .carves
+                    .get_mut(&config.name)
+                    .filter(|c| c.pool_uid == config.pool_uid)
+                {
                     c.answered = Some(step);
+                    c.answered_at = now;
                     c.failed = false;
+                    c.sent = c.sent.saturating_sub(1);
                 }
             }
             CreateOutcome::Failed(why) => {
                 warn!(pool = %config.pool, config = %config.name, reason = %why, "creating a child config failed; asking again");
                 self.metric(Metric::Error("config_create"));
-                if let Some(c) = self.carves.get_mut(&config.name) {
-                    c.failed = true;
+                if let Some(c) = self
+                    .carves
+                    .get_mut(&config.name)
+                    .filter(|c| c.pool_uid == config.pool_uid)
+                {
+                    c.failed = !c.seen;
+                    c.sent = c.sent.saturating_sub(1);
                 }
             }
+        }
+        if self
+            .carves
+            .get(&config.name)
+            .is_some_and(|c| c.seen && c.sent == 0)
+        {
+            self.carves.remove(&config.name);
         }
     }
 
@@ -1361,6 +1403,19 @@ impl Machine {
         if !self.synced || self.pools.is_empty() {
             return;
         }
+        // A child created a while ago and still not seen: its watch events may have fallen
+        // into a relist that answered before the create did. Ask again.
+        let now = self.now.mono;
+        for c in self.carves.values_mut() {
+            if c.answered.is_some()
+                && !c.seen
+                && c.sent == 0
+                && now.saturating_sub(c.answered_at) >= CARVE_RECHECK
+            {
+                c.answered = None;
+                c.failed = true;
+            }
+        }
         let pending = self.pending_per_pool();
         let wall = Time(
             k8s_openapi::jiff::Timestamp::from_second(self.now.wall_seconds).unwrap_or_default(),
@@ -1379,7 +1434,7 @@ impl Machine {
         let failed: Vec<String> = self
             .carves
             .iter()
-            .filter(|(_, c)| c.pool == pool && c.failed)
+            .filter(|(_, c)| c.pool == pool && c.failed && c.sent == 0 && !c.seen)
             .map(|(n, _)| n.clone())
             .collect();
         for name in failed {
@@ -1403,6 +1458,7 @@ impl Machine {
             let child = self.child_config(pool, input, &c.carve);
             if let Some(c) = self.carves.get_mut(&name) {
                 c.failed = false;
+                c.sent += 1;
             }
             self.push(Effect::CreateConfig(child));
         }
@@ -1421,6 +1477,9 @@ impl Machine {
 
     /// Per pool, the pending nodes it would take that no other config can serve.
     fn pending_per_pool(&self) -> HashMap<String, u64> {
+        if self.pending.is_empty() {
+            return HashMap::new();
+        }
         let others: Vec<&ConfigSeen> = self
             .configs
             .iter()
@@ -1525,11 +1584,12 @@ impl Machine {
         occupied.extend(self.ipam.service_ranges());
         occupied.extend(self.ipam.unmanaged().into_iter().map(|(c, _)| c));
         self.retry_failed_carves(name, &input, &occupied);
+        // A carve whose child is there counts as the child.
         let in_flight: Vec<Carve> = self
             .carves
-            .values()
-            .filter(|c| c.pool == name)
-            .map(|c| c.carve.clone())
+            .iter()
+            .filter(|(n, c)| c.pool == name && !child_names.contains(n))
+            .map(|(_, c)| c.carve.clone())
             .collect();
         let previous: Vec<Condition> = self
             .pool_written
@@ -1583,9 +1643,13 @@ impl Machine {
                 carve.name.clone(),
                 CarveInFlight {
                     pool: name.to_string(),
+                    pool_uid: uid.clone(),
                     carve: carve.clone(),
                     answered: None,
+                    answered_at: Duration::ZERO,
                     failed: false,
+                    sent: 1,
+                    seen: false,
                 },
             );
             self.scale_started
@@ -1654,7 +1718,7 @@ impl Machine {
             self.pool_written
                 .insert(name.to_string(), decision.status.clone());
         }
-        let growing = decision.room || self.carves.values().any(|c| c.pool == name);
+        let growing = decision.room || !in_flight.is_empty() || !decision.carves.is_empty();
         let was = self.pools.get(name).is_some_and(|p| p.room);
         if let Some(p) = self.pools.get_mut(name) {
             p.room = growing;
