@@ -27,7 +27,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the controller (leader-elected) and the admission webhook (every replica).
     Run(Box<RunArgs>),
-    /// Print the NodeIPAMConfig CRD YAML.
+    /// Print the CRD YAML (NodeIPAMConfig and NodeIPAMPool).
     Crdgen,
     /// Print the pod network (every range not yet drained, and unmanaged podCIDRs).
     Ranges(RangesArgs),

@@ -25,7 +25,7 @@ async fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Crdgen => {
-            print!("{}", nodeipam_crd::crd_yaml());
+            print!("{}", nodeipam_crd::all_crds_yaml());
             ExitCode::SUCCESS
         }
         Command::Ranges(args) => {

@@ -17,6 +17,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::limits::MAX_DNS_SUBDOMAIN_LENGTH;
+use crate::schema;
 use crate::types::NodeIPAMConfig;
 
 /// Label on every child `NodeIPAMConfig`: the name of the pool that carved it.
@@ -54,33 +55,114 @@ pub const RANGE_RETIRING: &str = "Retiring";
     category = "nodeipam",
     status = "NodeIPAMPoolStatus",
     derive = "PartialEq",
-    doc = "NodeIPAMPool is a budget of pod address space from which the nodeipam controller carves NodeIPAMConfigs on demand."
+    doc = "NodeIPAMPool is a budget of pod address space from which the nodeipam controller carves NodeIPAMConfigs on demand.",
+    printcolumn(
+        name = "IPv4",
+        type_ = "string",
+        json_path = ".spec.ipv4.cidrs",
+        description = "IPv4 CIDRs children are carved from"
+    ),
+    printcolumn(
+        name = "IPv6",
+        type_ = "string",
+        json_path = ".spec.ipv6.cidrs",
+        description = "IPv6 CIDRs children are carved from"
+    ),
+    printcolumn(
+        name = "Ranges",
+        type_ = "integer",
+        json_path = ".status['ipv4','ipv6'].ranges",
+        description = "Children (carved NodeIPAMConfigs) of the pool"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Valid and carving as needed"
+    ),
+    printcolumn(
+        name = "Exhausted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Exhausted\")].status",
+        description = "No free block and no room to carve another child"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Scaling",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Scaling\")].status",
+        priority = 1,
+        description = "Carving or retiring a child"
+    ),
+    printcolumn(
+        name = "IPv4-Allocated",
+        type_ = "integer",
+        json_path = ".status.ipv4.allocated",
+        priority = 1,
+        description = "IPv4 blocks held by nodes across the children"
+    ),
+    printcolumn(
+        name = "IPv4-Capacity",
+        type_ = "integer",
+        json_path = ".status.ipv4.capacity",
+        priority = 1,
+        description = "IPv4 blocks in the current children"
+    ),
+    printcolumn(
+        name = "IPv6-Allocated",
+        type_ = "integer",
+        json_path = ".status.ipv6.allocated",
+        priority = 1,
+        description = "IPv6 blocks held by nodes across the children"
+    ),
+    printcolumn(
+        name = "IPv6-Capacity",
+        type_ = "integer",
+        json_path = ".status.ipv6.capacity",
+        priority = 1,
+        description = "IPv6 blocks in the current children"
+    )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = schema::pool_spec_rules, transform = schema::unwrap_descriptions)]
 pub struct NodeIPAMPoolSpec {
-    /// IPv4 budget. Cannot be added or removed after creation.
+    /// IPv4 address space children are carved from. Cannot be added or removed after
+    /// creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = schema::pool_ipv4_rules)]
     pub ipv4: Option<PoolFamilySpec>,
 
-    /// IPv6 budget. Cannot be added or removed after creation.
+    /// IPv6 address space children are carved from. Cannot be added or removed after
+    /// creation. With both families, each child has one range of each, and both must give the
+    /// same number of blocks per range (`perNodeMaskSize - rangeMaskSize` equal): a node takes
+    /// one block of each family from the same child.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = schema::pool_ipv6_rules)]
     pub ipv6: Option<PoolFamilySpec>,
 
-    /// Nodes this pool serves; when absent it serves every node. Copied to every child.
-    /// Immutable.
+    /// Nodes this pool serves; when absent it serves every node. Same rules as a Pod's required
+    /// node affinity. Copied to every child. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = schema::pool_node_selector_rules)]
     pub node_selector: Option<NodeSelector>,
 
-    /// How many children the pool keeps at least and may carve at most.
+    /// How many children the pool keeps at least and may carve at most. Mutable.
     #[serde(default)]
+    #[schemars(transform = schema::pool_ranges_schema)]
     pub ranges: PoolRanges,
 
-    /// Free blocks to keep ready across the pool's children.
+    /// Free blocks to keep ready across the pool's children. Mutable.
     #[serde(default)]
+    #[schemars(transform = schema::pool_headroom_schema)]
     pub headroom: PoolHeadroom,
 
-    /// When an empty child is retired.
+    /// When an empty child is retired. Mutable.
     #[serde(default)]
+    #[schemars(transform = schema::pool_scale_down_schema)]
     pub scale_down: PoolScaleDown,
 }
 
@@ -89,15 +171,19 @@ pub struct NodeIPAMPoolSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolFamilySpec {
-    /// The address space children are carved from, canonical CIDRs (host bits zero), carved
-    /// in order. CIDRs may be appended; existing ones cannot be changed or removed.
+    /// The address space children are carved from: 1 to 16 canonical CIDRs (host bits zero)
+    /// of this family that do not overlap each other, another pool, a Service range or a
+    /// NodeIPAMConfig that is not a child of this pool. CIDRs may be appended; existing ones
+    /// cannot be changed or removed.
     pub cidrs: Vec<String>,
 
-    /// Prefix length of each child's range.
+    /// Prefix length of each child's range: at least the prefix length of every CIDR in
+    /// `cidrs`. Immutable.
     #[schemars(range(max = 128), extend("format" = "int32"))]
     pub range_mask_size: u8,
 
-    /// Prefix length of the block each node receives.
+    /// Prefix length of the block each node receives: more than `rangeMaskSize` and at most 16
+    /// more (a child holds 2 to 2^16 blocks), at most 30 (IPv4) or 126 (IPv6). Immutable.
     #[schemars(range(max = 128), extend("format" = "int32"))]
     pub per_node_mask_size: u8,
 }
@@ -106,12 +192,12 @@ pub struct PoolFamilySpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolRanges {
-    /// Children kept even when empty.
+    /// Children kept even when empty (default 1). At most `max`.
     #[serde(default = "default_min_ranges")]
     #[schemars(extend("format" = "int32"))]
     pub min: u32,
 
-    /// Most children the pool carves.
+    /// Most children the pool carves (default 32), 1 to 256.
     #[serde(default = "default_max_ranges")]
     #[schemars(extend("format" = "int32"))]
     pub max: u32,
@@ -155,7 +241,8 @@ impl Default for PoolRanges {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolHeadroom {
-    /// A child is carved when fewer blocks than this are free across the pool's children.
+    /// A child is carved when fewer blocks than this are free across the pool's children
+    /// (default 16); 0 carves only when a matching node waits for a block.
     #[serde(default = "default_headroom_blocks")]
     #[schemars(extend("format" = "int32"))]
     pub blocks: u32,
@@ -173,8 +260,8 @@ impl Default for PoolHeadroom {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolScaleDown {
-    /// How long a child must hold no block before it is deleted, as a Go duration (`30m`,
-    /// `1h30m`, `0s` for at once).
+    /// How long a child must hold no block before it is deleted, as a Go duration (default
+    /// `30m`; `1h30m`, `0s` for at once). Never below `ranges.min` children.
     #[serde(default = "default_empty_for")]
     pub empty_for: String,
 }
@@ -190,6 +277,7 @@ impl Default for PoolScaleDown {
 /// Observed state of a NodeIPAMPool, written by the controller.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = schema::unwrap_descriptions)]
 pub struct NodeIPAMPoolStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,6 +297,7 @@ pub struct NodeIPAMPoolStatus {
 
     /// Conditions, keyed by type: `Ready`, `Exhausted` and `Scaling`.
     #[serde(default)]
+    #[schemars(transform = schema::conditions_list_map)]
     pub conditions: Vec<Condition>,
 }
 

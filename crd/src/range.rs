@@ -256,9 +256,7 @@ impl FamilyRange {
     /// rules still names addresses nodes may hold, so the controller keeps publishing and
     /// protecting them and the webhook still refuses overlaps with them.
     pub fn claimed(cidr: &str, per_node_mask_size: u8) -> Option<Self> {
-        // `IpNet`'s own parser, more lenient than `parse_cidr`, on purpose: what it accepted
-        // before validation existed for such a config is what the cluster may hold.
-        let cidr = cidr.parse::<IpNet>().ok()?;
+        let cidr = claimed_cidr(cidr)?;
         Some(Self {
             cidr,
             per_node_mask_size,
@@ -293,6 +291,14 @@ impl FamilyRange {
     pub fn blocks_covered(&self, held: &[IpNet]) -> u64 {
         blocks_covered(self.cidr, self.per_node_mask_size, held)
     }
+}
+
+/// The CIDR a spec names even when it fails validation: as written (host bits kept), if it
+/// parses at all. `IpNet`'s own parser, more lenient than [`parse_cidr`], on purpose: what it
+/// accepted before validation existed for an object is what the cluster may hold, so the
+/// controller keeps protecting it and the webhook still refuses overlaps with it.
+pub fn claimed_cidr(cidr: &str) -> Option<IpNet> {
+    cidr.parse::<IpNet>().ok()
 }
 
 /// Parses one CIDR of `family` as the CRD's CEL rules check it: not empty, at most
@@ -386,6 +392,15 @@ pub fn nesting(a: &IpNet, b: &IpNet) -> Option<Nesting> {
         Some(Nesting::Inside)
     } else {
         None
+    }
+}
+
+/// `10.0.0.0/8 contains 10.64.0.0/14`: how `a` relates to `b`, for messages.
+pub fn describe(a: &IpNet, b: &IpNet, how: Nesting) -> String {
+    match how {
+        Nesting::Same => format!("{a} is the same range"),
+        Nesting::Contains => format!("{a} contains {b}"),
+        Nesting::Inside => format!("{a} is inside {b}"),
     }
 }
 

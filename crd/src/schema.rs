@@ -17,6 +17,9 @@ use crate::limits::{
 };
 use crate::range::Family;
 
+mod pool;
+pub use pool::*;
+
 /// What to do instead of changing an immutable field.
 const DRAIN_HINT: &str = "create a new NodeIPAMConfig and delete this one to drain it";
 
@@ -288,10 +291,15 @@ pub fn ipv6_rules(schema: &mut Schema) {
 /// `transform` for `spec.nodeSelector`: the embedded core/v1 NodeSelector schema gets size
 /// limits, operator enums and per-requirement rules so the API server checks what core does.
 pub fn node_selector_rules(schema: &mut Schema) {
+    node_selector_schema(schema, node_selector_level_rules());
+}
+
+/// The NodeSelector limits and rules, with `level` (immutability) on the selector itself.
+fn node_selector_schema(schema: &mut Schema, level: Vec<CelRule>) {
     let Some(root) = schema.as_object_mut() else {
         return;
     };
-    add_rules(root, node_selector_level_rules());
+    add_rules(root, level);
 
     let terms_path = ["properties", "nodeSelectorTerms"];
     if let Some(terms) = node_at(root, &terms_path) {

@@ -1,9 +1,11 @@
-//! Every committed copy of the CRD YAML (`config/crd/bases` and the Helm chart's `crds/`) must
-//! be exactly what `crd_yaml()` generates from the Rust types.
+//! Every committed copy of each CRD's YAML (`config/crd/bases` and the Helm chart's `crds/`),
+//! NodeIPAMConfig and NodeIPAMPool, must be exactly what crdgen generates from the Rust types.
 
 use std::path::PathBuf;
 
 fn check(rel: &str) -> Result<(), String> {
+    let generated = nodeipam_crd::generated_file(rel)
+        .ok_or_else(|| format!("crdgen generates nothing for {rel}"))?;
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join(rel);
@@ -13,7 +15,6 @@ fn check(rel: &str) -> Result<(), String> {
             path.display()
         )
     })?;
-    let generated = nodeipam_crd::crd_yaml();
     if committed != generated {
         let first_diff = committed
             .lines()
@@ -39,12 +40,46 @@ fn chart_crd_matches_generated() {
     check(nodeipam_crd::CHART_CRD_PATH).unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// crdgen writes every path the drift tests check, and both are different files.
+#[test]
+fn committed_pool_crd_matches_generated() {
+    check(nodeipam_crd::POOL_CRD_PATH).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn chart_pool_crd_matches_generated() {
+    check(nodeipam_crd::CHART_POOL_CRD_PATH).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// crdgen writes every path the drift tests check, all different files, and every CRD file
+/// committed under `config/crd/bases` and the chart's `crds/` is one of them (a CRD added
+/// without a drift check, or left behind after a rename, fails here).
 #[test]
 fn every_copy_is_checked() {
+    let paths = nodeipam_crd::CRD_PATHS;
     assert_eq!(
-        nodeipam_crd::CRD_PATHS,
-        [nodeipam_crd::CRD_PATH, nodeipam_crd::CHART_CRD_PATH]
+        paths,
+        [
+            nodeipam_crd::CRD_PATH,
+            nodeipam_crd::CHART_CRD_PATH,
+            nodeipam_crd::POOL_CRD_PATH,
+            nodeipam_crd::CHART_POOL_CRD_PATH
+        ]
     );
-    assert_ne!(nodeipam_crd::CRD_PATH, nodeipam_crd::CHART_CRD_PATH);
+    for (i, a) in paths.iter().enumerate() {
+        assert!(nodeipam_crd::generated_file(a).is_some(), "{a}");
+        for b in &paths[i + 1..] {
+            assert_ne!(a, b);
+        }
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    for dir in ["config/crd/bases", "charts/nodeipam/crds"] {
+        for entry in std::fs::read_dir(root.join(dir)).expect("CRD folder is readable") {
+            let name = entry.expect("directory entry").file_name();
+            let rel = format!("{dir}/{}", name.to_string_lossy());
+            assert!(
+                paths.contains(&rel.as_str()),
+                "{rel} is no file crdgen writes, so no drift test checks it"
+            );
+        }
+    }
 }

@@ -303,8 +303,10 @@ fn the_default_chart_renders_config_default() {
     let deploy = &chart[&ns_key("Deployment", "nodeipam-controller")];
     assert_eq!(deploy["spec"]["replicas"], 2);
     assert_eq!(deploy["spec"]["template"]["spec"]["hostNetwork"], true);
-    let crd = &chart[&cluster_key("CustomResourceDefinition", "nodeipamconfigs.nodeipam.io")];
-    assert_eq!(crd["spec"]["group"], "nodeipam.io");
+    for name in ["nodeipamconfigs.nodeipam.io", "nodeipampools.nodeipam.io"] {
+        let crd = &chart[&cluster_key("CustomResourceDefinition", name)];
+        assert_eq!(crd["spec"]["group"], "nodeipam.io", "{name}");
+    }
 }
 
 /// The chart's appVersion, its default image tag.
@@ -662,13 +664,18 @@ async fn the_chart_applies_to_the_real_api_server() {
         cp.kubectl().args(["create", "namespace", NAMESPACE]),
     );
 
-    // The CRD first (a dry run of a CRD does not create it), then every variant.
-    let crd = workspace_root().join(nodeipam_crd::CHART_CRD_PATH);
-    run_ok(
-        "apply-chart-crd",
-        cp.kubectl()
-            .args(["apply", "-f", &crd.display().to_string()]),
-    );
+    // The CRDs first (a dry run of a CRD does not create it), then every variant.
+    for path in [
+        nodeipam_crd::CHART_CRD_PATH,
+        nodeipam_crd::CHART_POOL_CRD_PATH,
+    ] {
+        let crd = workspace_root().join(path);
+        run_ok(
+            "apply-chart-crd",
+            cp.kubectl()
+                .args(["apply", "-f", &crd.display().to_string()]),
+        );
+    }
     let variants: [&[&str]; 5] = [
         &[],
         &["certMode=cert-manager"],

@@ -556,6 +556,47 @@ async fn shipped_roles_grant_what_they_say_and_no_more() {
     );
     assert!(!can_i(&cp, ctl, &["get", "/metrics"]).await);
 
+    // NodeIPAMPools: the controller reads them and writes their status; it carves children
+    // (create) and retires them (delete), and changes no pool, no pool's spec, and no config
+    // by update.
+    for verb in ["get", "list", "watch"] {
+        assert!(can_i(&cp, ctl, &[verb, "nodeipampools"]).await, "{verb}");
+    }
+    for verb in ["create", "update", "patch", "delete", "deletecollection"] {
+        assert!(!can_i(&cp, ctl, &[verb, "nodeipampools"]).await, "{verb}");
+    }
+    assert!(
+        can_i(
+            &cp,
+            ctl,
+            &["patch", "nodeipampools", "--subresource=status"]
+        )
+        .await
+    );
+    assert!(
+        !can_i(
+            &cp,
+            ctl,
+            &["update", "nodeipampools", "--subresource=status"]
+        )
+        .await
+    );
+    assert!(
+        !can_i(
+            &cp,
+            ctl,
+            &["update", "nodeipampools", "--subresource=finalizers"]
+        )
+        .await
+    );
+    for verb in ["create", "delete", "patch", "get", "list", "watch"] {
+        assert!(can_i(&cp, ctl, &[verb, "nodeipamconfigs"]).await, "{verb}");
+    }
+    for verb in ["update", "deletecollection"] {
+        assert!(!can_i(&cp, ctl, &[verb, "nodeipamconfigs"]).await, "{verb}");
+    }
+    assert!(!can_i(&cp, ctl, &["delete", "nodes"]).await);
+
     // A scraper bound to the metrics reader role may get /metrics, nothing else.
     bind_cluster_role(
         &cp,
@@ -567,6 +608,7 @@ async fn shipped_roles_grant_what_they_say_and_no_more() {
     assert!(can_i(&cp, "scraper", &["get", "/metrics"]).await);
     assert!(!can_i(&cp, "scraper", &["get", "/debug/pprof/"]).await);
     assert!(!can_i(&cp, "scraper", &["list", "nodeipamconfigs"]).await);
+    assert!(!can_i(&cp, "scraper", &["list", "nodeipampools"]).await);
 
     // Viewer and editor roles (what view/edit aggregate): read; write but not status.
     bind_cluster_role(
@@ -594,6 +636,28 @@ async fn shipped_roles_grant_what_they_say_and_no_more() {
             &cp,
             "bob",
             &["patch", "nodeipamconfigs", "--subresource=status"]
+        )
+        .await
+    );
+    // The same for pools, which the same two roles cover.
+    assert!(can_i(&cp, "alice", &["list", "nodeipampools"]).await);
+    assert!(
+        can_i(
+            &cp,
+            "alice",
+            &["get", "nodeipampools", "--subresource=status"]
+        )
+        .await
+    );
+    assert!(!can_i(&cp, "alice", &["create", "nodeipampools"]).await);
+    assert!(can_i(&cp, "bob", &["create", "nodeipampools"]).await);
+    assert!(can_i(&cp, "bob", &["update", "nodeipampools"]).await);
+    assert!(can_i(&cp, "bob", &["delete", "nodeipampools"]).await);
+    assert!(
+        !can_i(
+            &cp,
+            "bob",
+            &["patch", "nodeipampools", "--subresource=status"]
         )
         .await
     );
@@ -636,6 +700,9 @@ async fn shipped_roles_grant_what_they_say_and_no_more() {
     )
     .await;
     assert!(!can_i(&cp, "carol", &["create", "nodeipamconfigs"]).await);
+    assert!(can_i(&cp, "carol", &["watch", "nodeipampools"]).await);
+    assert!(!can_i(&cp, "carol", &["create", "nodeipampools"]).await);
+    assert!(can_i(&cp, "dave", &["create", "nodeipampools"]).await);
     let rendered = kubectl_ok(&cp, &["kustomize", &config_path("rbac")]).await;
     for (role, label) in [
         (

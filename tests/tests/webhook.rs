@@ -2,7 +2,9 @@
 //! in this process on 127.0.0.1 with managed TLS, registered by URL with failurePolicy Fail.
 //! Covers admission of valid configs, a catalogue of bad ones denied through the API server,
 //! warnings reaching kubectl, caBundle patching, certificate rotation while serving, a second
-//! replica reusing the Secret, and garbage posted straight to the webhook.
+//! replica reusing the Secret, and garbage posted straight to the webhook. NodeIPAMPools: pool
+//! overlaps (with pools, Service ranges and hand-made configs), configs inside a pool's space
+//! (only its children, and only inside it), updates, and garbage pool specs.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,7 +19,7 @@ use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
-use nodeipam_crd::NodeIPAMConfig;
+use nodeipam_crd::{NodeIPAMConfig, NodeIPAMPool, POOL_LABEL};
 use nodeipam_testenv::ControlPlane;
 use nodeipam_webhook::{
     ManagedTls, Readiness, Rotation, TlsMode, VALIDATE_PATH, Webhook, WebhookError, WebhookOptions,
@@ -154,7 +156,7 @@ fn rules() -> Vec<RuleWithOperations> {
         api_groups: Some(vec!["nodeipam.io".into()]),
         api_versions: Some(vec!["v1alpha1".into()]),
         operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-        resources: Some(vec!["nodeipamconfigs".into()]),
+        resources: Some(vec!["nodeipamconfigs".into(), "nodeipampools".into()]),
         scope: Some("Cluster".into()),
     }]
 }
@@ -814,5 +816,254 @@ async fn rotation_replicas_and_garbage() {
     c.stop().await;
 
     a.stop().await;
+    cp.stop().await;
+}
+
+fn pools(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &ApiResource::erase::<NodeIPAMPool>(&()))
+}
+
+fn pool_object(name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "nodeipam.io/v1alpha1",
+        "kind": "NodeIPAMPool",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("a NodeIPAMPool object")
+}
+
+fn pool_v4(cidrs: &[&str]) -> Value {
+    json!({"ipv4": {"cidrs": cidrs, "rangeMaskSize": 20, "perNodeMaskSize": 24}})
+}
+
+/// The error of a refused write: its message and the fields of its causes.
+fn refusal(e: kube::Error) -> (String, Vec<String>) {
+    match e {
+        kube::Error::Api(s) => (
+            s.message.clone(),
+            s.details
+                .iter()
+                .flat_map(|d| &d.causes)
+                .map(|c| c.field.clone())
+                .collect(),
+        ),
+        other => (other.to_string(), Vec::new()),
+    }
+}
+
+#[track_caller]
+fn assert_refused(
+    what: &str,
+    outcome: Result<DynamicObject, kube::Error>,
+    field: &str,
+    says: &[&str],
+) {
+    let (message, fields) = match outcome {
+        Ok(obj) => panic!(
+            "{what}: admitted ({:?}) but must be refused",
+            obj.data["spec"]
+        ),
+        Err(e) => refusal(e),
+    };
+    assert!(
+        fields.iter().any(|f| f == field),
+        "{what}: no cause on {field}: {fields:?}: {message}"
+    );
+    for s in says {
+        assert!(message.contains(s), "{what}: {message:?} lacks {s:?}");
+    }
+}
+
+/// A config labelled and owned (controller reference) as a child of `pool`.
+fn child_object(name: &str, spec: Value, pool: &DynamicObject) -> DynamicObject {
+    let mut obj = object(name, spec);
+    let pool_name = pool.metadata.name.clone().unwrap_or_default();
+    obj.metadata.labels = Some(BTreeMap::from([(POOL_LABEL.to_owned(), pool_name.clone())]));
+    obj.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "nodeipam.io/v1alpha1".into(),
+            kind: "NodeIPAMPool".into(),
+            name: pool_name,
+            uid: pool.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        },
+    ]);
+    obj
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_admission_through_the_api_server() {
+    let cp = control_plane().await;
+    let client = cp.client();
+    let running = start_webhook(client.clone(), options(SECRET, HOOK, quick_checks())).await;
+    register_and_wait(&cp, &running, cp.ca_pem().as_bytes()).await;
+    let pp = PostParams::default();
+    let pool_api = pools(&client);
+    let config_api = configs(&client);
+
+    // A hand-made config, then a valid dual-stack pool beside it.
+    config_api
+        .create(&pp, &object("hand-made", v4("10.100.0.0/16", 24)))
+        .await
+        .expect("a hand-made config outside every pool");
+    let gpu_spec = json!({
+        "ipv4": {"cidrs": ["10.64.0.0/14"], "rangeMaskSize": 20, "perNodeMaskSize": 24},
+        "ipv6": {"cidrs": ["fd00:64::/48"], "rangeMaskSize": 56, "perNodeMaskSize": 60},
+    });
+    let gpu = pool_api
+        .create(&pp, &pool_object("gpu", gpu_spec.clone()))
+        .await
+        .expect("the gpu pool is admitted");
+
+    // Pool over pool, over Service ranges, over a hand-made config.
+    assert_refused(
+        "pool over pool",
+        pool_api
+            .create(
+                &pp,
+                &pool_object("cpu", pool_v4(&["10.0.0.0/16", "10.66.0.0/16"])),
+            )
+            .await,
+        "spec.ipv4.cidrs[1]",
+        &[
+            "overlaps 10.64.0.0/14 (spec.ipv4.cidrs[0]) of NodeIPAMPool \"gpu\"",
+            "10.66.0.0/16 is inside 10.64.0.0/14",
+        ],
+    );
+    assert_refused(
+        "pool over the API server's ServiceCIDR",
+        pool_api
+            .create(&pp, &pool_object("svc", pool_v4(&["10.96.0.0/12"])))
+            .await,
+        "spec.ipv4.cidrs[0]",
+        &["overlaps the Service range 10.96.0.0/16 of ServiceCIDR \"kubernetes\""],
+    );
+    assert_refused(
+        "pool over --service-cidr",
+        pool_api
+            .create(&pp, &pool_object("svc2", pool_v4(&["10.200.0.0/14"])))
+            .await,
+        "spec.ipv4.cidrs[0]",
+        &["overlaps the Service range 10.200.0.0/16 of --service-cidr"],
+    );
+    assert_refused(
+        "pool over a hand-made config",
+        pool_api
+            .create(&pp, &pool_object("over", pool_v4(&["10.100.0.0/14"])))
+            .await,
+        "spec.ipv4.cidrs[0]",
+        &[
+            "NodeIPAMConfig \"hand-made\"",
+            "which is not a child of this pool",
+        ],
+    );
+
+    // Configs in the pool's space: a user's is refused, a child inside is admitted, a child
+    // outside is refused.
+    assert_refused(
+        "a user config inside a pool",
+        config_api
+            .create(&pp, &object("user", v4("10.64.16.0/20", 24)))
+            .await,
+        "spec.ipv4.cidr",
+        &[
+            "overlaps 10.64.0.0/14 (spec.ipv4.cidrs[0]) of NodeIPAMPool \"gpu\"",
+            "not a child of that pool",
+        ],
+    );
+    let child_spec = json!({
+        "ipv4": {"cidr": "10.64.0.0/20", "perNodeMaskSize": 24},
+        "ipv6": {"cidr": "fd00:64::/56", "perNodeMaskSize": 60},
+    });
+    config_api
+        .create(&pp, &child_object("gpu-10-64-0-0-20", child_spec, &gpu))
+        .await
+        .expect("a child inside its pool is admitted");
+    assert_refused(
+        "a child outside its pool",
+        config_api
+            .create(
+                &pp,
+                &child_object("gpu-10-110-0-0-20", v4("10.110.0.0/20", 24), &gpu),
+            )
+            .await,
+        "spec.ipv4.cidr",
+        &["lies outside NodeIPAMPool \"gpu\" (its IPv4 CIDRs: [10.64.0.0/14])"],
+    );
+    // A label alone (no owner reference) does not make a child.
+    let mut labelled = object("labelled", v4("10.64.32.0/20", 24));
+    labelled.metadata.labels = Some(BTreeMap::from([(POOL_LABEL.to_owned(), "gpu".into())]));
+    assert_refused(
+        "a labelled config inside a pool",
+        config_api.create(&pp, &labelled).await,
+        "spec.ipv4.cidr",
+        &["NodeIPAMPool \"gpu\""],
+    );
+
+    // Updates: a free CIDR may be appended, an overlapping one not; a mask may not change;
+    // the scaling settings may, even with a child in place.
+    let mut grown = pool_api.get("gpu").await.expect("get gpu");
+    grown.data["spec"]["ipv4"]["cidrs"] = json!(["10.64.0.0/14", "10.80.0.0/16"]);
+    grown.data["spec"]["headroom"] = json!({"blocks": 64});
+    let grown = pool_api
+        .replace("gpu", &pp, &grown)
+        .await
+        .expect("appending a free CIDR and changing headroom is admitted");
+    let mut bad = grown.clone();
+    bad.data["spec"]["ipv4"]["cidrs"] = json!(["10.64.0.0/14", "10.80.0.0/16", "10.100.0.0/20"]);
+    assert_refused(
+        "appending a CIDR over a config",
+        pool_api.replace("gpu", &pp, &bad).await,
+        "spec.ipv4.cidrs[2]",
+        &["NodeIPAMConfig \"hand-made\""],
+    );
+
+    // Garbage in a pool's spec, straight to the webhook: a clean answer, never allowed.
+    let ca = secret_data(&client, SECRET, "ca.crt")
+        .await
+        .expect("the managed Secret holds ca.crt");
+    for spec in [
+        json!({"ipv4": {"cidrs": 42, "rangeMaskSize": 20, "perNodeMaskSize": 24}}),
+        json!({"ipv4": {"cidrs": ["x"], "rangeMaskSize": 999, "perNodeMaskSize": -1}}),
+        json!({"scaleDown": {"emptyFor": ["30m"]}}),
+        json!(null),
+    ] {
+        let review = json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "3d1f5a2e-0000-4000-8000-000000000002",
+                "kind": {"group": "nodeipam.io", "version": "v1alpha1", "kind": "NodeIPAMPool"},
+                "resource": {"group": "nodeipam.io", "version": "v1alpha1", "resource": "nodeipampools"},
+                "name": "junk", "operation": "CREATE",
+                "userInfo": {"username": "mallory"},
+                "object": {"apiVersion": "nodeipam.io/v1alpha1", "kind": "NodeIPAMPool",
+                           "metadata": {"name": "junk"}, "spec": spec},
+                "dryRun": false
+            }
+        });
+        let (_, status, body) = https(
+            running.addr,
+            &ca,
+            "POST",
+            VALIDATE_PATH,
+            &serde_json::to_vec(&review).unwrap(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 200, "{body}");
+        let answer: Value = serde_json::from_str(&body).expect("a JSON AdmissionReview");
+        assert_eq!(answer["response"]["allowed"], false, "{body}");
+        assert!(
+            answer["response"]["status"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("not a valid NodeIPAMPool")),
+            "{body}"
+        );
+    }
+    assert!(running.readiness.is_ready(), "the webhook still serves");
+    running.stop().await;
     cp.stop().await;
 }

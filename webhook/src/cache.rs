@@ -1,5 +1,6 @@
-//! The webhook's caches: reflectors of every NodeIPAMConfig, every ServiceCIDR and the Nodes'
-//! metadata, so a review reads memory instead of listing per request.
+//! The webhook's caches: reflectors of every NodeIPAMConfig, every NodeIPAMPool, every
+//! ServiceCIDR and the Nodes' metadata, so a review reads memory instead of listing per
+//! request.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +13,7 @@ use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use nodeipam_crd::NodeIPAMConfig;
+use nodeipam_crd::{NodeIPAMConfig, NodeIPAMPool};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
@@ -22,6 +23,9 @@ use crate::review::{ClusterView, ServiceRange};
 #[derive(Clone)]
 pub(crate) struct Caches {
     configs: Store<NodeIPAMConfig>,
+    pools: Store<NodeIPAMPool>,
+    /// The pool reflector has listed once.
+    pools_synced: Arc<AtomicBool>,
     /// `None` when the API server does not serve ServiceCIDRs.
     service_cidrs: Option<Store<ServiceCIDR>>,
     nodes: Store<PartialObjectMeta<Node>>,
@@ -59,6 +63,28 @@ impl Caches {
             .touched_objects();
         tasks.spawn(drive("nodeipamconfigs", stream));
 
+        let (pools, writer) = reflector::store();
+        let api: Api<NodeIPAMPool> = Api::all(client.clone());
+        // A controller upgraded before its CRDs (Helm does not upgrade `crds/`) finds no
+        // NodeIPAMPools: there are none to protect then, so configs are still reviewed, and
+        // the watcher keeps retrying until the CRD is served; pool requests wait for it.
+        let pools_served = !matches!(
+            api.list_metadata(&ListParams::default().limit(1)).await,
+            Err(kube::Error::Api(s)) if s.code == 404
+        );
+        if !pools_served {
+            warn!(
+                "the API server serves no NodeIPAMPools (is the CRD installed?): reviewing configs \
+                 without pools and refusing pool requests until it does"
+            );
+        }
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|p| p.metadata.managed_fields = None)
+            .reflect(writer)
+            .touched_objects();
+        tasks.spawn(drive("nodeipampools", stream));
+
         let (nodes, writer) = reflector::store();
         // Metadata only: names and labels are all a review needs (to count selected nodes).
         let api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
@@ -89,11 +115,24 @@ impl Caches {
 
         let caches = Caches {
             configs,
+            pools,
+            pools_synced: Arc::new(AtomicBool::new(false)),
             service_cidrs,
             nodes,
             static_service_cidrs,
             synced,
         };
+        // A store wakes one waiter only (its readiness is a oneshot channel), so the pool
+        // store has exactly one, which tells the others through `pools_listed`.
+        let (listed_tx, mut pools_listed) = tokio::sync::watch::channel(false);
+        let waiting = caches.clone();
+        tasks.spawn(async move {
+            if waiting.pools.wait_until_ready().await.is_ok() {
+                debug!("webhook pool cache synced");
+                waiting.pools_synced.store(true, Ordering::SeqCst);
+                let _ = listed_tx.send(true);
+            }
+        });
         let waiting = caches.clone();
         tasks.spawn(async move {
             let service = async {
@@ -102,12 +141,20 @@ impl Caches {
                     None => Ok(()),
                 }
             };
-            let (a, b, c) = tokio::join!(
+            let pools = async {
+                if pools_served {
+                    pools_listed.wait_for(|listed| *listed).await.map(|_| ())
+                } else {
+                    Ok(())
+                }
+            };
+            let (a, b, c, d) = tokio::join!(
                 waiting.configs.wait_until_ready(),
+                pools,
                 waiting.nodes.wait_until_ready(),
                 service
             );
-            if a.is_ok() && b.is_ok() && c.is_ok() {
+            if a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok() {
                 debug!("webhook caches synced");
                 waiting.synced.store(true, Ordering::SeqCst);
             }
@@ -145,6 +192,8 @@ impl Caches {
         }
         ClusterView {
             configs: self.configs.state(),
+            pools: self.pools.state(),
+            pools_unsynced: !self.pools_synced.load(Ordering::SeqCst),
             service_cidrs,
             // Arcs into the store: cheap to take per review; matching happens in the review.
             nodes: self.nodes.state(),

@@ -1,9 +1,9 @@
-//! The webhook's view of the shared validation rules (`nodeipam_crd::validation`), reduced to
-//! what a denial needs: a field path and a Kubernetes-style message. Also the overlap wording;
-//! what overlaps is decided by `nodeipam_crd::range`, shared with the controller.
+//! The webhook's view of the shared validation rules (`nodeipam_crd::validation`), for configs
+//! and pools, reduced to what a denial needs: a field path and a Kubernetes-style message.
+//! Also the overlap wording; what overlaps is decided by `nodeipam_crd::range`, shared with
+//! the controller.
 
-use ipnet::IpNet;
-use nodeipam_crd::NodeIPAMConfigSpec;
+use nodeipam_crd::{NodeIPAMConfigSpec, NodeIPAMPoolSpec};
 
 /// One rejected field, in the two parts a Kubernetes `StatusCause` has.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +24,8 @@ impl Problem {
     }
 }
 
-fn from_field_error(e: nodeipam_crd::validation::FieldError) -> Problem {
+/// A shared-validation error as a denial cause.
+pub fn from_field_error(e: nodeipam_crd::validation::FieldError) -> Problem {
     Problem {
         reason: e.kind.cause_type(),
         body: e.body(),
@@ -35,6 +36,24 @@ fn from_field_error(e: nodeipam_crd::validation::FieldError) -> Problem {
 /// Everything the shared rules reject in a spec.
 pub fn spec_problems(spec: &NodeIPAMConfigSpec) -> Vec<Problem> {
     nodeipam_crd::validation::validate_spec(spec)
+        .into_iter()
+        .map(from_field_error)
+        .collect()
+}
+
+/// Everything the shared rules reject in a pool's spec.
+pub fn pool_spec_problems(spec: &NodeIPAMPoolSpec) -> Vec<Problem> {
+    spec.parse()
+        .err()
+        .unwrap_or_default()
+        .into_iter()
+        .map(from_field_error)
+        .collect()
+}
+
+/// Everything the shared rules reject in a change of a pool's spec from `old` to `new`.
+pub fn pool_update_problems(old: &NodeIPAMPoolSpec, new: &NodeIPAMPoolSpec) -> Vec<Problem> {
+    nodeipam_crd::validation::validate_pool_update(old, new)
         .into_iter()
         .map(from_field_error)
         .collect()
@@ -52,19 +71,17 @@ pub fn update_problems(old: &NodeIPAMConfigSpec, new: &NodeIPAMConfigSpec) -> Ve
 /// controller's allocator decides overlap with the same `nodeipam_crd::range`, so a range this
 /// webhook admits is one the allocator sees as disjoint too. Re-exported under the names the
 /// messages and tests use.
-pub use nodeipam_crd::range::{Nesting as Overlap, nesting as overlap};
+pub use nodeipam_crd::range::nesting as overlap;
 
-/// `10.0.0.0/8 contains 10.64.0.0/14`, for messages.
-pub fn describe(a: &IpNet, b: &IpNet, how: Overlap) -> String {
-    match how {
-        Overlap::Same => format!("{a} is the same range"),
-        Overlap::Contains => format!("{a} contains {b}"),
-        Overlap::Inside => format!("{a} is inside {b}"),
-    }
-}
+/// `10.0.0.0/8 contains 10.64.0.0/14`, for messages: the crd's wording, shared with the
+/// pool checks.
+pub use nodeipam_crd::range::describe;
 
 #[cfg(test)]
 mod tests {
+    use ipnet::IpNet;
+    use nodeipam_crd::range::Nesting as Overlap;
+
     use super::*;
 
     fn net(s: &str) -> IpNet {

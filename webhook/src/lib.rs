@@ -1,41 +1,54 @@
-//! HTTPS validating admission for NodeIPAMConfig: the pure decision ([`review()`]), the
-//! caches it reads, the HTTPS server and its managed or mounted TLS, and [`serve`] for the
-//! binary.
+//! HTTPS validating admission for NodeIPAMConfig and NodeIPAMPool: the pure decisions
+//! ([`review()`], [`review_pool`]), the caches they read, the HTTPS server and its managed or
+//! mounted TLS, and [`serve`] for the binary. One path serves both kinds; the request's kind
+//! chooses the review.
 //!
 //! # What it checks
 //!
-//! On CREATE and on UPDATE that changes the spec, it denies anything the shared validation
-//! (`nodeipam_crd::validation`) rejects, changes to immutable fields (with what to do
-//! instead), and ranges overlapping another NodeIPAMConfig's range or a Service range
-//! (`networking.k8s.io/v1` ServiceCIDRs and `--service-cidr`). It admits, with warnings, a
+//! On CREATE and on UPDATE that changes the spec of a NodeIPAMConfig, it denies anything the
+//! shared validation (`nodeipam_crd::validation`) rejects, changes to immutable fields (with
+//! what to do instead), ranges overlapping another NodeIPAMConfig's range or a Service range
+//! (`networking.k8s.io/v1` ServiceCIDRs and `--service-cidr`), a range inside a NodeIPAMPool's
+//! CIDRs unless the config is that pool's child (controller owner reference and the
+//! `nodeipam.io/pool` label), and a child's range outside its pool. It admits, with warnings, a
 //! family with fewer than 16 blocks or fewer blocks than there are nodes it can serve (those
-//! its nodeSelector matches, or every node). DELETE, CONNECT, status writes and updates that
-//! leave the spec alone (finalizers, labels) are always allowed, so a config can always be
-//! drained and deleted.
+//! its nodeSelector matches, or every node).
+//!
+//! For a NodeIPAMPool it denies what the shared pool validation rejects, changes to its
+//! immutable fields, and CIDRs overlapping another pool's, a Service range or a NodeIPAMConfig
+//! that is not its child (on UPDATE only appended CIDRs are checked); it warns when the CIDRs
+//! hold fewer ranges than `ranges.max`.
+//!
+//! DELETE, CONNECT, status writes and updates that leave the spec alone (finalizers, labels)
+//! are always allowed, so a config can always be drained and deleted.
 //!
 //! # failurePolicy: `Fail`
 //!
 //! Register the webhook with `failurePolicy: Fail` for CREATE and UPDATE of
-//! `nodeipam.io/v1alpha1` `nodeipamconfigs`. Overlap is a cross-object invariant the CRD's CEL
-//! rules cannot express, and a config admitted with an overlapping range can hand the same
-//! addresses to two nodes; refusing a write while the webhook is unreachable is the cheaper
-//! failure. When every replica is down:
+//! `nodeipam.io/v1alpha1` `nodeipamconfigs` and `nodeipampools`. Overlap is a cross-object
+//! invariant the CRD's CEL rules cannot express, and a config admitted with an overlapping
+//! range can hand the same addresses to two nodes; refusing a write while the webhook is
+//! unreachable is the cheaper failure. When every replica is down:
 //!
-//! - creates and spec updates of NodeIPAMConfig are refused with "failed calling webhook";
-//!   deletes are not intercepted, and metadata-only updates (finalizers) are allowed when the
-//!   webhook is up, so draining is never blocked by the webhook's verdict;
-//! - nodes keep getting allocations: the controller does not go through this webhook;
+//! - creates and spec updates of NodeIPAMConfig and NodeIPAMPool are refused with "failed
+//!   calling webhook" (so a pool cannot carve a child either); deletes are not intercepted,
+//!   and metadata-only updates (finalizers) are allowed when the webhook is up, so draining is
+//!   never blocked by the webhook's verdict;
+//! - nodes keep getting allocations from existing configs: the controller does not go through
+//!   this webhook;
 //! - if a config gets in anyway (the webhook was unregistered, or `Ignore` was chosen), the
 //!   reconciler's overlap check is the backstop: it marks the later config `Ready=False` with
 //!   reason `Overlap` and allocates nothing from it.
 //!
 //! The webhook runs in every replica, leader or not, and all replicas serve the same
-//! certificate (see [`TlsMode::Managed`]), so any of them can answer.
+//! certificate (see [`TlsMode::Managed`]), so any of them can answer. If the NodeIPAMPool CRD
+//! is not served when it starts (an image upgraded before its CRDs), it reviews configs
+//! without pools and refuses pool requests until the pool watch has listed.
 //!
 //! # Permissions
 //!
-//! list/watch `nodeipamconfigs`, `servicecidrs` and `nodes`; in managed TLS mode also
-//! get/create/update the Secret in its namespace, and get/update/list/watch the
+//! list/watch `nodeipamconfigs`, `nodeipampools`, `servicecidrs` and `nodes`; in managed TLS
+//! mode also get/create/update the Secret in its namespace, and get/update/list/watch the
 //! `validatingwebhookconfigurations` (to patch `caBundle`).
 
 mod cache;
@@ -56,7 +69,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::info;
 
-pub use review::{ClusterView, ServiceRange, review};
+pub use review::{ClusterView, ServiceRange, review, review_pool};
 pub use server::VALIDATE_PATH;
 pub use tls::files::FilesTls;
 pub use tls::managed::{ManagedTls, Rotation};

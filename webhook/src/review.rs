@@ -12,7 +12,10 @@ use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::{PartialObjectMeta, Status};
 use nodeipam_crd::range::{Family, Ranges};
 use nodeipam_crd::selector::{NodeView, selector_matches};
-use nodeipam_crd::{FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec};
+use nodeipam_crd::{
+    FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec, NodeIPAMPool, PoolCidr, ServiceRangeRef,
+    config_pool_conflicts, pool_conflicts,
+};
 
 use crate::checks::{self, Problem, describe, overlap};
 
@@ -31,6 +34,10 @@ pub const VERSION: &str = "v1alpha1";
 pub const KIND: &str = "NodeIPAMConfig";
 /// The plural resource name.
 pub const RESOURCE: &str = "nodeipamconfigs";
+/// The kind of a pool.
+pub const POOL_KIND: &str = "NodeIPAMPool";
+/// The plural resource name of pools.
+pub const POOL_RESOURCE: &str = "nodeipampools";
 
 /// A pod range with fewer blocks than this gets a warning.
 pub const FEW_BLOCKS: u128 = 16;
@@ -40,6 +47,11 @@ pub const FEW_BLOCKS: u128 = 16;
 pub struct ClusterView {
     /// Every NodeIPAMConfig (the one under review may be among them: it is skipped by name).
     pub configs: Vec<Arc<NodeIPAMConfig>>,
+    /// Every NodeIPAMPool (the one under review may be among them: it is skipped by name).
+    pub pools: Vec<Arc<NodeIPAMPool>>,
+    /// The pools have not been listed yet (the CRD was not served when the webhook started):
+    /// pool requests that read the view are refused until they are.
+    pub pools_unsynced: bool,
     /// Service ranges pod ranges must not overlap.
     pub service_cidrs: Vec<ServiceRange>,
     /// Every Node's metadata (name and labels are what the warnings read).
@@ -47,6 +59,17 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
+    /// The Service ranges as the shared checks take them.
+    pub fn service_refs(&self) -> Vec<ServiceRangeRef<'_>> {
+        self.service_cidrs
+            .iter()
+            .map(|s| ServiceRangeRef {
+                cidr: s.cidr,
+                source: &s.source,
+            })
+            .collect()
+    }
+
     /// How many nodes `spec` can ever serve: those its nodeSelector matches, or all of them.
     pub fn matching_nodes(&self, spec: &NodeIPAMConfigSpec) -> usize {
         let Some(selector) = spec.node_selector.as_ref() else {
@@ -112,7 +135,7 @@ pub fn invalid_for<T: kube::Resource>(
 /// and updates that leave the spec alone (finalizers, labels), so a config admitted earlier can
 /// always be drained and deleted.
 pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) -> AdmissionResponse {
-    if let Err(message) = check_target(request) {
+    if let Err(message) = check_target(request, KIND, RESOURCE) {
         return invalid_for(request, message);
     }
     if matches!(request.operation, Operation::Delete | Operation::Connect)
@@ -177,9 +200,15 @@ pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) ->
         };
         problems.extend(overlap_problems(&name, family, &range.cidr, view));
     }
+    // A pool's space is its children's alone, and a child stays inside its pool.
+    problems.extend(
+        config_pool_conflicts(object, check, view.pools.iter().map(AsRef::as_ref))
+            .into_iter()
+            .map(checks::from_field_error),
+    );
 
     if !problems.is_empty() {
-        return deny(request, &name, problems);
+        return deny(request, KIND, &name, problems);
     }
     let mut response = AdmissionResponse::from(request);
     if spec_valid {
@@ -215,18 +244,22 @@ fn cidr(f: &Option<FamilySpec>) -> Option<&str> {
     f.as_ref().map(|f| f.cidr.as_str())
 }
 
-fn check_target(request: &AdmissionRequest<NodeIPAMConfig>) -> Result<(), String> {
+fn check_target<K: kube::Resource>(
+    request: &AdmissionRequest<K>,
+    kind: &str,
+    resource: &str,
+) -> Result<(), String> {
     let k = &request.kind;
-    if (k.group.as_str(), k.version.as_str(), k.kind.as_str()) != (GROUP, VERSION, KIND) {
+    if (k.group.as_str(), k.version.as_str(), k.kind.as_str()) != (GROUP, VERSION, kind) {
         return Err(format!(
-            "this webhook only reviews {GROUP}/{VERSION} {KIND}, not {}/{} {}",
+            "this webhook only reviews {GROUP}/{VERSION} {KIND} and {POOL_KIND}, not {}/{} {}",
             k.group, k.version, k.kind
         ));
     }
     let r = &request.resource;
-    if (r.group.as_str(), r.version.as_str(), r.resource.as_str()) != (GROUP, VERSION, RESOURCE) {
+    if (r.group.as_str(), r.version.as_str(), r.resource.as_str()) != (GROUP, VERSION, resource) {
         return Err(format!(
-            "this webhook only reviews {GROUP}/{VERSION} {RESOURCE}, not {}/{} {}",
+            "this webhook only reviews {GROUP}/{VERSION} {resource}, not {}/{} {}",
             r.group, r.version, r.resource
         ));
     }
@@ -286,8 +319,9 @@ fn overlap_problems(name: &str, family: Family, range: &IpNet, view: &ClusterVie
     out
 }
 
-fn deny(
-    request: &AdmissionRequest<NodeIPAMConfig>,
+fn deny<K: kube::Resource>(
+    request: &AdmissionRequest<K>,
+    kind: &str,
     name: &str,
     problems: Vec<Problem>,
 ) -> AdmissionResponse {
@@ -310,7 +344,7 @@ fn deny(
         .with_details(StatusDetails {
             name: name.to_string(),
             group: GROUP.into(),
-            kind: KIND.into(),
+            kind: kind.into(),
             uid: String::new(),
             causes,
             retry_after_seconds: 0,
@@ -347,6 +381,120 @@ fn warnings(spec: &NodeIPAMConfigSpec, node_count: usize) -> Vec<String> {
                 "{path}: {range} has {n} blocks of /{mask} but {who}: this range alone would \
                  run out"
             ));
+        }
+    }
+    out
+}
+
+/// Decides a request for a NodeIPAMPool against `view`.
+///
+/// Denies: anything the shared pool validation rejects (ratcheted on UPDATE, like configs), a
+/// change to an immutable field, and a CIDR overlapping another pool's, a Service range or a
+/// NodeIPAMConfig that is not a child of this pool. On UPDATE only appended CIDRs get the
+/// overlap checks, so scaling settings can always change. Warns (and admits) when the CIDRs
+/// hold fewer ranges than `ranges.max` or `ranges.min`. Allows DELETE and CONNECT, status
+/// writes and updates that leave the spec alone.
+pub fn review_pool(
+    request: &AdmissionRequest<NodeIPAMPool>,
+    view: &ClusterView,
+) -> AdmissionResponse {
+    if let Err(message) = check_target(request, POOL_KIND, POOL_RESOURCE) {
+        return invalid_for(request, message);
+    }
+    if matches!(request.operation, Operation::Delete | Operation::Connect)
+        || request.sub_resource.is_some()
+    {
+        return AdmissionResponse::from(request);
+    }
+    let Some(object) = request.object.as_ref() else {
+        return invalid_for(request, "the request has no object");
+    };
+    let name = object
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| request.name.clone());
+
+    let mut problems = Vec::new();
+    let mut old_cidrs: Vec<PoolCidr> = Vec::new();
+    let mut old_problems = Vec::new();
+    if request.operation == Operation::Update {
+        let Some(old) = request.old_object.as_ref() else {
+            return invalid_for(request, "an UPDATE request has no oldObject");
+        };
+        if old.spec == object.spec {
+            return AdmissionResponse::from(request);
+        }
+        problems.extend(checks::pool_update_problems(&old.spec, &object.spec));
+        old_cidrs = old.spec.claimed_cidrs();
+        old_problems = checks::pool_spec_problems(&old.spec);
+    }
+    let spec_problems = checks::pool_spec_problems(&object.spec);
+    let spec_valid = spec_problems.is_empty();
+    for p in spec_problems {
+        if !problems.contains(&p) && !old_problems.contains(&p) {
+            problems.push(p);
+        }
+    }
+    let fresh = |c: &PoolCidr| {
+        !old_cidrs
+            .iter()
+            .any(|o| o.family == c.family && o.cidr == c.cidr)
+    };
+    problems.extend(
+        pool_conflicts(
+            object,
+            fresh,
+            view.pools.iter().map(AsRef::as_ref),
+            view.configs.iter().map(AsRef::as_ref),
+            &view.service_refs(),
+        )
+        .into_iter()
+        .map(checks::from_field_error),
+    );
+    if !problems.is_empty() {
+        return deny(request, POOL_KIND, &name, problems);
+    }
+    let mut response = AdmissionResponse::from(request);
+    if spec_valid && let Ok(parsed) = object.spec.parse() {
+        let warnings = pool_warnings(&parsed);
+        if !warnings.is_empty() {
+            response.warnings = Some(warnings);
+        }
+    }
+    response
+}
+
+/// Whether deciding a pool `request` reads the cluster view: a CREATE, or an UPDATE of the
+/// spec.
+pub fn pool_needs_view(request: &AdmissionRequest<NodeIPAMPool>) -> bool {
+    if request.sub_resource.is_some() {
+        return false;
+    }
+    match request.operation {
+        Operation::Create => true,
+        Operation::Update => match (&request.object, &request.old_object) {
+            (Some(new), Some(old)) => new.spec != old.spec,
+            _ => true,
+        },
+        Operation::Delete | Operation::Connect => false,
+    }
+}
+
+/// Admission warnings for a valid pool: CIDRs too small for its range bounds.
+fn pool_warnings(pool: &nodeipam_crd::ParsedPool) -> Vec<String> {
+    let mut out = Vec::new();
+    for family in pool.iter() {
+        let fits = family.budget_ranges();
+        let path = format!("spec.{}", family.family.field());
+        for (bound, value) in [("max", pool.max_ranges), ("min", pool.min_ranges)] {
+            if fits < u64::from(value) {
+                out.push(format!(
+                    "{path}: the CIDRs hold only {fits} ranges of /{} but spec.ranges.{bound} is {value}: the pool stops at {fits}",
+                    family.range_mask_size
+                ));
+                break;
+            }
         }
     }
     out

@@ -16,17 +16,19 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-use nodeipam_crd::NodeIPAMConfig;
+use nodeipam_crd::{NodeIPAMConfig, NodeIPAMPool};
+use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::cache::Caches;
-use crate::review::{self, ClusterView, GROUP, KIND, VERSION, invalid_for};
+use crate::review::{self, ClusterView, GROUP, KIND, POOL_KIND, VERSION, invalid_for};
 use crate::{AdmissionObserver, Readiness};
 
-/// The admission path.
+/// The admission path, for NodeIPAMConfigs and NodeIPAMPools alike (the request's kind
+/// chooses the review).
 pub const VALIDATE_PATH: &str = "/validate-nodeipamconfig";
 
 /// An AdmissionReview may carry two objects of up to ~1.5 MiB each.
@@ -84,52 +86,72 @@ pub(crate) fn handle(body: &[u8], view: Option<ClusterView>) -> Reply {
     };
     // Deletes, status writes and metadata-only updates need no cluster view: answer them
     // even before the caches sync, so draining is never held up by a starting replica.
-    let view = view.or_else(|| (!review::needs_view(&request)).then(ClusterView::default));
+    let needs_view = match &request {
+        Typed::Config(r) => review::needs_view(r),
+        Typed::Pool(r) => review::pool_needs_view(r),
+    };
+    let view = view.or_else(|| (!needs_view).then(ClusterView::default));
     let Some(view) = view else {
-        let response = AdmissionResponse::from(&request).deny(
-            "the nodeipam webhook is starting and its caches are not synced yet; retry shortly",
-        );
-        let mut response = response;
+        let mut response = match &request {
+            Typed::Config(r) => AdmissionResponse::from(r),
+            Typed::Pool(r) => AdmissionResponse::from(r),
+        }
+        .deny("the nodeipam webhook is starting and its caches are not synced yet; retry shortly");
         response.result.code = 503;
         return Reply::review(response);
     };
-    Reply::review(review::review(&request, &view))
+    if let Typed::Pool(r) = &request
+        && needs_view
+        && view.pools_unsynced
+    {
+        let mut response = AdmissionResponse::from(r).deny(
+            "the nodeipam webhook has not listed NodeIPAMPools yet (it started before the \
+             NodeIPAMPool CRD was served and retries with backoff); retry shortly",
+        );
+        response.result.code = 503;
+        return Reply::review(response);
+    }
+    Reply::review(match &request {
+        Typed::Config(r) => review::review(r, &view),
+        Typed::Pool(r) => review::review_pool(r, &view),
+    })
 }
 
-/// The typed request in `body`, or the reply for a body that is not one.
-fn decode(body: &[u8]) -> Result<AdmissionRequest<NodeIPAMConfig>, Box<Reply>> {
-    let bad = |m: String| Box::new(Reply::bad_request(m));
-    let parsed: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
-        .map_err(|e| bad(format!("the body is not an AdmissionReview: {e}")))?;
-    if parsed.types.kind != "AdmissionReview" || parsed.types.api_version != "admission.k8s.io/v1" {
-        return Err(bad(format!(
-            "expected an admission.k8s.io/v1 AdmissionReview, got {:?} {:?}",
-            parsed.types.api_version, parsed.types.kind
-        )));
-    }
-    let dynamic: AdmissionRequest<DynamicObject> = parsed
-        .try_into()
-        .map_err(|_| bad("the AdmissionReview has no request".into()))?;
-    let invalid = |m: String| Box::new(Reply::review(invalid_for(&dynamic, m)));
+/// A decoded request, by the kind it is about.
+enum Typed {
+    Config(AdmissionRequest<NodeIPAMConfig>),
+    Pool(AdmissionRequest<NodeIPAMPool>),
+}
 
-    let convert =
-        |o: &Option<DynamicObject>, which: &str| -> Result<Option<NodeIPAMConfig>, String> {
-            let Some(o) = o else { return Ok(None) };
-            if let Some(t) = &o.types
-                && (t.api_version != format!("{GROUP}/{VERSION}") || t.kind != KIND)
-            {
-                return Err(format!(
-                    "{which} is a {} {}, not a {GROUP}/{VERSION} {KIND}",
-                    t.api_version, t.kind
-                ));
-            }
-            o.clone()
-                .try_parse::<NodeIPAMConfig>()
-                .map(Some)
-                .map_err(|e| format!("{which} is not a valid {KIND}: {e}"))
-        };
-    let object = convert(&dynamic.object, "object").map_err(&invalid)?;
-    let old_object = convert(&dynamic.old_object, "oldObject").map_err(&invalid)?;
+/// The object of `dynamic` (the `object` or `oldObject` named `which`) as a `K` of `kind`.
+fn convert<K: DeserializeOwned + kube::Resource>(
+    o: &Option<DynamicObject>,
+    which: &str,
+    kind: &str,
+) -> Result<Option<K>, String> {
+    let Some(o) = o else { return Ok(None) };
+    if let Some(t) = &o.types
+        && (t.api_version != format!("{GROUP}/{VERSION}") || t.kind != kind)
+    {
+        return Err(format!(
+            "{which} is a {} {}, not a {GROUP}/{VERSION} {kind}",
+            t.api_version, t.kind
+        ));
+    }
+    o.clone()
+        .try_parse::<K>()
+        .map(Some)
+        .map_err(|e| format!("{which} is not a valid {kind}: {e}"))
+}
+
+/// `dynamic` with its objects as `K`s, or the `invalid` reply that says why they are not.
+fn typed<K: DeserializeOwned + kube::Resource>(
+    dynamic: &AdmissionRequest<DynamicObject>,
+    kind: &str,
+) -> Result<AdmissionRequest<K>, Box<Reply>> {
+    let invalid = |m: String| Box::new(Reply::review(invalid_for(dynamic, m)));
+    let object = convert(&dynamic.object, "object", kind).map_err(&invalid)?;
+    let old_object = convert(&dynamic.old_object, "oldObject", kind).map_err(&invalid)?;
     Ok(AdmissionRequest {
         types: dynamic.types.clone(),
         uid: dynamic.uid.clone(),
@@ -148,6 +170,29 @@ fn decode(body: &[u8]) -> Result<AdmissionRequest<NodeIPAMConfig>, Box<Reply>> {
         dry_run: dynamic.dry_run,
         options: dynamic.options.clone(),
     })
+}
+
+/// The typed request in `body`, or the reply for a body that is not one. A request about a
+/// NodeIPAMPool is decoded as one; anything else as a NodeIPAMConfig request (whose review
+/// refuses a kind it does not know).
+fn decode(body: &[u8]) -> Result<Typed, Box<Reply>> {
+    let bad = |m: String| Box::new(Reply::bad_request(m));
+    let parsed: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
+        .map_err(|e| bad(format!("the body is not an AdmissionReview: {e}")))?;
+    if parsed.types.kind != "AdmissionReview" || parsed.types.api_version != "admission.k8s.io/v1" {
+        return Err(bad(format!(
+            "expected an admission.k8s.io/v1 AdmissionReview, got {:?} {:?}",
+            parsed.types.api_version, parsed.types.kind
+        )));
+    }
+    let dynamic: AdmissionRequest<DynamicObject> = parsed
+        .try_into()
+        .map_err(|_| bad("the AdmissionReview has no request".into()))?;
+    if dynamic.kind.group == GROUP && dynamic.kind.kind == POOL_KIND {
+        typed(&dynamic, POOL_KIND).map(Typed::Pool)
+    } else {
+        typed(&dynamic, KIND).map(Typed::Config)
+    }
 }
 
 /// What the routes share.

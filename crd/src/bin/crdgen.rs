@@ -1,16 +1,15 @@
-//! Prints the NodeIPAMConfig CRD YAML, or with `--write` writes it to
-//! `config/crd/bases/nodeipam.io_nodeipamconfigs.yaml` and to the Helm chart's copy,
-//! `charts/nodeipam/crds/nodeipam.io_nodeipamconfigs.yaml`, in the workspace.
+//! Prints the CRD YAML (NodeIPAMConfig and NodeIPAMPool, as one stream), or with `--write`
+//! writes each CRD to `config/crd/bases/` and to the Helm chart's `charts/nodeipam/crds/`, in
+//! the workspace.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let yaml = nodeipam_crd::crd_yaml();
     match args.as_slice() {
         [] => {
-            print!("{yaml}");
+            print!("{}", nodeipam_crd::all_crds_yaml());
             ExitCode::SUCCESS
         }
         [flag] if flag == "--write" => {
@@ -18,6 +17,10 @@ fn main() -> ExitCode {
             let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
             let root = manifest_dir.parent().unwrap_or(manifest_dir);
             for rel in nodeipam_crd::CRD_PATHS {
+                let Some(yaml) = nodeipam_crd::generated_file(rel) else {
+                    eprintln!("crdgen: nothing generates {rel}");
+                    return ExitCode::FAILURE;
+                };
                 let path = root.join(rel);
                 if let Err(err) = std::fs::write(&path, &yaml) {
                     eprintln!("crdgen: cannot write {}: {err}", path.display());
@@ -29,8 +32,8 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: crdgen [--write]\n  prints the NodeIPAMConfig CRD YAML, or writes it to {}",
-                nodeipam_crd::CRD_PATHS.join(" and ")
+                "usage: crdgen [--write]\n  prints the CRD YAML, or writes it to {}",
+                nodeipam_crd::CRD_PATHS.join(", ")
             );
             ExitCode::from(2)
         }

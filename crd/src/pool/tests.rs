@@ -3,6 +3,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::*;
+use crate::range::Family;
 use crate::types::{FamilySpec, NodeIPAMConfigSpec};
 use crate::{Allocation, validation::label_key_errors};
 
@@ -162,4 +163,58 @@ fn a_child_needs_the_controller_owner_reference_and_the_label() {
 #[test]
 fn the_pool_label_is_a_label_key() {
     assert!(label_key_errors(POOL_LABEL).is_empty());
+}
+
+mod properties {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use ipnet::{Ipv4Net, Ipv6Net};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A valid DNS subdomain of 1 to 253 characters, labels of 1 to 63.
+    fn pool_name() -> impl Strategy<Value = String> {
+        prop::collection::vec("[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", 1..6)
+            .prop_map(|labels| labels.join("."))
+            .prop_filter("at most 253 characters", |n| n.len() <= 253)
+    }
+
+    fn cidr() -> impl Strategy<Value = IpNet> {
+        prop_oneof![
+            (any::<u32>(), 0u8..=32).prop_map(|(a, p)| IpNet::V4(
+                Ipv4Net::new(Ipv4Addr::from(a), p)
+                    .expect("prefix in range")
+                    .trunc()
+            )),
+            (any::<u128>(), 0u8..=128).prop_map(|(a, p)| IpNet::V6(
+                Ipv6Net::new(Ipv6Addr::from(a), p)
+                    .expect("prefix in range")
+                    .trunc()
+            )),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn child_names_are_dns_subdomains_that_keep_the_cidr(pool in pool_name(), first in cidr()) {
+            let name = child_name(&pool, &first);
+            prop_assert!(is_dns_subdomain(&name), "{}", name);
+            let suffix: String = first
+                .to_string()
+                .chars()
+                .map(|c| if matches!(c, '.' | ':' | '/') { '-' } else { c })
+                .collect();
+            let tail = format!("-{suffix}");
+            prop_assert!(name.ends_with(&tail), "{}", name);
+            let head = &name[..name.len() - tail.len()];
+            prop_assert!(pool.starts_with(head), "{} is no prefix of {}", head, pool);
+        }
+
+        #[test]
+        fn one_pool_names_distinct_cidrs_distinctly(pool in pool_name(), a in cidr(), b in cidr()) {
+            prop_assume!(a != b && Family::of_net(&a) == Family::of_net(&b));
+            prop_assert_ne!(child_name(&pool, &a), child_name(&pool, &b));
+        }
+    }
 }

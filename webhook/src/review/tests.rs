@@ -29,16 +29,19 @@ fn config(name: &str, ipv4: Option<FamilySpec>, ipv6: Option<FamilySpec>) -> Nod
     )
 }
 
-fn request_for(
+fn request_for<K>(
     kind: (&str, &str, &str),
     resource: (&str, &str, &str),
     operation: &str,
-    object: Option<&NodeIPAMConfig>,
-    old: Option<&NodeIPAMConfig>,
-) -> AdmissionRequest<NodeIPAMConfig> {
+    object: Option<&K>,
+    old: Option<&K>,
+) -> AdmissionRequest<K>
+where
+    K: kube::Resource + serde::Serialize + serde::de::DeserializeOwned,
+{
     let name = object
         .or(old)
-        .and_then(|o| o.metadata.name.clone())
+        .and_then(|o| o.meta().name.clone())
         .unwrap_or_default();
     let body = json!({
         "apiVersion": "admission.k8s.io/v1",
@@ -55,8 +58,7 @@ fn request_for(
             "dryRun": false,
         }
     });
-    let review: AdmissionReview<NodeIPAMConfig> =
-        serde_json::from_value(body).expect("test review parses");
+    let review: AdmissionReview<K> = serde_json::from_value(body).expect("test review parses");
     review.try_into().expect("test review has a request")
 }
 
@@ -640,4 +642,220 @@ fn validation_and_immutability_causes_do_not_repeat_the_path() {
         "{cidr:?}"
     );
     assert_ne!(cidr.reason, "", "{cidr:?}");
+}
+
+// ----- NodeIPAMPool -----
+
+mod pools {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use nodeipam_crd::{
+        NodeIPAMPool, NodeIPAMPoolSpec, POOL_LABEL, PoolFamilySpec, PoolHeadroom, PoolRanges,
+        PoolScaleDown,
+    };
+
+    use super::*;
+
+    fn pool(name: &str, v4: &[&str]) -> NodeIPAMPool {
+        let mut p = NodeIPAMPool::new(
+            name,
+            NodeIPAMPoolSpec {
+                ipv4: Some(PoolFamilySpec {
+                    cidrs: v4.iter().map(|c| (*c).to_owned()).collect(),
+                    range_mask_size: 20,
+                    per_node_mask_size: 24,
+                }),
+                ipv6: None,
+                node_selector: None,
+                ranges: PoolRanges::default(),
+                headroom: PoolHeadroom::default(),
+                scale_down: PoolScaleDown::default(),
+            },
+        );
+        p.metadata.uid = Some(format!("uid-{name}"));
+        p
+    }
+
+    fn pool_request(
+        operation: &str,
+        object: Option<&NodeIPAMPool>,
+        old: Option<&NodeIPAMPool>,
+    ) -> AdmissionRequest<NodeIPAMPool> {
+        request_for(
+            (GROUP, VERSION, POOL_KIND),
+            (GROUP, VERSION, POOL_RESOURCE),
+            operation,
+            object,
+            old,
+        )
+    }
+
+    fn view(pools: Vec<NodeIPAMPool>, configs: Vec<NodeIPAMConfig>) -> ClusterView {
+        ClusterView {
+            pools: pools.into_iter().map(Arc::new).collect(),
+            configs: configs.into_iter().map(Arc::new).collect(),
+            ..ClusterView::default()
+        }
+    }
+
+    fn child(mut c: NodeIPAMConfig, pool: &NodeIPAMPool) -> NodeIPAMConfig {
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        c.metadata.labels = Some(BTreeMap::from([(POOL_LABEL.to_owned(), name.clone())]));
+        c.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "nodeipam.io/v1alpha1".into(),
+            kind: POOL_KIND.into(),
+            name,
+            uid: pool.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]);
+        c
+    }
+
+    #[test]
+    fn a_valid_pool_is_allowed() {
+        let p = pool("gpu", &["10.64.0.0/14"]);
+        let r = review_pool(
+            &pool_request("CREATE", Some(&p), None),
+            &ClusterView::default(),
+        );
+        assert!(r.allowed, "{r:?}");
+        assert_eq!(r.warnings, None);
+    }
+
+    #[test]
+    fn an_invalid_pool_is_denied_with_every_field() {
+        let mut p = pool("gpu", &["10.64.0.1/14", "banana"]);
+        p.spec.ranges.min = 40;
+        let r = review_pool(
+            &pool_request("CREATE", Some(&p), None),
+            &ClusterView::default(),
+        );
+        assert_denied(
+            &r,
+            &[
+                "spec.ipv4.cidrs[0]: Invalid value: \"10.64.0.1/14\": must be canonical",
+                "spec.ipv4.cidrs[1]",
+                "spec.ranges.min",
+            ],
+        );
+        assert_eq!(r.result.code, 422);
+        let details = r.result.details.as_ref().expect("details");
+        assert_eq!(details.kind, POOL_KIND);
+        assert_eq!(details.causes.len(), 3, "{details:?}");
+    }
+
+    #[test]
+    fn overlapping_pools_services_and_hand_made_configs_are_denied() {
+        let p = pool("gpu", &["10.64.0.0/14"]);
+        let other = pool("cpu", &["10.66.0.0/16"]);
+        let hand_made = config("hand-made", family("10.65.0.0/16", 24), None);
+        let mut v = view(vec![other], vec![hand_made]);
+        v.service_cidrs.push(ServiceRange {
+            cidr: "10.67.0.0/16".parse().expect("cidr"),
+            source: "ServiceCIDR \"kubernetes\"".into(),
+        });
+        let r = review_pool(&pool_request("CREATE", Some(&p), None), &v);
+        assert_denied(
+            &r,
+            &[
+                "NodeIPAMPool \"cpu\"",
+                "NodeIPAMConfig \"hand-made\"",
+                "ServiceCIDR \"kubernetes\"",
+            ],
+        );
+    }
+
+    #[test]
+    fn updates_check_only_appended_cidrs_and_immutable_fields() {
+        let old = pool("gpu", &["10.64.0.0/14"]);
+        // An overlap admitted earlier does not block a change of the scaling settings.
+        let squatter = config("squatter", family("10.64.0.0/16", 24), None);
+        let mut scaled = old.clone();
+        scaled.spec.headroom.blocks = 64;
+        let v = view(vec![], vec![squatter]);
+        let r = review_pool(&pool_request("UPDATE", Some(&scaled), Some(&old)), &v);
+        assert!(r.allowed, "{r:?}");
+        // An appended CIDR is checked.
+        let mut grown = old.clone();
+        if let Some(f) = grown.spec.ipv4.as_mut() {
+            f.cidrs.push("10.200.0.0/16".into());
+        }
+        let v = view(vec![pool("other", &["10.200.0.0/17"])], vec![]);
+        let r = review_pool(&pool_request("UPDATE", Some(&grown), Some(&old)), &v);
+        assert_denied(&r, &["spec.ipv4.cidrs[1]", "NodeIPAMPool \"other\""]);
+        // Masks are immutable.
+        let mut remasked = old.clone();
+        if let Some(f) = remasked.spec.ipv4.as_mut() {
+            f.per_node_mask_size = 25;
+        }
+        let r = review_pool(
+            &pool_request("UPDATE", Some(&remasked), Some(&old)),
+            &ClusterView::default(),
+        );
+        assert_denied(&r, &["spec.ipv4.perNodeMaskSize", "is immutable"]);
+        // Metadata-only updates and deletes are always allowed.
+        let r = review_pool(&pool_request("UPDATE", Some(&old), Some(&old)), &v);
+        assert!(r.allowed);
+        let r = review_pool(&pool_request("DELETE", None, Some(&old)), &v);
+        assert!(r.allowed);
+    }
+
+    #[test]
+    fn a_pool_too_small_for_its_bounds_is_admitted_with_a_warning() {
+        let p = pool("gpu", &["10.64.0.0/18"]);
+        let r = review_pool(
+            &pool_request("CREATE", Some(&p), None),
+            &ClusterView::default(),
+        );
+        assert!(r.allowed, "{r:?}");
+        let warnings = r.warnings.unwrap_or_default();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("the CIDRs hold only 4 ranges of /20 but spec.ranges.max is 32"),
+            "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn configs_in_a_pool_must_be_its_children_and_children_stay_inside() {
+        let gpu = pool("gpu", &["10.64.0.0/14"]);
+        let v = view(vec![gpu.clone()], vec![]);
+        let user = config("user", family("10.64.16.0/20", 24), None);
+        let r = review(&request("CREATE", Some(&user), None), &v);
+        assert_denied(
+            &r,
+            &[
+                "spec.ipv4.cidr",
+                "NodeIPAMPool \"gpu\"",
+                "not a child of that pool",
+            ],
+        );
+        let ok = child(
+            config("gpu-10-64-16-0-20", family("10.64.16.0/20", 24), None),
+            &gpu,
+        );
+        let r = review(&request("CREATE", Some(&ok), None), &v);
+        assert!(r.allowed, "{r:?}");
+        let stray = child(config("gpu-stray", family("10.99.0.0/20", 24), None), &gpu);
+        let r = review(&request("CREATE", Some(&stray), None), &v);
+        assert_denied(&r, &["spec.ipv4.cidr", "lies outside NodeIPAMPool \"gpu\""]);
+    }
+
+    #[test]
+    fn the_wrong_kind_for_a_pool_is_invalid() {
+        let p = pool("gpu", &["10.64.0.0/14"]);
+        let r = review_pool(
+            &request_for(
+                (GROUP, VERSION, POOL_KIND),
+                (GROUP, VERSION, RESOURCE),
+                "CREATE",
+                Some(&p),
+                None,
+            ),
+            &ClusterView::default(),
+        );
+        assert_invalid(&r, "nodeipamconfigs");
+    }
 }

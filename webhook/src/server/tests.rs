@@ -206,6 +206,85 @@ fn before_the_caches_sync_requests_are_refused() {
     );
 }
 
+fn pool_review_json(cidr: &str) -> Value {
+    let mut v = review_json(json!({
+        "apiVersion": "nodeipam.io/v1alpha1",
+        "kind": "NodeIPAMPool",
+        "metadata": {"name": "p"},
+        "spec": {"ipv4": {"cidrs": [cidr], "rangeMaskSize": 20, "perNodeMaskSize": 24}}
+    }));
+    v["request"]["kind"]["kind"] = json!("NodeIPAMPool");
+    v["request"]["resource"]["resource"] = json!("nodeipampools");
+    v["request"]["name"] = json!("p");
+    v
+}
+
+#[test]
+fn pool_requests_get_the_pool_review() {
+    let reply = handle(
+        &body(&pool_review_json("10.64.0.0/14")),
+        Some(ClusterView::default()),
+    );
+    assert_eq!(reply.result, review::ALLOWED, "{:?}", response_of(&reply));
+
+    let reply = handle(
+        &body(&pool_review_json("10.64.0.1/14")),
+        Some(ClusterView::default()),
+    );
+    assert_eq!(reply.result, review::DENIED);
+    let r = response_of(&reply);
+    assert_eq!(r["status"]["details"]["kind"], "NodeIPAMPool");
+    assert_eq!(
+        r["status"]["details"]["causes"][0]["field"],
+        "spec.ipv4.cidrs[0]"
+    );
+
+    // A pool object under the config kind, or garbage in the pool's spec: invalid, no panic.
+    let mut mixed = pool_review_json("10.64.0.0/14");
+    mixed["request"]["kind"]["kind"] = json!("NodeIPAMConfig");
+    let reply = handle(&body(&mixed), Some(ClusterView::default()));
+    assert_eq!(reply.result, review::INVALID);
+    for garbage in [
+        json!({"ipv4": {"cidrs": "10.0.0.0/8", "rangeMaskSize": 20, "perNodeMaskSize": 24}}),
+        json!({"ipv4": {"cidrs": ["10.0.0.0/8"], "rangeMaskSize": -4, "perNodeMaskSize": 24}}),
+        json!({"ranges": {"min": "lots"}}),
+        json!("spec"),
+    ] {
+        let mut v = pool_review_json("10.64.0.0/14");
+        v["request"]["object"]["spec"] = garbage.clone();
+        let reply = handle(&body(&v), Some(ClusterView::default()));
+        assert_eq!(reply.result, review::INVALID, "{garbage}");
+        let r = response_of(&reply);
+        assert!(
+            r["status"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("not a valid NodeIPAMPool")),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn pool_requests_wait_for_the_pool_cache() {
+    let view = ClusterView {
+        pools_unsynced: true,
+        ..ClusterView::default()
+    };
+    let reply = handle(&body(&pool_review_json("10.64.0.0/14")), Some(view.clone()));
+    assert_eq!(reply.result, review::DENIED);
+    assert!(
+        response_of(&reply)["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("has not listed NodeIPAMPools yet"))
+    );
+    // Configs are still reviewed.
+    let reply = handle(
+        &body(&review_json(config_json("c", "10.0.0.0/16", 24))),
+        Some(view),
+    );
+    assert_eq!(reply.result, review::ALLOWED);
+}
+
 fn material() -> Material {
     let policy = Policy {
         names: vec!["127.0.0.1".into()],
