@@ -401,8 +401,14 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
             let empty_long = c
                 .empty_since
                 .is_some_and(|t| w.now.saturating_sub(t) >= pool.empty_for);
-            if !empty_long || c.nodes > 0 || !c.usable || count <= min {
+            if c.nodes > 0 || !c.usable {
                 continue;
+            }
+            // A higher child that is empty but not yet for long goes first: a lower one that
+            // emptied earlier (it filled first, and its nodes were the oldest) waits for it,
+            // so the pool shrinks back to its lowest ranges.
+            if !empty_long || count <= min {
+                break;
             }
             let free = c.free;
             if supply.saturating_sub(free) < want {

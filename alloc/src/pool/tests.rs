@@ -245,6 +245,32 @@ fn empty_children_retire_after_empty_for_youngest_first_down_to_min() {
 }
 
 #[test]
+fn a_lower_child_that_emptied_first_waits_for_the_higher_ones() {
+    let mut p = pool(&["10.0.0.0/16"], 24, 26);
+    p.min = 1;
+    p.headroom = 0;
+    p.empty_for = Duration::from_secs(60);
+    let mut children = [
+        child("10.0.0.0/24", 0, 4),
+        child("10.0.1.0/24", 0, 4),
+        child("10.0.2.0/24", 0, 4),
+    ];
+    children[1].empty_since = Some(Duration::from_secs(50));
+    children[2].empty_since = Some(Duration::from_secs(50));
+    let d = decide_now(&p, &children, &[], 0, &[], Duration::from_secs(100));
+    assert!(d.retires.is_empty(), "{:?}", d.retires);
+    let d = decide_now(&p, &children, &[], 0, &[], Duration::from_secs(110));
+    let names: Vec<&str> = d.retires.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["pods-10-0-2-0-24", "pods-10-0-1-0-24"]);
+    // A higher child that holds nodes does not keep the lower ones.
+    children[2].nodes = 1;
+    children[2].empty_since = None;
+    let d = decide_now(&p, &children, &[], 0, &[], Duration::from_secs(110));
+    let names: Vec<&str> = d.retires.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["pods-10-0-1-0-24", "pods-10-0-0-0-24"]);
+}
+
+#[test]
 fn nothing_retires_while_a_node_waits_or_below_the_headroom() {
     let mut p = pool(&["10.0.0.0/16"], 24, 26);
     p.min = 0;
