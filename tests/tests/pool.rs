@@ -333,6 +333,8 @@ async fn a_used_up_budget_says_exhausted_and_the_waiting_node_is_told() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// The webhook (not running here) would refuse a pool whose CIDRs hold a hand-made config; the
+/// controller must not depend on it, and a Service range can land in a pool's CIDRs anyway.
 async fn a_dual_stack_pool_carves_around_a_hand_made_config_and_a_service_range() {
     let cp = control_plane().await;
     let c = cp.client();
