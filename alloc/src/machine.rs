@@ -333,6 +333,9 @@ pub struct Machine {
     empty_since: HashMap<String, Duration>,
     /// The status we last wrote per pool.
     pool_written: HashMap<String, PoolStatus>,
+    /// Each config's facts as its last status flush computed them (every change that moves
+    /// them marks the config for one): what pool decisions read.
+    facts: HashMap<String, super::ipam::ConfigFacts>,
     /// Carved children not yet accepting: their pool, and when the carve was decided.
     scale_started: HashMap<String, (String, Duration)>,
     /// Inputs handled so far: orders create answers against config lists.
@@ -384,6 +387,7 @@ impl Machine {
             empty_since: HashMap::new(),
             pool_written: HashMap::new(),
             scale_started: HashMap::new(),
+            facts: HashMap::new(),
             step: 0,
             configs_list_step: 0,
             effects: Vec::new(),
@@ -1224,6 +1228,7 @@ impl Machine {
         self.forget_config(name);
         self.retiring.remove(name);
         self.empty_since.remove(name);
+        self.facts.remove(name);
         self.scale_started.remove(name);
         self.ipam.remove_config(name);
         self.network_dirty = true;
@@ -1485,7 +1490,7 @@ impl Machine {
             .iter()
             .filter(|(name, _)| self.child_pool(name).is_none())
             .filter(|(name, _)| {
-                self.ipam.config_facts(name).is_some_and(|f| {
+                self.config_facts(name).is_some_and(|f| {
                     let free = [f.ipv4, f.ipv6].into_iter().flatten().map(|x| x.free).min();
                     f.enabled
                         && !f.deleting
@@ -1515,8 +1520,16 @@ impl Machine {
         out
     }
 
+    /// A config's facts as of the last status flush, or counted now.
+    fn config_facts(&self, name: &str) -> Option<super::ipam::ConfigFacts> {
+        match self.facts.get(name) {
+            Some(f) => Some(f.clone()),
+            None => self.ipam.config_facts(name),
+        }
+    }
+
     fn child_view(&self, name: &str, seen: &ConfigSeen) -> ChildView {
-        let facts = self.ipam.config_facts(name).unwrap_or_default();
+        let facts = self.config_facts(name).unwrap_or_default();
         let families = [facts.ipv4, facts.ipv6];
         let free = families.iter().flatten().map(|f| f.free).min().unwrap_or(0);
         let allocated = families
@@ -1823,6 +1836,7 @@ impl Machine {
             .or(seen.status.as_ref())
             .map_or(&[], |s| s.conditions.as_slice());
         let (status, transitions) = desired_status(&facts, seen.generation, previous, now);
+        self.facts.insert(name.to_string(), facts.clone());
         metrics.push(Metric::Status {
             config: name.to_string(),
             status: status.clone(),

@@ -575,7 +575,7 @@ impl Sim {
         }
         let held: Vec<IpNet> = self.held().into_iter().map(|(_, b, _)| b).collect();
         let mut now_held = Vec::new();
-        for c in self.world.configs.values() {
+        for (name, c) in &self.world.configs {
             let is_child = c
                 .metadata
                 .labels
@@ -585,7 +585,11 @@ impl Sim {
                 continue;
             }
             let uid = c.metadata.uid.clone().unwrap_or_default();
-            let own = ranges(c);
+            let own = self
+                .world
+                .config_ranges
+                .get(name)
+                .map_or(&[][..], Vec::as_slice);
             if !self.last_held.contains_key(&uid)
                 || held.iter().any(|b| own.iter().any(|r| nets_overlap(r, b)))
             {
@@ -1001,10 +1005,18 @@ impl Sim {
                 Some((n, c, pool))
             })
             .collect();
-        let parsed: Vec<Vec<IpNet>> = children.iter().map(|(_, c, _)| ranges(c)).collect();
+        let parsed: Vec<&[IpNet]> = children
+            .iter()
+            .map(|(n, _, _)| {
+                self.world
+                    .config_ranges
+                    .get(*n)
+                    .map_or(&[][..], Vec::as_slice)
+            })
+            .collect();
         for (i, (a, _, _)) in children.iter().enumerate() {
             for (j, (b, _, _)) in children.iter().enumerate().skip(i + 1) {
-                for ra in &parsed[i] {
+                for ra in parsed[i] {
                     if let Some(rb) = parsed[j].iter().find(|rb| nets_overlap(ra, rb)) {
                         return Err(Violation {
                             rule: "no two children of pools overlap",
@@ -1114,8 +1126,14 @@ impl Sim {
     fn owner(&self, block: &IpNet) -> Option<&NodeIPAMConfig> {
         self.world
             .configs
-            .values()
-            .filter(|c| ranges(c).iter().any(|r| r.contains(block)))
+            .iter()
+            .filter(|(name, _)| {
+                self.world
+                    .config_ranges
+                    .get(*name)
+                    .is_some_and(|rs| rs.iter().any(|r| r.contains(block)))
+            })
+            .map(|(_, c)| c)
             .min_by_key(|c| order(c))
     }
 

@@ -99,6 +99,8 @@ pub struct World {
     uids: u64,
     pub nodes: BTreeMap<String, NodeObj>,
     pub configs: BTreeMap<String, NodeIPAMConfig>,
+    /// Each config's ranges, parsed once: the invariants look them up after every step.
+    pub config_ranges: BTreeMap<String, Vec<IpNet>>,
     pub services: BTreeMap<String, Vec<String>>,
     pub pools: BTreeMap<String, NodeIPAMPool>,
     pub outputs: Vec<Option<BTreeMap<String, String>>>,
@@ -228,6 +230,12 @@ impl World {
         let name = config.metadata.name.clone().unwrap_or_default();
         self.changes
             .push(Change::Config(Watch::Applied(config.clone())));
+        let ranges = [&config.spec.ipv4, &config.spec.ipv6]
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.cidr.parse().ok())
+            .collect();
+        self.config_ranges.insert(name.clone(), ranges);
         self.configs.insert(name, config);
     }
 
@@ -247,6 +255,7 @@ impl World {
             }
         } else {
             self.configs.remove(name);
+            self.config_ranges.remove(name);
             self.changes.push(Change::Config(Watch::Deleted(c)));
         }
     }
@@ -279,6 +288,7 @@ impl World {
         }
         if finalizers.is_empty() && c.metadata.deletion_timestamp.is_some() {
             self.configs.remove(name);
+            self.config_ranges.remove(name);
             self.changes.push(Change::Config(Watch::Deleted(c.clone())));
             return Some(c);
         }
