@@ -332,6 +332,12 @@ async fn serves_pools(client: &Client) -> bool {
             warn!("the NodeIPAMPool CRD is not installed: pools are not watched");
             false
         }
+        // Roles from before pools: a watch that can never list would hold back every
+        // allocation (nothing is allocated before every watch has listed).
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            warn!(message = %s.message, "not allowed to list NodeIPAMPools: pools are not watched; grant the controller's ClusterRole nodeipampools get/list/watch");
+            false
+        }
         Err(_) => true,
     }
 }
