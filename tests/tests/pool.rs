@@ -452,3 +452,107 @@ async fn a_controller_killed_mid_carve_leaves_no_duplicate_or_orphan_child() {
     assert_invariant(&c, &[]).await;
     assert_no_duplicate_or_orphan(&c).await;
 }
+
+/// The admission webhook, in this process, registered by URL for configs and pools (fail
+/// closed), and effective: a dry-run config over the API server's Service range is refused.
+async fn with_webhook(cp: &nodeipam_testenv::ControlPlane) -> tokio::task::JoinHandle<()> {
+    use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
+    use nodeipam_webhook::{ManagedTls, TlsMode, VALIDATE_PATH, Webhook, WebhookOptions};
+    const HOOK: &str = "validate.nodeipam.io";
+    let options = WebhookOptions {
+        addr: "127.0.0.1:0".parse().expect("address"),
+        namespace: "default".into(),
+        secret_name: "nodeipam-webhook-tls".into(),
+        webhook_config_name: HOOK.into(),
+        dns_names: vec!["127.0.0.1".into(), "localhost".into()],
+        tls_mode: TlsMode::Managed(ManagedTls {
+            check_interval: std::time::Duration::from_secs(1),
+            ..ManagedTls::default()
+        }),
+        ..WebhookOptions::default()
+    };
+    let webhook = Webhook::bind(cp.client(), options)
+        .await
+        .expect("bind the webhook");
+    let addr = webhook.local_addr().expect("bound address");
+    let readiness = webhook.readiness();
+    let handle = tokio::spawn(async move {
+        let _ = webhook.run(std::future::pending::<()>()).await;
+    });
+    wait_for("the webhook to become ready", || {
+        let r = readiness.clone();
+        async move { r.is_ready().then_some(()) }
+    })
+    .await;
+    let rules = vec![RuleWithOperations {
+        api_groups: Some(vec!["nodeipam.io".into()]),
+        api_versions: Some(vec!["v1alpha1".into()]),
+        operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+        resources: Some(vec!["nodeipamconfigs".into(), "nodeipampools".into()]),
+        scope: Some("Cluster".into()),
+    }];
+    let url = format!("https://{addr}{VALIDATE_PATH}");
+    cp.register_validating_webhook(HOOK, &url, cp.ca_pem().as_bytes(), rules, "Fail")
+        .await
+        .expect("register the webhook");
+    let c = cp.client();
+    wait_for("the API server to call the webhook", || async {
+        let api: Api<NodeIPAMConfig> = Api::all(c.clone());
+        let probe = NodeIPAMConfig::new("probe", spec(family("10.96.0.0/16", 24), None, None));
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        match api.create(&dry, &probe).await {
+            Err(kube::Error::Api(s)) if s.message.contains("overlaps the Service range") => {
+                Some(())
+            }
+            _ => None,
+        }
+    })
+    .await;
+    handle
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_admits_the_children_the_controller_carves_and_no_one_elses() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    let hook = with_webhook(&cp).await;
+    let _ctl = start_controller(c.clone(), Options::default());
+    let pool = create_pool(
+        &c,
+        "guarded",
+        pool_spec(
+            pool_family(&["10.74.0.0/16"], 27, 29),
+            pool_family(&["fd74::/48"], 124, 126),
+            (1, 8, 1),
+            "30m",
+        ),
+    )
+    .await;
+    for i in 0..9 {
+        create_node(&c, &format!("g{i}"), &[]).await;
+    }
+    for i in 0..9 {
+        let cidrs = wait_cidrs(&c, &format!("g{i}")).await;
+        assert_eq!(cidrs.len(), 2, "{cidrs:?}");
+    }
+    let kids = children(&c, &pool).await;
+    assert!(kids.len() >= 3, "{} children", kids.len());
+    // A hand-made config inside the pool's space is refused: only its children may be there.
+    let api: Api<NodeIPAMConfig> = Api::all(c.clone());
+    let intruder = NodeIPAMConfig::new("intruder", spec(family("10.74.200.0/24", 28), None, None));
+    match api.create(&PostParams::default(), &intruder).await {
+        Err(kube::Error::Api(s)) => assert!(
+            s.message.contains("not a child of that pool"),
+            "{}",
+            s.message
+        ),
+        Ok(_) => panic!("a config inside the pool's space was admitted"),
+        Err(e) => panic!("{e}"),
+    }
+    assert_invariant(&c, &[]).await;
+    assert_no_duplicate_or_orphan(&c).await;
+    hook.abort();
+}
