@@ -155,6 +155,7 @@ pub const EXHAUSTED: &str = "Exhausted";
 pub const RANGE_CARVED: &str = "RangeCarved";
 pub const RANGE_RETIRED: &str = "RangeRetired";
 pub const POOL_EXHAUSTED: &str = "PoolExhausted";
+pub const RANGE_CARVE_FAILED: &str = "RangeCarveFailed";
 
 #[derive(Clone, Debug)]
 pub struct Note {

@@ -254,6 +254,9 @@ struct CarveInFlight {
     sent: u32,
     /// The child has shown in the config watch.
     seen: bool,
+    /// Creates that failed in a row, and when the next may go.
+    failures: u32,
+    retry_at: Duration,
 }
 
 /// A node waiting for a block.
@@ -1325,12 +1328,15 @@ impl Machine {
                     c.answered = Some(step);
                     c.answered_at = now;
                     c.failed = false;
+                    c.failures = 0;
                     c.sent = c.sent.saturating_sub(1);
                 }
             }
             CreateOutcome::Failed(why) => {
                 warn!(pool = %config.pool, config = %config.name, reason = %why, "creating a child config failed; asking again");
                 self.metric(Metric::Error("config_create"));
+                let now = self.now.mono;
+                let mut tell = None;
                 if let Some(c) = self
                     .carves
                     .get_mut(&config.name)
@@ -1338,6 +1344,27 @@ impl Machine {
                 {
                     c.failed = !c.seen;
                     c.sent = c.sent.saturating_sub(1);
+                    c.failures += 1;
+                    // 0.5 s, 1 s, 2 s ... at most a minute between attempts.
+                    let backoff = Duration::from_millis(250u64 << c.failures.min(8));
+                    c.retry_at = now + backoff.min(Duration::from_secs(60));
+                    if c.failures == 3 {
+                        tell = Some(format!(
+                            "creating NodeIPAMConfig {} keeps failing: {why}; retrying",
+                            config.name
+                        ));
+                    }
+                }
+                if let Some(message) = tell {
+                    let uid = config.pool_uid.as_deref();
+                    let note = Note::pool(
+                        &config.pool,
+                        uid,
+                        true,
+                        effects::RANGE_CARVE_FAILED,
+                        message,
+                    );
+                    self.note(note);
                 }
             }
         }
@@ -1439,7 +1466,9 @@ impl Machine {
         let failed: Vec<String> = self
             .carves
             .iter()
-            .filter(|(_, c)| c.pool == pool && c.failed && c.sent == 0 && !c.seen)
+            .filter(|(_, c)| {
+                c.pool == pool && c.failed && c.sent == 0 && !c.seen && c.retry_at <= self.now.mono
+            })
             .map(|(n, _)| n.clone())
             .collect();
         for name in failed {
@@ -1663,6 +1692,8 @@ impl Machine {
                     failed: false,
                     sent: 1,
                     seen: false,
+                    failures: 0,
+                    retry_at: Duration::ZERO,
                 },
             );
             self.scale_started

@@ -781,8 +781,31 @@ fn a_failed_create_is_carved_again_under_the_same_name() {
             outcome: CreateOutcome::Failed("timeout".into()),
         },
     );
-    let out = m.handle(at(2), Input::Tick);
-    assert_eq!(creates(&out), [&child]);
+    // Asked again as it was; failing again and again, less and less often, and the pool is
+    // told once.
+    let mut told = 0;
+    let mut asked = Vec::new();
+    for s in 2..120u64 {
+        let out = m.handle(at(s), Input::Tick);
+        for c in creates(&out) {
+            assert_eq!(c, &child);
+            asked.push(s);
+            let out = m.handle(
+                at(s),
+                Input::ConfigCreated {
+                    config: c.clone(),
+                    outcome: CreateOutcome::Failed("denied".into()),
+                },
+            );
+            told += reasons(&out)
+                .iter()
+                .filter(|r| **r == effects::RANGE_CARVE_FAILED)
+                .count();
+        }
+    }
+    assert_eq!(told, 1);
+    assert_eq!(asked.first(), Some(&2));
+    assert!(asked.len() < 10, "asked at {asked:?}");
 }
 
 #[test]
