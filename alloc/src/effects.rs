@@ -4,8 +4,13 @@
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::ObjectReference;
-use nodeipam_crd::NodeIPAMConfigStatus;
+use k8s_openapi::api::core::v1::{NodeSelector, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use nodeipam_crd::{
+    Allocation, FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec, NodeIPAMConfigStatus,
+};
+
+use crate::pool::POOL_LABEL;
 
 use super::outcome::WriteOutcome;
 
@@ -63,6 +68,80 @@ impl ConfigJob {
     }
 }
 
+/// A child config a pool asks for: the driver creates a NodeIPAMConfig of this name with the
+/// pool label and a controller ownerReference to the pool `pool_uid`, and answers with
+/// `Input::ConfigCreated`. The name is deterministic, so a retry or a new leader gets
+/// AlreadyExists instead of making a second child for one range.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChildConfig {
+    pub pool: String,
+    pub pool_uid: Option<String>,
+    pub name: String,
+    /// `(range, per-node mask)` per family.
+    pub ipv4: Option<(IpNet, u8)>,
+    pub ipv6: Option<(IpNet, u8)>,
+    pub selector: Option<NodeSelector>,
+}
+
+impl ChildConfig {
+    /// The NodeIPAMConfig to create: the pool's label, and the pool as its controller owner
+    /// (so deleting the pool deletes its children, which then drain behind our finalizer).
+    pub fn object(&self) -> NodeIPAMConfig {
+        let family = |f: Option<(IpNet, u8)>| {
+            f.map(|(cidr, mask)| FamilySpec {
+                cidr: cidr.to_string(),
+                per_node_mask_size: mask,
+            })
+        };
+        let spec = NodeIPAMConfigSpec {
+            ipv4: family(self.ipv4),
+            ipv6: family(self.ipv6),
+            node_selector: self.selector.clone(),
+            allocation: Allocation::Enabled,
+        };
+        let mut obj = NodeIPAMConfig::new(&self.name, spec);
+        obj.metadata = ObjectMeta {
+            name: Some(self.name.clone()),
+            labels: Some(BTreeMap::from([(
+                POOL_LABEL.to_string(),
+                self.pool.clone(),
+            )])),
+            owner_references: self.pool_uid.as_ref().map(|uid| {
+                vec![OwnerReference {
+                    api_version: "nodeipam.io/v1alpha1".into(),
+                    kind: "NodeIPAMPool".into(),
+                    name: self.pool.clone(),
+                    uid: uid.clone(),
+                    controller: Some(true),
+                    // Foreground deletion needs no wait on children: they drain on their own.
+                    block_owner_deletion: None,
+                }]
+            }),
+            ..ObjectMeta::default()
+        };
+        obj
+    }
+}
+
+/// How a create of a child config went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CreateOutcome {
+    Created,
+    /// An object of that name exists: a retry of our own, or another leader's.
+    AlreadyExists,
+    /// Refused or unanswered: the next decision carves again (under the same name).
+    Failed(String),
+}
+
+/// How a delete of a child config (with the UID precondition) went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    Deleted,
+    /// Not there, or another object under the name (the precondition failed).
+    Gone,
+    Failed(String),
+}
+
 /// Reasons on Nodes, named like kube-controller-manager's where the meaning is the same.
 pub const CIDR_NOT_AVAILABLE: &str = "CIDRNotAvailable";
 pub const CIDR_ASSIGNMENT_FAILED: &str = "CIDRAssignmentFailed";
@@ -72,6 +151,11 @@ pub const INVALID_POD_CIDR: &str = "InvalidPodCIDR";
 /// Reasons on NodeIPAMConfigs.
 pub const DRAINED: &str = "Drained";
 pub const EXHAUSTED: &str = "Exhausted";
+/// Reasons on NodeIPAMPools.
+pub const RANGE_CARVED: &str = "RangeCarved";
+pub const RANGE_RETIRED: &str = "RangeRetired";
+pub const POOL_EXHAUSTED: &str = "PoolExhausted";
+pub const RANGE_CARVE_FAILED: &str = "RangeCarveFailed";
 
 #[derive(Clone, Debug)]
 pub struct Note {
@@ -109,6 +193,23 @@ impl Note {
     ) -> Self {
         Self::about(
             ("nodeipam.io/v1alpha1", "NodeIPAMConfig", "Reconcile"),
+            name,
+            uid,
+            warning,
+            reason,
+            message,
+        )
+    }
+
+    pub fn pool(
+        name: &str,
+        uid: Option<&str>,
+        warning: bool,
+        reason: &'static str,
+        message: String,
+    ) -> Self {
+        Self::about(
+            ("nodeipam.io/v1alpha1", "NodeIPAMPool", "Scale"),
             name,
             uid,
             warning,

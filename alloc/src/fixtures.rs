@@ -107,3 +107,42 @@ pub fn configmap(namespace: &str, name: &str, data: BTreeMap<String, String>) ->
         ..ConfigMap::default()
     }
 }
+
+/// One family of a pool: `(budget CIDRs, range mask, per-node mask)`.
+pub type PoolFamily<'a> = Option<(&'a [&'a str], u8, u8)>;
+
+/// A NodeIPAMPool as the machine takes it: `(min, max, headroom blocks)`, empty for
+/// `empty_for` seconds before a child retires.
+pub fn pool(
+    name: &str,
+    uid: &str,
+    (ipv4, ipv6): (PoolFamily<'_>, PoolFamily<'_>),
+    (min, max, headroom): (u32, u32, u64),
+    empty_for: u64,
+    selector: Option<NodeSelector>,
+) -> crate::pool::PoolInput {
+    let family = |f: PoolFamily<'_>| {
+        f.map(
+            |(cidrs, range_mask, per_node_mask)| crate::pool::PoolFamily {
+                cidrs: cidrs.iter().filter_map(|c| c.parse().ok()).collect(),
+                range_mask,
+                per_node_mask,
+            },
+        )
+    };
+    crate::pool::PoolInput {
+        name: name.into(),
+        uid: Some(uid.into()),
+        generation: Some(1),
+        ipv4: family(ipv4),
+        ipv6: family(ipv6),
+        selector,
+        min,
+        max,
+        headroom,
+        empty_for: std::time::Duration::from_secs(empty_for),
+        deleting: false,
+        invalid: None,
+        status: None,
+    }
+}

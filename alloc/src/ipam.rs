@@ -38,6 +38,9 @@ pub struct ConfigInput {
     /// Our finalizer is not on the object yet: it may vanish at any moment, so it takes no
     /// block off a younger config's count (which would then drain too early).
     pub provisional: bool,
+    /// The NodeIPAMPool it was carved from (its pool label), if any: selection fills a pool's
+    /// children lowest first.
+    pub pool: Option<String>,
 }
 
 impl ConfigInput {
@@ -439,6 +442,7 @@ impl Ipam {
                 free_blocks: c.free_blocks(),
                 ipv4: c.input.ipv4,
                 ipv6: c.input.ipv6,
+                pool: c.input.pool.as_deref(),
             })
             .collect();
         let node = NodeView { name, labels };
@@ -832,6 +836,11 @@ impl Ipam {
             let range = ranges.iter().find(|r| nets_overlap(r, cidr))?;
             Some((source.as_str(), *range))
         })
+    }
+
+    /// Every Service range, of every source.
+    pub fn service_ranges(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.services.values().flatten().copied()
     }
 
     pub fn service_sources(&self) -> impl Iterator<Item = &str> {

@@ -11,5 +11,6 @@ pub mod machine;
 pub mod node;
 pub mod outcome;
 pub mod podnetwork;
+pub mod pool;
 pub mod selection;
 pub mod status;

@@ -20,12 +20,15 @@ use nodeipam_crd::{
 };
 use tracing::{debug, error, info, warn};
 
-use super::effects::{self, ConfigJob, Note, WriteJob, WriteResult};
-use super::ipam::{AllocateError, ConfigInput, Ipam, Phase};
+use super::effects::{
+    self, ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, Note, WriteJob, WriteResult,
+};
+use super::ipam::{AllocateError, ConfigInput, Ipam, Phase, nets_overlap};
 use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
 use super::podnetwork::{
     ConfigMapRef, ConfigRanges, OutputContent, OutputKind, PodNetwork, covered,
 };
+use super::pool::{self as scaling, Carve, ChildView, PoolInput, PoolStatus, PoolWorld};
 use super::selection::{self, NodeView};
 use super::status::desired_status;
 use crate::node::IpamNode;
@@ -34,9 +37,13 @@ use crate::node::IpamNode;
 const REREAD_RETRY: Duration = Duration::from_secs(5);
 
 /// How long a node may wait behind a config's gate (our finalizer, consumers learning the
-/// range) before it is warned about: at start-up and in a burst every node waits a moment, and
-/// a Warning must mean that something is wrong.
+/// range) or for a pool to carve before it is warned about: at start-up and in a burst every
+/// node waits a moment, and a Warning must mean that something is wrong.
 pub const GATE_GRACE: Duration = Duration::from_secs(30);
+
+/// How long a created child may take to show in the config watch before its create is sent
+/// again (the same range under the same name: AlreadyExists if it is there after all).
+const CARVE_RECHECK: Duration = Duration::from_secs(30);
 
 /// The source name of the `--service-cidr` flag among the Service ranges.
 const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
@@ -48,6 +55,8 @@ pub struct Options {
     pub service_cidrs: Vec<IpNet>,
     /// Whether the API serves ServiceCIDR objects: then their list is awaited before allocating.
     pub service_cidr_api: bool,
+    /// Whether NodeIPAMPools are watched: then their list is awaited too.
+    pub pools: bool,
     /// How many refused writes of the same blocks before we give up on them.
     pub write_attempts: u32,
     /// How long a node whose write we gave up on waits before it is tried again from scratch.
@@ -87,6 +96,19 @@ pub enum Input {
     Node(Watch<IpamNode>),
     Config(Watch<NodeIPAMConfig>),
     Service(Watch<ServiceCIDR>),
+    /// NodeIPAMPools, as the driver maps them.
+    Pool(Watch<PoolInput>),
+    /// The answer to `Effect::CreateConfig`.
+    ConfigCreated {
+        config: ChildConfig,
+        outcome: CreateOutcome,
+    },
+    /// The answer to `Effect::DeleteConfig`.
+    ConfigDeleted {
+        name: String,
+        uid: Option<String>,
+        outcome: DeleteOutcome,
+    },
     /// A published ConfigMap, by its index in `Options::outputs`.
     Output(usize, Watch<ConfigMap>),
     /// The answer to `Effect::Reread`.
@@ -123,6 +145,20 @@ pub enum Effect {
         uid: Option<String>,
     },
     Metric(Metric),
+    /// Create a pool's child config; answer with `Input::ConfigCreated`.
+    CreateConfig(ChildConfig),
+    /// Delete a pool's empty child config, only the object `uid`; answer with
+    /// `Input::ConfigDeleted`.
+    DeleteConfig {
+        name: String,
+        uid: Option<String>,
+    },
+    /// Write a pool's status, only to the object `uid`.
+    PoolStatus {
+        name: String,
+        uid: Option<String>,
+        status: PoolStatus,
+    },
 }
 
 /// A metric change; ranges are the config ranges the blocks came from.
@@ -157,6 +193,25 @@ pub enum Metric {
     },
     /// A config is gone: drop its series.
     ConfigGone(String),
+    /// The ranges a pool has (its active children).
+    PoolRanges {
+        pool: String,
+        ranges: u64,
+    },
+    RangeCarved {
+        pool: String,
+    },
+    RangeRetired {
+        pool: String,
+    },
+    /// From a pool's decision to carve (its headroom breached) to the new range accepting
+    /// allocations (its gates open: finalizer on, published).
+    ScaleUpSeconds {
+        pool: String,
+        seconds: f64,
+    },
+    /// A pool is gone: drop its series.
+    PoolGone(String),
 }
 
 /// What the machine remembers of a config object besides the allocation state.
@@ -173,6 +228,40 @@ struct ConfigSeen {
     /// consumers may act on that. See `update_drain_gate`.
     drain_gate: bool,
     finalizer_requested: bool,
+    /// The uid of the NodeIPAMPool named by its controller ownerReference, if any.
+    owner_uid: Option<String>,
+}
+
+/// A pool and what the last decision found.
+#[derive(Clone, Debug)]
+struct PoolSeen {
+    input: PoolInput,
+    /// The pool can still grow (or is growing): its nodes wait without a warning.
+    room: bool,
+}
+
+/// A carve asked for and not yet seen in the config watch.
+#[derive(Clone, Debug)]
+struct CarveInFlight {
+    pool: String,
+    pool_uid: Option<String>,
+    carve: Carve,
+    /// The step at which the create was answered (created, or already there): a config list
+    /// started after it that lacks the child means the child is gone again.
+    answered: Option<u64>,
+    /// The time of that answer.
+    answered_at: Duration,
+    /// The create failed, perhaps after landing: it is asked again, the same range under the
+    /// same name, so a landed one is found (AlreadyExists) rather than a second one made.
+    failed: bool,
+    /// Creates sent and not yet answered: until none is, one may still land (again, after a
+    /// user deleted the child), so the carve still counts.
+    sent: u32,
+    /// The child has shown in the config watch.
+    seen: bool,
+    /// Creates that failed in a row, and when the next may go.
+    failures: u32,
+    retry_at: Duration,
 }
 
 /// A node waiting for a block.
@@ -204,6 +293,7 @@ enum Source {
     Nodes,
     Configs,
     Services,
+    Pools,
     Output(usize),
 }
 
@@ -244,6 +334,24 @@ pub struct Machine {
     /// The status last reported written per config.
     status_landed: HashMap<String, NodeIPAMConfigStatus>,
     network_dirty: bool,
+    pools: BTreeMap<String, PoolSeen>,
+    /// Carves in flight, by child name.
+    carves: BTreeMap<String, CarveInFlight>,
+    /// Children whose delete we asked for, by name, with the uid: they hand out nothing more.
+    retiring: BTreeMap<String, Option<String>>,
+    /// When each pool child's node count last became 0.
+    empty_since: HashMap<String, Duration>,
+    /// The status we last wrote per pool.
+    pool_written: HashMap<String, PoolStatus>,
+    /// Each config's facts as its last status flush computed them (every change that moves
+    /// them marks the config for one): what pool decisions read.
+    facts: HashMap<String, super::ipam::ConfigFacts>,
+    /// Carved children not yet accepting: their pool, and when the carve was decided.
+    scale_started: HashMap<String, (String, Duration)>,
+    /// Inputs handled so far: orders create answers against config lists.
+    step: u64,
+    /// The step at which the config list in progress started.
+    configs_list_step: u64,
     effects: Vec<Effect>,
 }
 
@@ -283,6 +391,15 @@ impl Machine {
             status_in_flight: HashMap::new(),
             status_landed: HashMap::new(),
             network_dirty: true,
+            pools: BTreeMap::new(),
+            carves: BTreeMap::new(),
+            retiring: BTreeMap::new(),
+            empty_since: HashMap::new(),
+            pool_written: HashMap::new(),
+            scale_started: HashMap::new(),
+            facts: HashMap::new(),
+            step: 0,
+            configs_list_step: 0,
             effects: Vec::new(),
         }
     }
@@ -290,6 +407,7 @@ impl Machine {
     /// Takes one fact at `now`; returns what to do about it.
     pub fn handle(&mut self, now: Now, input: Input) -> Vec<Effect> {
         self.now = now;
+        self.step += 1;
         match input {
             Input::Node(w) => self.on_watch(Source::Nodes, w, Self::on_node, |m, n| {
                 m.on_node_gone(&n.name_any(), n.uid().as_deref());
@@ -303,6 +421,20 @@ impl Machine {
                 |m, s| m.on_service(&s),
                 |m, s| m.on_service_gone(&s.name_any()),
             ),
+            Input::Pool(w) => match w {
+                Watch::ListStart => self.list_started(Source::Pools),
+                Watch::Listed(p) => {
+                    self.list_saw(Source::Pools, p.name.clone());
+                    self.on_pool(p);
+                }
+                Watch::Applied(p) => self.on_pool(p),
+                Watch::Deleted(p) => self.on_pool_gone(&p.name),
+                Watch::ListDone => self.list_done(Source::Pools),
+            },
+            Input::ConfigCreated { config, outcome } => self.on_config_created(&config, outcome),
+            Input::ConfigDeleted { name, uid, outcome } => {
+                self.on_config_deleted(&name, uid.as_deref(), outcome);
+            }
             Input::Output(i, w) => self.on_output_watch(i, w),
             Input::Reread { node, uid, now } => self.on_reread(&node, uid.as_deref(), now),
             Input::Written(result) => self.on_write_result(result),
@@ -314,6 +446,7 @@ impl Machine {
                 self.wake_parked();
                 self.warn_long_waits();
                 self.flush_status();
+                self.scale_pools();
                 self.publish_network();
             }
             Input::Resync => {
@@ -341,6 +474,11 @@ impl Machine {
     /// How many nodes wait for a block.
     pub fn pending(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Carves asked for and not yet seen as configs, for the simulator's checks.
+    pub fn carves_in_flight(&self) -> usize {
+        self.carves.len()
     }
 
     /// The configs this machine knows, for `retry_pending` benches and checks.
@@ -405,6 +543,9 @@ impl Machine {
     }
 
     fn list_started(&mut self, source: Source) {
+        if source == Source::Configs {
+            self.configs_list_step = self.step;
+        }
         self.relist.insert(source, HashSet::new());
     }
 
@@ -416,7 +557,10 @@ impl Machine {
         let seen = self.relist.remove(&source).unwrap_or_default();
         self.on_relisted(source, &seen);
         self.listed.insert(source);
-        let needed = 2 + self.outputs.len() + usize::from(self.options.service_cidr_api);
+        let needed = 2
+            + self.outputs.len()
+            + usize::from(self.options.service_cidr_api)
+            + usize::from(self.options.pools);
         if !self.synced && self.listed.len() >= needed {
             self.on_synced();
         }
@@ -469,6 +613,12 @@ impl Machine {
                 for name in gone {
                     self.on_config_gone(&name);
                 }
+                // A child created before this list started and not in it is gone again
+                // (its create and delete both fell between two lists).
+                let started = self.configs_list_step;
+                self.carves.retain(|name, c| {
+                    c.sent > 0 || c.answered.is_none_or(|at| at >= started) || seen.contains(name)
+                });
             }
             Source::Services => {
                 let gone: Vec<String> = self
@@ -480,6 +630,17 @@ impl Machine {
                     .collect();
                 for name in gone {
                     self.on_service_gone(&name);
+                }
+            }
+            Source::Pools => {
+                let gone: Vec<String> = self
+                    .pools
+                    .keys()
+                    .filter(|n| !seen.contains(*n))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    self.on_pool_gone(&name);
                 }
             }
             Source::Output(_) => {}
@@ -708,6 +869,7 @@ impl Machine {
         match self.ipam.allocate(name, uid.as_deref(), &labels) {
             Ok(a) => {
                 self.pending.remove(name);
+                self.empty_since.remove(&a.config);
                 debug!(node = %name, config = %a.config, cidrs = ?a.cidrs, "allocated");
                 for c in &a.cidrs {
                     if let Some(range) = self.ipam.config_range(&a.config, c) {
@@ -730,18 +892,22 @@ impl Machine {
             Err(AllocateError::AlreadyHolds) => {
                 // The previous record resolves first (its write outcome); then we come back.
             }
-            Err(e) => self.not_allocated(name, uid.as_deref(), &e),
+            Err(e) => {
+                let growing = self.pool_may_grow(name, &labels);
+                self.not_allocated(name, uid.as_deref(), &e, growing);
+            }
         }
     }
 
     /// A node that got no block is warned once, unless it only waits behind gates that
-    /// usually open within moments: then only once it has waited `GATE_GRACE`.
-    fn not_allocated(&mut self, name: &str, uid: Option<&str>, e: &AllocateError) {
+    /// usually open within moments, or for a pool that is growing (`growing`): then only once
+    /// it has waited `GATE_GRACE`.
+    fn not_allocated(&mut self, name: &str, uid: Option<&str>, e: &AllocateError, growing: bool) {
         let now = self.now.mono;
         let Some(p) = self.pending.get_mut(name) else {
             return;
         };
-        if matches!(e, AllocateError::Waiting { .. }) {
+        if growing || matches!(e, AllocateError::Waiting { .. }) {
             let since = *p.waiting_since.get_or_insert(now);
             if now.saturating_sub(since) < GATE_GRACE {
                 debug!(node = %name, reason = %e, "node waits behind a gate");
@@ -1011,6 +1177,31 @@ impl Machine {
         let finalizer_requested = previous
             .as_ref()
             .is_some_and(|p| p.finalizer_requested && !has_finalizer);
+        // The carve that made it is done (only if it is that carve's child: an object of
+        // another owner under the name, such as an old pool's child on its way out, is not);
+        // a delete of ours shows as deleting (or a new object).
+        let owner_uid = obj
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true) && o.kind == "NodeIPAMPool")
+            .map(|o| o.uid.clone());
+        if let Some(c) = self.carves.get_mut(&name).filter(|c| {
+            obj.labels().get(scaling::POOL_LABEL) == Some(&c.pool)
+                && (c.pool_uid.is_none() || owner_uid == c.pool_uid)
+        }) {
+            c.seen = true;
+            if c.sent == 0 {
+                self.carves.remove(&name);
+            }
+        }
+        if deleting
+            || self
+                .retiring
+                .get(&name)
+                .is_some_and(|u| u.is_some() && *u != obj.uid())
+        {
+            self.retiring.remove(&name);
+        }
         let mut seen = ConfigSeen {
             base: config_input(&obj),
             uid: obj.uid(),
@@ -1020,6 +1211,7 @@ impl Machine {
             drain_gate: false,
             status: obj.status.clone(),
             finalizer_requested,
+            owner_uid,
         };
         if !has_finalizer && !deleting && !seen.finalizer_requested {
             seen.finalizer_requested = true;
@@ -1048,7 +1240,11 @@ impl Machine {
             return;
         }
         let input = self.gated(&name);
+        let open = input.gate.is_none();
         self.ipam.upsert_config(input);
+        if open {
+            self.scaled_up(&name);
+        }
         // Overlaps, and so every config's Ready, may change with any config.
         self.dirty.extend(self.configs.keys().cloned());
         self.unmanaged_dirty = true;
@@ -1070,6 +1266,10 @@ impl Machine {
         self.metric(Metric::ConfigGone(name.to_string()));
         self.configs.remove(name);
         self.forget_config(name);
+        self.retiring.remove(name);
+        self.empty_since.remove(name);
+        self.facts.remove(name);
+        self.scale_started.remove(name);
         self.ipam.remove_config(name);
         self.network_dirty = true;
         self.dirty.extend(self.configs.keys().cloned());
@@ -1107,6 +1307,520 @@ impl Machine {
         self.dirty.extend(self.configs.keys().cloned());
         if self.synced {
             self.retry_pending();
+        }
+    }
+
+    // ----- pools -----
+
+    fn on_pool(&mut self, pool: PoolInput) {
+        let name = pool.name.clone();
+        let previous = self.pools.remove(&name);
+        let same_object = previous
+            .as_ref()
+            .is_none_or(|p| p.input.uid.is_none() || p.input.uid == pool.uid);
+        if !same_object {
+            // Another object under the same name: the old one's carves and status are moot.
+            self.carves.retain(|_, c| c.pool != name);
+            self.pool_written.remove(&name);
+        }
+        // A status that is not the one we wrote was edited by someone else (or predates us).
+        if self
+            .pool_written
+            .get(&name)
+            .is_some_and(|w| Some(w) != pool.status.as_ref())
+        {
+            self.pool_written.remove(&name);
+        }
+        let room = previous.is_none_or(|p| p.room);
+        self.pools.insert(name, PoolSeen { input: pool, room });
+    }
+
+    fn on_pool_gone(&mut self, name: &str) {
+        info!(pool = %name, "NodeIPAMPool gone; its children go with it (ownerReference)");
+        self.pools.remove(name);
+        self.carves.retain(|_, c| c.pool != name);
+        self.pool_written.remove(name);
+        self.scale_started.retain(|_, (pool, _)| pool != name);
+        self.metric(Metric::PoolGone(name.to_string()));
+        if self.synced {
+            // Nodes that waited for it without a warning get one now.
+            self.retry_pending();
+        }
+    }
+
+    fn on_config_created(&mut self, config: &ChildConfig, outcome: CreateOutcome) {
+        match outcome {
+            CreateOutcome::Created | CreateOutcome::AlreadyExists => {
+                if outcome == CreateOutcome::AlreadyExists {
+                    info!(pool = %config.pool, config = %config.name, "child config already exists (a retry, or another leader's)");
+                }
+                let (step, now) = (self.step, self.now.mono);
+                // Only the carve the create was for: a late answer to an old pool's create
+                // of the same name says nothing about this one.
+                if let Some(c) = self
+                    .carves
+                    .get_mut(&config.name)
+                    .filter(|c| c.pool_uid == config.pool_uid)
+                {
+                    c.answered = Some(step);
+                    c.answered_at = now;
+                    c.failed = false;
+                    c.failures = 0;
+                    c.sent = c.sent.saturating_sub(1);
+                }
+            }
+            CreateOutcome::Failed(why) => {
+                warn!(pool = %config.pool, config = %config.name, reason = %why, "creating a child config failed; asking again");
+                self.metric(Metric::Error("config_create"));
+                let now = self.now.mono;
+                let mut tell = None;
+                if let Some(c) = self
+                    .carves
+                    .get_mut(&config.name)
+                    .filter(|c| c.pool_uid == config.pool_uid)
+                {
+                    c.failed = !c.seen;
+                    c.sent = c.sent.saturating_sub(1);
+                    c.failures += 1;
+                    // 0.5 s, 1 s, 2 s ... at most a minute between attempts.
+                    let backoff = Duration::from_millis(250u64 << c.failures.min(8));
+                    c.retry_at = now + backoff.min(Duration::from_secs(60));
+                    if c.failures == 3 {
+                        tell = Some(format!(
+                            "creating NodeIPAMConfig {} keeps failing: {why}; retrying",
+                            config.name
+                        ));
+                    }
+                }
+                if let Some(message) = tell {
+                    let uid = config.pool_uid.as_deref();
+                    let note = Note::pool(
+                        &config.pool,
+                        uid,
+                        true,
+                        effects::RANGE_CARVE_FAILED,
+                        message,
+                    );
+                    self.note(note);
+                }
+            }
+        }
+        if self
+            .carves
+            .get(&config.name)
+            .is_some_and(|c| c.seen && c.sent == 0)
+        {
+            self.carves.remove(&config.name);
+        }
+    }
+
+    fn on_config_deleted(&mut self, name: &str, uid: Option<&str>, outcome: DeleteOutcome) {
+        if self.retiring.get(name).is_none_or(|u| u.as_deref() != uid) {
+            return;
+        }
+        match outcome {
+            // The watch shows it deleting soon; until then it stays held back.
+            DeleteOutcome::Deleted => return,
+            DeleteOutcome::Gone => {}
+            DeleteOutcome::Failed(why) => {
+                warn!(config = %name, reason = %why, "retiring a pool's child config failed; deciding again");
+                self.metric(Metric::Error("config_delete"));
+            }
+        }
+        self.retiring.remove(name);
+        if self.configs.contains_key(name) {
+            self.regate();
+        }
+    }
+
+    /// The pool a config is a child of: it carries the pool's label and a controller
+    /// ownerReference to the pool object we know.
+    fn child_pool(&self, config: &str) -> Option<&str> {
+        let seen = self.configs.get(config)?;
+        let pool = seen.base.pool.as_deref()?;
+        let p = self.pools.get(pool)?;
+        (p.input.uid.is_none() || seen.owner_uid == p.input.uid).then_some(pool)
+    }
+
+    /// The pool that will take a pending node, if any: the best matching one by its selector.
+    fn pool_for<'a>(&'a self, node: NodeView<'_>) -> Option<&'a PoolSeen> {
+        self.pools
+            .values()
+            .filter(|p| p.input.invalid.is_none() && !p.input.deleting)
+            .filter_map(|p| selection::match_score(p.input.selector.as_ref(), node).map(|s| (s, p)))
+            .max_by(|(sa, pa), (sb, pb)| sa.cmp(sb).then(pb.input.name.cmp(&pa.input.name)))
+            .map(|(_, p)| p)
+    }
+
+    /// A pool that selects the node can still grow: its wait is not a shortage to warn about.
+    fn pool_may_grow(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        let node = NodeView { name, labels };
+        self.pool_for(node).is_some_and(|p| p.room)
+    }
+
+    /// A carved child accepts allocations for the first time: how long scaling up took.
+    fn scaled_up(&mut self, name: &str) {
+        if let Some((pool, since)) = self.scale_started.remove(name) {
+            let seconds = self.now.mono.saturating_sub(since).as_secs_f64();
+            info!(pool = %pool, config = %name, seconds, "carved range accepts allocations");
+            self.metric(Metric::ScaleUpSeconds { pool, seconds });
+        }
+    }
+
+    /// Every pool's decision: carve, retire, status.
+    fn scale_pools(&mut self) {
+        if !self.synced || self.pools.is_empty() {
+            return;
+        }
+        // A child created a while ago and still not seen: its watch events may have fallen
+        // into a relist that answered before the create did. Ask again.
+        let now = self.now.mono;
+        for c in self.carves.values_mut() {
+            if c.answered.is_some()
+                && !c.seen
+                && c.sent == 0
+                && now.saturating_sub(c.answered_at) >= CARVE_RECHECK
+            {
+                c.answered = None;
+                c.failed = true;
+            }
+        }
+        let pending = self.pending_per_pool();
+        let wall = Time(
+            k8s_openapi::jiff::Timestamp::from_second(self.now.wall_seconds).unwrap_or_default(),
+        );
+        let names: Vec<String> = self.pools.keys().cloned().collect();
+        for name in names {
+            let waiting = pending.get(&name).copied().unwrap_or(0);
+            self.scale_pool(&name, waiting, &wall);
+        }
+    }
+
+    /// Creates that failed are asked again as they were, unless their range is taken by
+    /// now (then the create cannot have landed: the webhook refuses an overlap) or the pool
+    /// no longer has it in its budget.
+    fn retry_failed_carves(&mut self, pool: &str, input: &PoolInput, occupied: &[IpNet]) {
+        let failed: Vec<String> = self
+            .carves
+            .iter()
+            .filter(|(_, c)| {
+                c.pool == pool && c.failed && c.sent == 0 && !c.seen && c.retry_at <= self.now.mono
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in failed {
+            let Some(c) = self.carves.get(&name) else {
+                continue;
+            };
+            let in_budget = c
+                .carve
+                .ranges()
+                .all(|r| input.budget().any(|b| b.contains(&r)));
+            let clear = c
+                .carve
+                .ranges()
+                .all(|r| !occupied.iter().any(|o| nets_overlap(o, &r)));
+            if !in_budget || !clear || self.configs.contains_key(&name) {
+                info!(pool, config = %name, "a failed carve is moot now; deciding again");
+                self.carves.remove(&name);
+                self.scale_started.remove(&name);
+                continue;
+            }
+            let child = self.child_config(pool, input, &c.carve);
+            if let Some(c) = self.carves.get_mut(&name) {
+                c.failed = false;
+                c.sent += 1;
+            }
+            self.push(Effect::CreateConfig(child));
+        }
+    }
+
+    fn child_config(&self, pool: &str, input: &PoolInput, carve: &Carve) -> ChildConfig {
+        ChildConfig {
+            pool: pool.to_string(),
+            pool_uid: input.uid.clone(),
+            name: carve.name.clone(),
+            ipv4: carve.ipv4.zip(input.ipv4.as_ref().map(|f| f.per_node_mask)),
+            ipv6: carve.ipv6.zip(input.ipv6.as_ref().map(|f| f.per_node_mask)),
+            selector: input.selector.clone(),
+        }
+    }
+
+    /// Per pool, the pending nodes it would take that no other config can serve.
+    fn pending_per_pool(&self) -> HashMap<String, u64> {
+        if self.pending.is_empty() {
+            return HashMap::new();
+        }
+        let others: Vec<&ConfigSeen> = self
+            .configs
+            .iter()
+            .filter(|(name, _)| self.child_pool(name).is_none())
+            .filter(|(name, _)| {
+                self.config_facts(name).is_some_and(|f| {
+                    let free = [f.ipv4, f.ipv6].into_iter().flatten().map(|x| x.free).min();
+                    f.enabled
+                        && !f.deleting
+                        && f.invalid.is_none()
+                        && f.overlap.is_none()
+                        && free.unwrap_or(0) > 0
+                })
+            })
+            .map(|(_, seen)| seen)
+            .collect();
+        let mut out = HashMap::new();
+        for (name, p) in &self.pending {
+            let node = NodeView {
+                name,
+                labels: &p.labels,
+            };
+            let served = others
+                .iter()
+                .any(|c| selection::match_score(c.base.selector.as_ref(), node).is_some());
+            if served {
+                continue;
+            }
+            if let Some(pool) = self.pool_for(node) {
+                *out.entry(pool.input.name.clone()).or_insert(0u64) += 1;
+            }
+        }
+        out
+    }
+
+    /// A config's facts as of the last status flush, or counted now.
+    fn config_facts(&self, name: &str) -> Option<super::ipam::ConfigFacts> {
+        match self.facts.get(name) {
+            Some(f) => Some(f.clone()),
+            None => self.ipam.config_facts(name),
+        }
+    }
+
+    fn child_view(&self, name: &str, seen: &ConfigSeen) -> ChildView {
+        let facts = self.config_facts(name).unwrap_or_default();
+        let families = [facts.ipv4, facts.ipv6];
+        let free = families.iter().flatten().map(|f| f.free).min().unwrap_or(0);
+        let allocated = families
+            .iter()
+            .flatten()
+            .map(|f| f.allocated)
+            .max()
+            .unwrap_or(0);
+        ChildView {
+            name: name.to_string(),
+            uid: seen.uid.clone(),
+            ipv4: seen.base.ipv4.map(|(r, _)| r),
+            ipv6: seen.base.ipv6.map(|(r, _)| r),
+            enabled: seen.base.enabled,
+            deleting: seen.deleting,
+            usable: facts.invalid.is_none() && facts.overlap.is_none(),
+            accepting: facts.accepting,
+            allocated,
+            free,
+            nodes: facts.nodes,
+            empty_since: self.empty_since.get(name).copied(),
+            retiring: self.retiring.contains_key(name),
+        }
+    }
+
+    fn scale_pool(&mut self, name: &str, pending: u64, wall: &Time) {
+        let Some(pool) = self.pools.get(name) else {
+            return;
+        };
+        let input = pool.input.clone();
+        let now = self.now.mono;
+        let child_names: Vec<String> = self
+            .configs
+            .keys()
+            .filter(|c| self.child_pool(c) == Some(name))
+            .cloned()
+            .collect();
+        let mut children = Vec::with_capacity(child_names.len());
+        for c in &child_names {
+            let Some(seen) = self.configs.get(c) else {
+                continue;
+            };
+            let mut view = self.child_view(c, seen);
+            if view.nodes == 0 {
+                view.empty_since = Some(*self.empty_since.entry(c.clone()).or_insert(now));
+            } else {
+                self.empty_since.remove(c);
+                view.empty_since = None;
+            }
+            children.push(view);
+        }
+        let mut occupied: Vec<IpNet> = self
+            .configs
+            .iter()
+            .filter(|(c, _)| self.child_pool(c) != Some(name))
+            .flat_map(|(_, s)| [s.base.ipv4, s.base.ipv6].into_iter().flatten())
+            .map(|(r, _)| r)
+            .collect();
+        occupied.extend(
+            self.pools
+                .iter()
+                .filter(|(n, _)| n.as_str() != name)
+                .flat_map(|(_, p)| p.input.budget().copied()),
+        );
+        occupied.extend(self.ipam.service_ranges());
+        occupied.extend(self.ipam.unmanaged().into_iter().map(|(c, _)| c));
+        self.retry_failed_carves(name, &input, &occupied);
+        // A carve whose child is there counts as the child.
+        let in_flight: Vec<Carve> = self
+            .carves
+            .iter()
+            .filter(|(n, c)| c.pool == name && !child_names.contains(n))
+            .map(|(_, c)| c.carve.clone())
+            .collect();
+        let previous: Vec<Condition> = self
+            .pool_written
+            .get(name)
+            .or(input.status.as_ref())
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let world = PoolWorld {
+            pool: &input,
+            children: &children,
+            occupied: &occupied,
+            pending,
+            in_flight: &in_flight,
+            now,
+        };
+        let decision = scaling::decide(&world, &previous, wall);
+        let uid = input.uid.clone();
+        let free: u64 = children
+            .iter()
+            .filter(|c| c.active() && c.usable)
+            .map(|c| c.free)
+            .sum();
+        for carve in &decision.carves {
+            if self.configs.contains_key(&carve.name) {
+                // A config that is not this pool's child holds the name: creating it would
+                // only find it there. Nothing more can be carved until it goes.
+                debug!(pool = %name, config = %carve.name, "a config of another owner holds the child's name");
+                continue;
+            }
+            let child = self.child_config(name, &input, carve);
+            let ranges: Vec<String> = carve.ranges().map(|r| r.to_string()).collect();
+            info!(pool = %name, config = %carve.name, ?ranges, pending, free, "carving a range");
+            let message = format!(
+                "carved {} as NodeIPAMConfig {}: {pending} node(s) wait, {free} block(s) free, headroom {}",
+                ranges.join(" and "),
+                carve.name,
+                input.headroom
+            );
+            self.note(Note::pool(
+                name,
+                uid.as_deref(),
+                false,
+                effects::RANGE_CARVED,
+                message,
+            ));
+            self.metric(Metric::RangeCarved {
+                pool: name.to_string(),
+            });
+            self.push(Effect::CreateConfig(child));
+            self.carves.insert(
+                carve.name.clone(),
+                CarveInFlight {
+                    pool: name.to_string(),
+                    pool_uid: uid.clone(),
+                    carve: carve.clone(),
+                    answered: None,
+                    answered_at: Duration::ZERO,
+                    failed: false,
+                    sent: 1,
+                    seen: false,
+                    failures: 0,
+                    retry_at: Duration::ZERO,
+                },
+            );
+            self.scale_started
+                .insert(carve.name.clone(), (name.to_string(), now));
+        }
+        for retire in &decision.retires {
+            let ranges: Vec<String> = children
+                .iter()
+                .filter(|c| c.name == retire.name)
+                .flat_map(|c| c.ipv4.into_iter().chain(c.ipv6))
+                .map(|r| r.to_string())
+                .collect();
+            info!(pool = %name, config = %retire.name, ?ranges, "retiring an empty range");
+            let message = format!(
+                "retiring NodeIPAMConfig {} ({}): empty for {}s",
+                retire.name,
+                ranges.join(" and "),
+                input.empty_for.as_secs()
+            );
+            self.note(Note::pool(
+                name,
+                uid.as_deref(),
+                false,
+                effects::RANGE_RETIRED,
+                message,
+            ));
+            self.metric(Metric::RangeRetired {
+                pool: name.to_string(),
+            });
+            self.retiring
+                .insert(retire.name.clone(), retire.uid.clone());
+            self.push(Effect::DeleteConfig {
+                name: retire.name.clone(),
+                uid: retire.uid.clone(),
+            });
+            // It hands out nothing from now on.
+            let gated = self.gated(&retire.name);
+            self.ipam.upsert_config(gated);
+            self.dirty.insert(retire.name.clone());
+        }
+        for (type_, message) in &decision.turned_true {
+            if *type_ == nodeipam_crd::CONDITION_EXHAUSTED {
+                warn!(pool = %name, %message, "pool exhausted");
+                self.note(Note::pool(
+                    name,
+                    uid.as_deref(),
+                    true,
+                    effects::POOL_EXHAUSTED,
+                    message.clone(),
+                ));
+            }
+        }
+        let ranges = children.iter().filter(|c| c.active()).count() + decision.carves.len()
+            - decision.retires.len();
+        self.metric(Metric::PoolRanges {
+            pool: name.to_string(),
+            ranges: ranges as u64,
+        });
+        let current = self.pool_written.get(name).or(input.status.as_ref());
+        if !input.deleting && current != Some(&decision.status) {
+            self.push(Effect::PoolStatus {
+                name: name.to_string(),
+                uid: uid.clone(),
+                status: decision.status.clone(),
+            });
+            self.pool_written
+                .insert(name.to_string(), decision.status.clone());
+        }
+        let growing = decision.room || !in_flight.is_empty() || !decision.carves.is_empty();
+        let was = self.pools.get(name).is_some_and(|p| p.room);
+        if let Some(p) = self.pools.get_mut(name) {
+            p.room = growing;
+        }
+        if was && !growing {
+            // Nodes that waited for it without a warning get one now.
+            let names: Vec<String> = self
+                .pending
+                .iter()
+                .filter(|(n, p)| {
+                    let node = NodeView {
+                        name: n,
+                        labels: &p.labels,
+                    };
+                    self.pool_for(node).is_some_and(|p| p.input.name == name)
+                })
+                .map(|(n, _)| n.clone())
+                .collect();
+            for n in names {
+                self.try_allocate(&n);
+            }
         }
     }
 
@@ -1190,6 +1904,7 @@ impl Machine {
             .or(seen.status.as_ref())
             .map_or(&[], |s| s.conditions.as_slice());
         let (status, transitions) = desired_status(&facts, seen.generation, previous, now);
+        self.facts.insert(name.to_string(), facts.clone());
         metrics.push(Metric::Status {
             config: name.to_string(),
             status: status.clone(),
@@ -1416,6 +2131,9 @@ impl Machine {
             self.ipam.upsert_config(input);
             self.dirty.insert(name);
         }
+        for name in &opened {
+            self.scaled_up(name);
+        }
         self.retry_pending_for(&opened);
     }
 
@@ -1429,6 +2147,10 @@ impl Machine {
             };
         };
         let mut input = seen.base.clone();
+        if self.retiring.contains_key(name) {
+            input.gate = Some("being retired by its NodeIPAMPool".into());
+            return input;
+        }
         if !seen.has_finalizer {
             input.gate = Some(format!("waiting for the {FINALIZER} finalizer"));
             return input;
@@ -1509,6 +2231,7 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
         invalid,
         gate: None,
         provisional: !obj.finalizers().iter().any(|f| f == FINALIZER),
+        pool: obj.labels().get(crate::pool::POOL_LABEL).cloned(),
     }
 }
 

@@ -19,6 +19,8 @@ pub struct Candidate<'a> {
     pub free_blocks: u64,
     pub ipv4: Option<(IpNet, u8)>,
     pub ipv6: Option<(IpNet, u8)>,
+    /// The NodeIPAMPool the config was carved from, if any.
+    pub pool: Option<&'a str>,
 }
 
 /// How well a config matches a node; `None` from [`match_score`] means it does not match.
@@ -87,11 +89,16 @@ fn requirement_key(prefix: &str, req: &NodeSelectorRequirement) -> String {
 
 /// Orders matching configs best first by the precedence rules:
 /// 1. more matching requirements (any selector match before a config without selector);
-/// 2. fewer allocatable blocks, so small special-purpose ranges fill before big ones;
+/// 2. fewer allocatable blocks, so small special-purpose ranges fill before big ones; the
+///    children of one pool count as one config with the blocks of them all;
 /// 3. larger per-node mask (smaller blocks);
 /// 4. lexically smaller selector string;
-/// 5. numerically lower CIDR;
+/// 5. numerically lower CIDR (so a pool fills its lowest, oldest child first and its
+///    youngest, highest one empties out and can be retired);
 /// 6. name.
+///
+/// Every candidate gets its own sort key, so the order is total even when pool children and
+/// other configs interleave.
 ///
 /// Returns the indexes into `candidates` of the configs that match `node`.
 pub fn rank(candidates: &[Candidate<'_>], node: NodeView<'_>) -> Vec<usize> {
@@ -102,10 +109,18 @@ pub fn rank(candidates: &[Candidate<'_>], node: NodeView<'_>) -> Vec<usize> {
             match_score(c.selector, node).map(|s| (i, s, selector_key(c.selector)))
         })
         .collect();
+    let mut pool_free: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for (i, _, _) in &matched {
+        if let Some(pool) = candidates[*i].pool {
+            let total = pool_free.entry(pool).or_default();
+            *total = total.saturating_add(candidates[*i].free_blocks);
+        }
+    }
+    let free = |c: &Candidate<'_>| c.pool.map_or(c.free_blocks, |p| pool_free[p]);
     matched.sort_by(|(ia, sa, ka), (ib, sb, kb)| {
         let (a, b) = (&candidates[*ia], &candidates[*ib]);
         sb.cmp(sa)
-            .then(a.free_blocks.cmp(&b.free_blocks))
+            .then(free(a).cmp(&free(b)))
             .then_with(|| compare_masks(a, b))
             .then_with(|| ka.cmp(kb))
             .then_with(|| compare_cidrs(a, b))
@@ -227,6 +242,7 @@ mod tests {
             free_blocks: free,
             ipv4: v4.map(|(n, m)| (net(n), m)),
             ipv6: None,
+            pool: None,
         };
         // Leak the selectors so the table can borrow them for 'static; test-only.
         let zone_a: &'static NodeSelector = Box::leak(Box::new(zone_a));
@@ -307,6 +323,7 @@ mod tests {
             free_blocks: 1,
             ipv4: None,
             ipv6: None,
+            pool: None,
         }];
         assert!(
             rank(
@@ -317,6 +334,48 @@ mod tests {
                 }
             )
             .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_pool_fills_its_lowest_child_first_whatever_the_free_blocks() {
+        let pool = selector(vec![(vec![req("zone", "In", &["a"])], vec![])]);
+        let other = selector(vec![(vec![req("zone", "In", &["a", "b"])], vec![])]);
+        let l = labels(&[("zone", "a")]);
+        let node = NodeView {
+            name: "n",
+            labels: &l,
+        };
+        let c = |name, sel, free, cidr: &str, pool| Candidate {
+            name,
+            selector: Some(sel),
+            free_blocks: free,
+            ipv4: Some((net(cidr), 26)),
+            ipv6: None,
+            pool,
+        };
+        let cands = vec![
+            // The youngest, highest child has the fewest free blocks: it still comes last.
+            c("pods-10-0-2-0-24", &pool, 1, "10.0.2.0/24", Some("pods")),
+            c("pods-10-0-0-0-24", &pool, 3, "10.0.0.0/24", Some("pods")),
+            c("pods-10-0-1-0-24", &pool, 2, "10.0.1.0/24", Some("pods")),
+            // Another config ranks against the pool as a whole (6 free blocks).
+            c("hand", &other, 5, "10.1.0.0/24", None),
+            c("big", &other, 7, "10.2.0.0/24", None),
+        ];
+        let order: Vec<&str> = rank(&cands, node)
+            .into_iter()
+            .map(|i| cands[i].name)
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "hand",
+                "pods-10-0-0-0-24",
+                "pods-10-0-1-0-24",
+                "pods-10-0-2-0-24",
+                "big"
+            ]
         );
     }
 

@@ -42,6 +42,11 @@ pub struct ConfigName {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolName {
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Kind {
     pub kind: String,
 }
@@ -72,6 +77,10 @@ pub struct Metrics {
     /// When the allocation loop last took a step (seconds since the epoch): liveness.
     pub allocation_step: Gauge,
     pub admissions: Family<Outcome, Counter>,
+    pub pool_ranges: Family<PoolName, Gauge>,
+    pub pool_carves: Family<PoolName, Counter>,
+    pub pool_retires: Family<PoolName, Counter>,
+    pub pool_scale_up: Family<PoolName, Histogram>,
     pub registry: Registry,
     /// Every registered family: its full name and type (for [`Metrics::exposed_names`]).
     registered: Vec<(String, MetricType)>,
@@ -120,6 +129,12 @@ impl Metrics {
             leader: Gauge::default(),
             allocation_step: Gauge::default(),
             admissions: Family::default(),
+            pool_ranges: Family::default(),
+            pool_carves: Family::default(),
+            pool_retires: Family::default(),
+            pool_scale_up: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.1, 2.0, 12))
+            }),
             registry: Registry::default(),
             registered: Vec::new(),
         };
@@ -225,6 +240,26 @@ impl Metrics {
             "Admission reviews answered, by result",
             m.admissions.clone(),
         );
+        own.register(
+            "pool_ranges",
+            "Ranges (active child NodeIPAMConfigs) of a NodeIPAMPool",
+            m.pool_ranges.clone(),
+        );
+        own.register(
+            "pool_ranges_carved",
+            "Child ranges a NodeIPAMPool carved",
+            m.pool_carves.clone(),
+        );
+        own.register(
+            "pool_ranges_retired",
+            "Empty child ranges a NodeIPAMPool retired",
+            m.pool_retires.clone(),
+        );
+        own.register(
+            "pool_scale_up_seconds",
+            "From a pool's decision to carve to the new range accepting allocations (published)",
+            m.pool_scale_up.clone(),
+        );
         m.registered = names;
         m
     }
@@ -298,6 +333,39 @@ impl Metrics {
             self.blocks_allocated.remove(&label);
             self.blocks_capacity.remove(&label);
         }
+    }
+
+    pub fn pool_ranges(&self, pool: &str, ranges: u64) {
+        self.pool_ranges
+            .get_or_create(&PoolName { pool: pool.into() })
+            .set(i64::try_from(ranges).unwrap_or(i64::MAX));
+    }
+
+    pub fn pool_carved(&self, pool: &str) {
+        self.pool_carves
+            .get_or_create(&PoolName { pool: pool.into() })
+            .inc();
+    }
+
+    pub fn pool_retired(&self, pool: &str) {
+        self.pool_retires
+            .get_or_create(&PoolName { pool: pool.into() })
+            .inc();
+    }
+
+    pub fn pool_scaled_up(&self, pool: &str, seconds: f64) {
+        self.pool_scale_up
+            .get_or_create(&PoolName { pool: pool.into() })
+            .observe(seconds);
+    }
+
+    /// Drops the series of a pool that is gone.
+    pub fn forget_pool(&self, pool: &str) {
+        let label = PoolName { pool: pool.into() };
+        self.pool_ranges.remove(&label);
+        self.pool_carves.remove(&label);
+        self.pool_retires.remove(&label);
+        self.pool_scale_up.remove(&label);
     }
 
     /// Every metric family this registry exposes, as Prometheus names them in queries

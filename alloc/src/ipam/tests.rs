@@ -21,6 +21,7 @@ fn config(name: &str, created: i64, v4: Option<(&str, u8)>, v6: Option<(&str, u8
         invalid: None,
         gate: None,
         provisional: false,
+        pool: None,
     }
 }
 
@@ -660,4 +661,30 @@ fn range_rules_are_the_shared_ones() {
         crate::cidrset::MAX_BLOCK_BITS,
         nodeipam_crd::limits::MAX_BLOCK_BITS
     );
+}
+
+#[test]
+fn a_pool_fills_its_oldest_child_and_its_youngest_empties_out() {
+    let mut ipam = Ipam::new();
+    for (i, range) in ["10.0.0.0/29", "10.0.0.8/29", "10.0.0.16/29"]
+        .iter()
+        .enumerate()
+    {
+        let mut c = config(&format!("pods-{i}"), i as i64, Some((range, 30)), None);
+        c.pool = Some("pods".into());
+        ipam.upsert_config(c);
+    }
+    // A node in the youngest child: it has the fewest free blocks, and still comes last.
+    ipam.observe_node("y1", Some("u"), &[net("10.0.0.16/30")]);
+    let mut got = Vec::new();
+    for n in ["a", "b", "c", "d", "e"] {
+        let a = ipam.allocate(n, Some("u"), &no_labels()).expect("room");
+        got.push(a.config);
+    }
+    assert_eq!(got, ["pods-0", "pods-0", "pods-1", "pods-1", "pods-2"]);
+    // Once its nodes go, the youngest is empty and can be retired.
+    ipam.node_gone("y1", Some("u"));
+    ipam.abandon("e", 5);
+    let facts = ipam.config_facts("pods-2").expect("known");
+    assert_eq!(facts.nodes, 0);
 }

@@ -10,7 +10,9 @@ use std::fmt;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use nodeipam_alloc::effects::{ConfigJob, WriteJob, WriteResult};
+use nodeipam_alloc::effects::{
+    ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, WriteJob, WriteResult,
+};
 use nodeipam_alloc::fixtures;
 use nodeipam_alloc::ipam::{Holder, nets_overlap};
 use nodeipam_alloc::machine::{self, Effect, Input, Machine, Now};
@@ -18,10 +20,14 @@ use nodeipam_alloc::outcome::{NodeNow, WriteOutcome};
 use nodeipam_alloc::podnetwork::{
     ConfigMapRef, OutputKind, PodNetwork, covered, ip_masq_agent_config,
 };
+use nodeipam_alloc::pool::{POOL_LABEL, PoolStatus};
+use nodeipam_crd::pool::{
+    NodeIPAMPool, NodeIPAMPoolSpec, PoolFamilySpec, PoolHeadroom, PoolRanges, PoolScaleDown,
+};
 use nodeipam_crd::{Allocation, CONDITION_DRAINED, NodeIPAMConfig};
 use serde::{Deserialize, Serialize};
 
-use world::{Change, NodeObj, OUTPUT_NAMES, Patched, Stream, World};
+use world::{Change, NodeObj, OUTPUT_NAMES, Patched, Stream, World, controller_uid};
 
 /// How a podCIDR write fares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +58,34 @@ pub enum User {
     DeleteService { name: u8 },
     EditOutput { index: u8, delete: bool },
     EditStatus { pick: u8 },
+    CreatePool { menu: u8 },
+    EditPool { pick: u8, menu: u8 },
+    DeletePool { pick: u8 },
+}
+
+/// How a pool job (a child's create or delete, a pool's status) fares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PoolFault {
+    None,
+    /// Refused or lost before it landed.
+    Failed,
+    /// It landed but the answer was lost.
+    LandedUnanswered,
+}
+
+/// What a pool asked the driver for.
+#[derive(Clone, Debug)]
+enum PoolJob {
+    Create(ChildConfig),
+    Delete {
+        name: String,
+        uid: Option<String>,
+    },
+    Status {
+        name: String,
+        uid: Option<String>,
+        status: PoolStatus,
+    },
 }
 
 /// One step of a schedule. `pick`s choose among what is there at that moment (modulo), so a
@@ -75,6 +109,11 @@ pub enum Action {
         proc: u8,
         pick: u8,
         fail: bool,
+    },
+    PoolJob {
+        proc: u8,
+        pick: u8,
+        fault: PoolFault,
     },
     Publish {
         proc: u8,
@@ -155,6 +194,48 @@ const SERVICE_MENU: [&[&str]; 4] = [
     &["10.0.1.0/30"],
     &["10.0.2.0/30", "fd00:1::/126"],
 ];
+/// A pool of the menu: name, IPv4 and IPv6 `(budget, range mask, per-node mask)`, whether it
+/// selects `pool=b`, `(min, max, headroom)`, emptyFor.
+type MenuPool = (
+    &'static str,
+    Option<(&'static [&'static str], u8, u8)>,
+    Option<(&'static [&'static str], u8, u8)>,
+    bool,
+    (u32, u32, u32),
+    &'static str,
+);
+
+/// Small budgets, so that exhaustion and retirement happen; `r` shares its budget with the
+/// hand-made configs and the Service ranges.
+const POOL_MENU: [MenuPool; 3] = [
+    (
+        "p",
+        Some((&["10.1.0.0/27"], 29, 30)),
+        None,
+        false,
+        (1, 3, 1),
+        "30s",
+    ),
+    (
+        "q",
+        Some((&["10.2.0.0/28"], 29, 30)),
+        Some((&["fd02::/123"], 125, 126)),
+        true,
+        (0, 4, 2),
+        "0s",
+    ),
+    (
+        "r",
+        Some((&["10.0.0.0/26"], 29, 30)),
+        None,
+        false,
+        (1, 4, 2),
+        "1m",
+    ),
+];
+/// Longer than every emptyFor of the menu and its edits: at rest, one such pause retires
+/// every child due.
+const LONG_REST_MS: u32 = 200_000;
 const SERVICE_FLAG: &str = "10.0.0.24/30";
 const RETRY_REJECTED_AFTER: Duration = Duration::from_secs(60);
 
@@ -164,6 +245,7 @@ struct Process {
     queues: BTreeMap<Stream, VecDeque<Change>>,
     writes: Vec<WriteJob>,
     config_jobs: Vec<ConfigJob>,
+    pool_jobs: Vec<PoolJob>,
     publish: Option<PodNetwork>,
     rereads: Vec<(String, Option<String>)>,
     answers: Vec<Input>,
@@ -184,10 +266,19 @@ pub struct Sim {
     procs: Vec<Process>,
     wall: i64,
     pub steps: usize,
+    /// Pools whose ranges a user changed (a child toggled, max lowered): their count may
+    /// exceed max through no decision of ours.
+    max_tampered: BTreeSet<String>,
+    /// Time passed, as every tick advanced it.
+    elapsed: Duration,
+    /// When a node last held a block of each pool child (by uid), or when it was created.
+    last_held: BTreeMap<String, Duration>,
+    /// The shortest emptyFor each pool (by name) ever had.
+    min_empty_for: BTreeMap<String, Duration>,
 }
 
 fn streams(outputs: usize, services: bool) -> Vec<Stream> {
-    let mut s = vec![Stream::Nodes, Stream::Configs];
+    let mut s = vec![Stream::Nodes, Stream::Configs, Stream::Pools];
     s.extend((0..outputs).map(Stream::Output));
     if services {
         s.push(Stream::Services);
@@ -203,6 +294,10 @@ impl Sim {
             procs: Vec::new(),
             wall: 1_800_000_000,
             steps: 0,
+            max_tampered: BTreeSet::new(),
+            elapsed: Duration::ZERO,
+            last_held: BTreeMap::new(),
+            min_empty_for: BTreeMap::new(),
         };
         sim.procs.push(sim.process());
         sim.start(0);
@@ -218,6 +313,7 @@ impl Sim {
                 Vec::new()
             },
             service_cidr_api: true,
+            pools: true,
             write_attempts: 3,
             retry_rejected_after: RETRY_REJECTED_AFTER,
             outputs: (0..self.setup.outputs)
@@ -247,6 +343,7 @@ impl Sim {
             queues: BTreeMap::new(),
             writes: Vec::new(),
             config_jobs: Vec::new(),
+            pool_jobs: Vec::new(),
             publish: None,
             rereads: Vec::new(),
             answers: Vec::new(),
@@ -311,6 +408,9 @@ impl Sim {
 
     /// Queues an effect as the driver would, checking what can be checked when it is asked.
     fn take(&mut self, p: usize, effect: Effect) -> Result<(), Violation> {
+        if let Effect::DeleteConfig { name, .. } = &effect {
+            self.check_retire(name)?;
+        }
         let proc = &mut self.procs[p];
         match effect {
             Effect::Write(job) => {
@@ -337,6 +437,16 @@ impl Sim {
             Effect::Publish(network) => proc.publish = Some(network),
             Effect::Reread { node, uid } => proc.rereads.push((node, uid)),
             Effect::Note(_) | Effect::Metric(_) => {}
+            Effect::CreateConfig(child) => proc.pool_jobs.push(PoolJob::Create(child)),
+            Effect::DeleteConfig { name, uid } => {
+                proc.pool_jobs.push(PoolJob::Delete { name, uid });
+            }
+            Effect::PoolStatus { name, uid, status } => {
+                // One pending status per pool, the newest, as the writer keeps.
+                proc.pool_jobs
+                    .retain(|j| !matches!(j, PoolJob::Status { name: n, .. } if *n == name));
+                proc.pool_jobs.push(PoolJob::Status { name, uid, status });
+            }
         }
         Ok(())
     }
@@ -381,6 +491,11 @@ impl Sim {
                     self.config_job(p, *pick, *fail)?;
                 }
             }
+            Action::PoolJob { proc, pick, fault } => {
+                if let Some(p) = self.proc(*proc) {
+                    self.pool_job(p, *pick, *fault);
+                }
+            }
             Action::Publish {
                 proc,
                 fail_first,
@@ -406,6 +521,7 @@ impl Sim {
             }
             Action::Tick { proc, advance_ms } => {
                 if let Some(p) = self.proc(*proc).filter(|&p| self.procs[p].leading) {
+                    self.elapsed += Duration::from_millis(u64::from(*advance_ms));
                     self.procs[p].mono += Duration::from_millis(u64::from(*advance_ms));
                     self.wall += i64::from(*advance_ms / 1000);
                     self.handle(p, Input::Tick)?;
@@ -433,6 +549,7 @@ impl Sim {
                     for old in &mut self.procs[..l] {
                         old.writes.clear();
                         old.config_jobs.clear();
+                        old.pool_jobs.clear();
                         old.publish = None;
                         old.rereads.clear();
                     }
@@ -443,7 +560,89 @@ impl Sim {
             Action::User(u) => self.user(u),
         }
         self.broadcast();
+        self.note_pools();
         self.check()
+    }
+
+    /// What the pool checks need of the history: when each child last held a block, the
+    /// shortest emptyFor of each pool.
+    fn note_pools(&mut self) {
+        for (name, pool) in &self.world.pools {
+            let empty_for = nodeipam_crd::duration::parse(&pool.spec.scale_down.empty_for)
+                .unwrap_or(Duration::ZERO);
+            let shortest = self.min_empty_for.entry(name.clone()).or_insert(empty_for);
+            *shortest = (*shortest).min(empty_for);
+        }
+        let held: Vec<IpNet> = self.held().into_iter().map(|(_, b, _)| b).collect();
+        let mut now_held = Vec::new();
+        for (name, c) in &self.world.configs {
+            let is_child = c
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(POOL_LABEL));
+            if !is_child {
+                continue;
+            }
+            let uid = c.metadata.uid.clone().unwrap_or_default();
+            let own = self
+                .world
+                .config_ranges
+                .get(name)
+                .map_or(&[][..], Vec::as_slice);
+            if !self.last_held.contains_key(&uid)
+                || held.iter().any(|b| own.iter().any(|r| nets_overlap(r, b)))
+            {
+                now_held.push(uid);
+            }
+        }
+        for uid in now_held {
+            self.last_held.insert(uid, self.elapsed);
+        }
+    }
+
+    /// A pool retires only a child that no node holds a block of, and that has been so for
+    /// its emptyFor.
+    fn check_retire(&self, name: &str) -> Result<(), Violation> {
+        let Some(c) = self.world.configs.get(name) else {
+            return Ok(());
+        };
+        if let Some((node, block, _)) = self
+            .held()
+            .into_iter()
+            .find(|(_, b, _)| ranges(c).iter().any(|r| nets_overlap(r, b)))
+        {
+            return Err(Violation {
+                rule: "a pool retires only empty children",
+                detail: format!("retiring {name} while {node} holds {block}"),
+            });
+        }
+        let pool = c
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(POOL_LABEL))
+            .cloned()
+            .unwrap_or_default();
+        let empty_for = self
+            .min_empty_for
+            .get(&pool)
+            .copied()
+            .unwrap_or(Duration::ZERO);
+        if let Some(last) = self
+            .last_held
+            .get(c.metadata.uid.as_deref().unwrap_or_default())
+            && self.elapsed.saturating_sub(*last) < empty_for
+        {
+            return Err(Violation {
+                rule: "a pool retires a child only after emptyFor",
+                detail: format!(
+                    "retiring {name} {:?} after its last block, emptyFor {empty_for:?}",
+                    self.elapsed.saturating_sub(*last)
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// `proc` counts back from the newest process: 0 is the leader, 1 the one before.
@@ -535,6 +734,65 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// The pool writer: a child's create or delete, or a pool's status.
+    fn pool_job(&mut self, p: usize, pick: u8, fault: PoolFault) {
+        let proc = &mut self.procs[p];
+        if proc.pool_jobs.is_empty() {
+            return;
+        }
+        let job = proc.pool_jobs.remove(pick as usize % proc.pool_jobs.len());
+        let lands = fault != PoolFault::Failed;
+        let lost = |fault: PoolFault| match fault {
+            PoolFault::None => None,
+            PoolFault::Failed => Some("403 Forbidden".to_string()),
+            PoolFault::LandedUnanswered => Some("no answer within 10s".to_string()),
+        };
+        match job {
+            PoolJob::Create(child) => {
+                let mut outcome = CreateOutcome::Failed(String::new());
+                if lands {
+                    outcome = self.world.create_config(child.object(), self.wall);
+                }
+                if let Some(why) = lost(fault) {
+                    outcome = CreateOutcome::Failed(why);
+                }
+                self.procs[p].answers.push(Input::ConfigCreated {
+                    config: child,
+                    outcome,
+                });
+            }
+            PoolJob::Delete { name, uid } => {
+                let mut outcome = DeleteOutcome::Failed(String::new());
+                if lands {
+                    outcome = self
+                        .world
+                        .delete_config_uid(&name, uid.as_deref(), self.wall);
+                }
+                if let Some(why) = lost(fault) {
+                    outcome = DeleteOutcome::Failed(why);
+                }
+                self.procs[p]
+                    .answers
+                    .push(Input::ConfigDeleted { name, uid, outcome });
+            }
+            PoolJob::Status { name, uid, status } => {
+                if lands {
+                    self.world.write_pool_status(&name, uid.as_deref(), status);
+                } else {
+                    // The writer retries it, unless a newer status replaced it.
+                    let proc = &mut self.procs[p];
+                    let newer = proc
+                        .pool_jobs
+                        .iter()
+                        .any(|j| matches!(j, PoolJob::Status { name: n, .. } if *n == name));
+                    if !newer {
+                        proc.pool_jobs.push(PoolJob::Status { name, uid, status });
+                    }
+                }
+            }
+        }
     }
 
     /// The publisher: our ConfigMap first, then ip-masq-agent's; either may fail.
@@ -648,6 +906,9 @@ impl Sim {
             User::ToggleConfig { pick: i } => {
                 if let Some(i) = pick(self.world.configs.len(), *i) {
                     let mut c = self.world.configs.values().nth(i).cloned().expect("picked");
+                    if let Some(pool) = c.metadata.labels.as_ref().and_then(|l| l.get(POOL_LABEL)) {
+                        self.max_tampered.insert(pool.clone());
+                    }
                     c.spec.allocation = match c.spec.allocation {
                         Allocation::Enabled => Allocation::Disabled,
                         Allocation::Disabled => Allocation::Enabled,
@@ -671,6 +932,42 @@ impl Sim {
                     self.world.output_tampered[i] = true;
                 }
             }
+            User::CreatePool { menu } => {
+                let m = POOL_MENU[usize::from(*menu) % POOL_MENU.len()];
+                if !self.world.pools.contains_key(m.0) {
+                    let uid = self.world.uid("pool");
+                    let pool = pool_object(m, &uid, self.wall);
+                    self.world.put_pool(pool);
+                }
+            }
+            User::EditPool { pick: i, menu } => {
+                if let Some(i) = pick(self.world.pools.len(), *i) {
+                    let mut p = self.world.pools.values().nth(i).cloned().expect("picked");
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    let spec = &mut p.spec;
+                    match menu % 6 {
+                        0 => spec.headroom.blocks = 0,
+                        1 => spec.headroom.blocks = 3,
+                        // Invalid when max was lowered to 1: the pool then decides nothing.
+                        2 => spec.ranges.min = 2,
+                        3 => {
+                            spec.ranges.max = 1;
+                            spec.ranges.min = spec.ranges.min.min(1);
+                            self.max_tampered.insert(name);
+                        }
+                        4 => spec.scale_down.empty_for = "0s".into(),
+                        _ => spec.scale_down.empty_for = "2m".into(),
+                    }
+                    p.metadata.generation = Some(p.metadata.generation.unwrap_or(1) + 1);
+                    self.world.put_pool(p);
+                }
+            }
+            User::DeletePool { pick: i } => {
+                if let Some(i) = pick(self.world.pools.len(), *i) {
+                    let name = self.world.pools.keys().nth(i).cloned().unwrap_or_default();
+                    self.world.delete_pool(&name, self.wall);
+                }
+            }
             User::EditStatus { pick: i } => {
                 if let Some(i) = pick(self.world.configs.len(), *i) {
                     let mut c = self.world.configs.values().nth(i).cloned().expect("picked");
@@ -692,7 +989,85 @@ impl Sim {
         self.check_no_overlap()?;
         self.check_published()?;
         self.check_drained()?;
-        self.check_blocks_have_a_config()
+        self.check_blocks_have_a_config()?;
+        self.check_pools()
+    }
+
+    /// Children of pools: no two overlap, each lies in its pool's budget, and no pool has more
+    /// active children than its max.
+    fn check_pools(&self) -> Result<(), Violation> {
+        let children: Vec<(&String, &NodeIPAMConfig, &String)> = self
+            .world
+            .configs
+            .iter()
+            .filter_map(|(n, c)| {
+                let pool = c.metadata.labels.as_ref()?.get(POOL_LABEL)?;
+                Some((n, c, pool))
+            })
+            .collect();
+        let parsed: Vec<&[IpNet]> = children
+            .iter()
+            .map(|(n, _, _)| {
+                self.world
+                    .config_ranges
+                    .get(*n)
+                    .map_or(&[][..], Vec::as_slice)
+            })
+            .collect();
+        for (i, (a, _, _)) in children.iter().enumerate() {
+            for (j, (b, _, _)) in children.iter().enumerate().skip(i + 1) {
+                for ra in parsed[i] {
+                    if let Some(rb) = parsed[j].iter().find(|rb| nets_overlap(ra, rb)) {
+                        return Err(Violation {
+                            rule: "no two children of pools overlap",
+                            detail: format!("{a} has {ra} and {b} has {rb}"),
+                        });
+                    }
+                }
+            }
+        }
+        for (pool_name, pool) in &self.world.pools {
+            let ours: Vec<&NodeIPAMConfig> = children
+                .iter()
+                .filter(|(_, c, p)| *p == pool_name && controller_uid(c) == pool.metadata.uid)
+                .map(|(_, c, _)| *c)
+                .collect();
+            let budget: Vec<IpNet> = [&pool.spec.ipv4, &pool.spec.ipv6]
+                .into_iter()
+                .flatten()
+                .flat_map(|f| f.cidrs.iter().filter_map(|c| c.parse::<IpNet>().ok()))
+                .collect();
+            for c in &ours {
+                for r in ranges(c) {
+                    if !budget.iter().any(|b| b.contains(&r)) {
+                        return Err(Violation {
+                            rule: "every child lies in its pool's budget",
+                            detail: format!(
+                                "{} has {r}, outside {budget:?} of pool {pool_name}",
+                                c.metadata.name.as_deref().unwrap_or("")
+                            ),
+                        });
+                    }
+                }
+            }
+            let active = ours
+                .iter()
+                .filter(|c| {
+                    c.metadata.deletion_timestamp.is_none()
+                        && c.spec.allocation == Allocation::Enabled
+                })
+                .count();
+            if !self.max_tampered.contains(pool_name) && active > pool.spec.ranges.max as usize {
+                return Err(Violation {
+                    rule: "no pool has more ranges than its max",
+                    detail: format!(
+                        "pool {pool_name} has {active} active children, max {}",
+                        pool.spec.ranges.max
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     fn held(&self) -> Vec<(&str, IpNet, bool)> {
@@ -751,8 +1126,14 @@ impl Sim {
     fn owner(&self, block: &IpNet) -> Option<&NodeIPAMConfig> {
         self.world
             .configs
-            .values()
-            .filter(|c| ranges(c).iter().any(|r| r.contains(block)))
+            .iter()
+            .filter(|(name, _)| {
+                self.world
+                    .config_ranges
+                    .get(*name)
+                    .is_some_and(|rs| rs.iter().any(|r| r.contains(block)))
+            })
+            .map(|(_, c)| c)
             .min_by_key(|c| order(c))
     }
 
@@ -823,6 +1204,7 @@ impl Sim {
             self.act(&Action::StartLeader)?;
         }
         let l = self.leader();
+        let mut rested = false;
         for round in 0..400 {
             let mut busy = false;
             for s in streams(self.setup.outputs, true) {
@@ -852,6 +1234,14 @@ impl Sim {
                 self.act(&Action::Answer { proc: 0, pick: 0 })?;
                 busy = true;
             }
+            while !self.procs[l].pool_jobs.is_empty() {
+                self.act(&Action::PoolJob {
+                    proc: 0,
+                    pick: 0,
+                    fault: PoolFault::None,
+                })?;
+                busy = true;
+            }
             while !self.procs[l].config_jobs.is_empty() {
                 self.act(&Action::ConfigJob {
                     proc: 0,
@@ -876,7 +1266,18 @@ impl Sim {
                 advance_ms,
             })?;
             if !busy && round > 20 && self.quiet(l) {
-                return self.check_liveness();
+                if rested {
+                    return self.check_liveness();
+                }
+                // One pause longer than any emptyFor: every child due retires, and then
+                // the world must be quiet again.
+                self.act(&Action::Tick {
+                    proc: 0,
+                    advance_ms: LONG_REST_MS,
+                })?;
+                rested = true;
+            } else {
+                rested = false;
             }
         }
         Err(Violation {
@@ -895,6 +1296,7 @@ impl Sim {
         p.queues.values().all(VecDeque::is_empty)
             && p.writes.is_empty()
             && p.config_jobs.is_empty()
+            && p.pool_jobs.is_empty()
             && p.publish.is_none()
             && p.answers.is_empty()
             && p.rereads.is_empty()
@@ -923,10 +1325,101 @@ impl Sim {
         Ok(())
     }
 
+    /// At rest, no node waits for a block while the pool that selects it best could carve one
+    /// more range: checked against the world, not against a fresh machine that could share
+    /// the running one's mistake.
+    fn check_pools_serve(&self) -> Result<(), Violation> {
+        let leaks = self.procs[self.leader()]
+            .machine
+            .ipam()
+            .holders()
+            .any(|(_, holders)| holders.iter().any(|h| matches!(h, Holder::Leaked(_))));
+        if leaks {
+            return Ok(());
+        }
+        let mut taken: Vec<IpNet> = self.world.configs.values().flat_map(ranges).collect();
+        taken.extend(
+            self.world
+                .services
+                .values()
+                .flatten()
+                .filter_map(|c| c.parse::<IpNet>().ok()),
+        );
+        if self.setup.service_flag {
+            taken.push(SERVICE_FLAG.parse().expect("flag literal"));
+        }
+        for (name, node) in self.world.nodes.iter().filter(|(_, n)| n.cidrs.is_empty()) {
+            let labels: BTreeMap<String, String> = node.labels.iter().cloned().collect();
+            let view = nodeipam_alloc::selection::NodeView {
+                name,
+                labels: &labels,
+            };
+            let best = self
+                .world
+                .pools
+                .values()
+                .map(nodeipam_alloc::pool::pool_input)
+                .filter(|p| p.invalid.is_none())
+                .filter_map(|p| {
+                    nodeipam_alloc::selection::match_score(p.selector.as_ref(), view)
+                        .map(|s| (s, p))
+                })
+                .max_by(|(sa, pa), (sb, pb)| sa.cmp(sb).then(pb.name.cmp(&pa.name)));
+            let Some((_, pool)) = best else {
+                continue;
+            };
+            if self.max_tampered.contains(&pool.name) {
+                continue;
+            }
+            let active = self
+                .world
+                .configs
+                .values()
+                .filter(|c| {
+                    controller_uid(c) == pool.uid
+                        && c.metadata.deletion_timestamp.is_none()
+                        && c.spec.allocation == Allocation::Enabled
+                })
+                .count();
+            if active >= pool.max as usize {
+                continue;
+            }
+            let mut others = taken.clone();
+            others.extend(
+                self.world
+                    .pools
+                    .values()
+                    .filter(|p| p.metadata.name.as_deref() != Some(pool.name.as_str()))
+                    .flat_map(|p| {
+                        nodeipam_alloc::pool::pool_input(p)
+                            .budget()
+                            .copied()
+                            .collect::<Vec<_>>()
+                    }),
+            );
+            let room: Vec<IpNet> = pool
+                .families()
+                .map(|f| nodeipam_alloc::pool::lowest_free(&f.cidrs, f.range_mask, &others))
+                .collect::<Option<Vec<_>>>()
+                .unwrap_or_default();
+            if !room.is_empty() {
+                return Err(Violation {
+                    rule: "pending matching nodes get blocks while the budget has room",
+                    detail: format!(
+                        "at rest, {name} waits while pool {} could carve {room:?}",
+                        pool.name
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// A machine started now from the world: it must find nothing to do but what the running
     /// one already did.
     fn check_liveness(&self) -> Result<(), Violation> {
         self.check_drained_configs_went()?;
+        self.check_pools_serve()?;
         let mut fresh = Machine::new(self.options());
         let now = Now {
             mono: Duration::from_secs(3600),
@@ -939,6 +1432,12 @@ impl Sim {
             }
         }
         effects.extend(fresh.handle(now, Input::Tick));
+        // Later than every emptyFor: a child the running machine should have retired shows.
+        let later = Now {
+            mono: Duration::from_secs(3600 * 3),
+            wall_seconds: self.wall,
+        };
+        effects.extend(fresh.handle(later, Input::Tick));
         let leaked: Vec<IpNet> = self.procs[self.leader()]
             .machine
             .ipam()
@@ -984,6 +1483,42 @@ impl Sim {
                 }
                 // Leaked blocks count as allocated until a restart forgets them.
                 Effect::Config(ConfigJob::Status { name, .. }) if leaky(name) => {}
+                Effect::CreateConfig(child) => {
+                    return Err(Violation {
+                        rule: "pending matching nodes get blocks while the budget has room",
+                        detail: format!(
+                            "at rest, a fresh start carves {:?} {:?} for pool {}",
+                            child.ipv4, child.ipv6, child.pool
+                        ),
+                    });
+                }
+                Effect::DeleteConfig { name, .. } if !leaky(name) => {
+                    return Err(Violation {
+                        rule: "empty children beyond min retire after emptyFor",
+                        detail: format!("at rest, a fresh start retires {name}"),
+                    });
+                }
+                Effect::PoolStatus { name, status, .. } => {
+                    let world = self.world.pools.get(name).and_then(|p| p.status.as_ref());
+                    let facts = |s: &PoolStatus| {
+                        let conditions: Vec<(String, String, String)> = s
+                            .conditions
+                            .iter()
+                            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+                            .collect();
+                        (s.ranges.clone(), s.ipv4, s.ipv6, conditions)
+                    };
+                    let leaks = self.world.configs.values().any(|c| {
+                        c.metadata.labels.as_ref().and_then(|l| l.get(POOL_LABEL)) == Some(name)
+                            && leaky(c.metadata.name.as_deref().unwrap_or(""))
+                    });
+                    if !leaks && world.map(facts) != Some(facts(status)) {
+                        return Err(Violation {
+                            rule: "a pool's status equals a recount",
+                            detail: format!("{name}: status {world:?}, recount {status:?}"),
+                        });
+                    }
+                }
                 Effect::Config(ConfigJob::Status { name, status, .. }) => {
                     let world = self.world.configs.get(name).and_then(|c| c.status.as_ref());
                     let counts = |s: &nodeipam_crd::NodeIPAMConfigStatus| (s.nodes, s.ipv4, s.ipv6);
@@ -1141,10 +1676,22 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
     };
     let all_streams = streams(setup.outputs, true);
     let mut actions = Vec::with_capacity(steps);
-    for _ in 0..steps {
+    if rng.chance(60) {
+        actions.push(Action::User(User::CreatePool { menu: rng.byte() }));
+    }
+    while actions.len() < steps {
         let proc = u8::from(rng.chance(15));
         let action = match rng.below(100) {
-            0..=34 => Action::Deliver {
+            0..=2 => Action::PoolJob {
+                proc,
+                pick: rng.byte(),
+                fault: match rng.below(10) {
+                    0 => PoolFault::Failed,
+                    1 => PoolFault::LandedUnanswered,
+                    _ => PoolFault::None,
+                },
+            },
+            3..=34 => Action::Deliver {
                 proc: 0,
                 stream: all_streams[rng.below(all_streams.len() as u64) as usize],
             },
@@ -1206,7 +1753,7 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
 }
 
 fn user(rng: &mut Rng) -> User {
-    match rng.below(100) {
+    match rng.below(110) {
         0..=29 => User::CreateNode {
             name: rng.byte(),
             pool_b: rng.chance(30),
@@ -1226,8 +1773,41 @@ fn user(rng: &mut Rng) -> User {
             index: rng.byte() % 2,
             delete: rng.chance(50),
         },
-        _ => User::EditStatus { pick: rng.byte() },
+        95..=99 => User::EditStatus { pick: rng.byte() },
+        100..=104 => User::CreatePool { menu: rng.byte() },
+        105..=107 => User::EditPool {
+            pick: rng.byte(),
+            menu: rng.byte(),
+        },
+        _ => User::DeletePool { pick: rng.byte() },
     }
+}
+
+/// A pool object of the menu.
+fn pool_object(m: MenuPool, uid: &str, now: i64) -> NodeIPAMPool {
+    let (name, v4, v6, pool_b, (min, max, headroom), empty_for) = m;
+    let family = |f: Option<(&[&str], u8, u8)>| {
+        f.map(|(cidrs, range, node)| PoolFamilySpec {
+            cidrs: cidrs.iter().map(ToString::to_string).collect(),
+            range_mask_size: range,
+            per_node_mask_size: node,
+        })
+    };
+    let spec = NodeIPAMPoolSpec {
+        ipv4: family(v4),
+        ipv6: family(v6),
+        node_selector: pool_b.then(|| fixtures::selecting("pool", "b")),
+        ranges: PoolRanges { min, max },
+        headroom: PoolHeadroom { blocks: headroom },
+        scale_down: PoolScaleDown {
+            empty_for: empty_for.into(),
+        },
+    };
+    let mut pool = NodeIPAMPool::new(name, spec);
+    pool.metadata.uid = Some(uid.into());
+    pool.metadata.generation = Some(1);
+    pool.metadata.creation_timestamp = Some(world::time(now));
+    pool
 }
 
 /// Runs a schedule, then calms the world and checks liveness. On a violation: which action.

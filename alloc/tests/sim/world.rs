@@ -8,12 +8,14 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use nodeipam_alloc::effects::{CreateOutcome, DeleteOutcome};
 use nodeipam_alloc::fixtures;
 use nodeipam_alloc::machine::Input;
 use nodeipam_alloc::machine::Watch;
 use nodeipam_alloc::node::IpamNode;
 use nodeipam_alloc::outcome::NodeNow;
-use nodeipam_crd::{FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus};
+use nodeipam_alloc::pool::{PoolInput, PoolStatus, pool_input};
+use nodeipam_crd::{FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus, NodeIPAMPool};
 
 /// A watch stream of one process.
 #[derive(
@@ -23,6 +25,7 @@ pub enum Stream {
     Nodes,
     Configs,
     Services,
+    Pools,
     Output(usize),
 }
 
@@ -57,6 +60,7 @@ pub enum Change {
     Node(Watch<IpamNode>),
     Config(Watch<NodeIPAMConfig>),
     Service(Watch<ServiceCIDR>),
+    Pool(Watch<PoolInput>),
     Output(usize, Watch<ConfigMap>),
 }
 
@@ -66,6 +70,7 @@ impl Change {
             Change::Node(_) => Stream::Nodes,
             Change::Config(_) => Stream::Configs,
             Change::Service(_) => Stream::Services,
+            Change::Pool(_) => Stream::Pools,
             Change::Output(i, _) => Stream::Output(*i),
         }
     }
@@ -75,6 +80,7 @@ impl Change {
             Change::Node(w) => Input::Node(w),
             Change::Config(w) => Input::Config(w),
             Change::Service(w) => Input::Service(w),
+            Change::Pool(w) => Input::Pool(w),
             Change::Output(i, w) => Input::Output(i, w),
         }
     }
@@ -93,7 +99,10 @@ pub struct World {
     uids: u64,
     pub nodes: BTreeMap<String, NodeObj>,
     pub configs: BTreeMap<String, NodeIPAMConfig>,
+    /// Each config's ranges, parsed once: the invariants look them up after every step.
+    pub config_ranges: BTreeMap<String, Vec<IpNet>>,
     pub services: BTreeMap<String, Vec<String>>,
+    pub pools: BTreeMap<String, NodeIPAMPool>,
     pub outputs: Vec<Option<BTreeMap<String, String>>>,
     /// Changes since the last `drain_changes`.
     changes: Vec<Change>,
@@ -145,6 +154,13 @@ impl World {
                     out.push(Change::Service(Watch::Listed(service(name, cidrs))));
                 }
                 out.push(Change::Service(Watch::ListDone));
+            }
+            Stream::Pools => {
+                out.push(Change::Pool(Watch::ListStart));
+                for p in self.pools.values() {
+                    out.push(Change::Pool(Watch::Listed(pool_input(p))));
+                }
+                out.push(Change::Pool(Watch::ListDone));
             }
             Stream::Output(i) => {
                 out.push(Change::Output(i, Watch::ListStart));
@@ -214,6 +230,12 @@ impl World {
         let name = config.metadata.name.clone().unwrap_or_default();
         self.changes
             .push(Change::Config(Watch::Applied(config.clone())));
+        let ranges = [&config.spec.ipv4, &config.spec.ipv6]
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.cidr.parse().ok())
+            .collect();
+        self.config_ranges.insert(name.clone(), ranges);
         self.configs.insert(name, config);
     }
 
@@ -233,6 +255,7 @@ impl World {
             }
         } else {
             self.configs.remove(name);
+            self.config_ranges.remove(name);
             self.changes.push(Change::Config(Watch::Deleted(c)));
         }
     }
@@ -265,6 +288,7 @@ impl World {
         }
         if finalizers.is_empty() && c.metadata.deletion_timestamp.is_some() {
             self.configs.remove(name);
+            self.config_ranges.remove(name);
             self.changes.push(Change::Config(Watch::Deleted(c.clone())));
             return Some(c);
         }
@@ -286,6 +310,110 @@ impl World {
         }
         c.status = Some(status);
         self.put_config(c);
+    }
+
+    /// A controller's create: AlreadyExists when the name is taken, refused (as the webhook
+    /// does) when it overlaps a config. A child whose owner is gone is collected at once, as
+    /// the garbage collector would soon.
+    pub fn create_config(&mut self, mut config: NodeIPAMConfig, now: i64) -> CreateOutcome {
+        let name = config.metadata.name.clone().unwrap_or_default();
+        if self.configs.contains_key(&name) {
+            return CreateOutcome::AlreadyExists;
+        }
+        let ranges = |c: &NodeIPAMConfig| -> Vec<IpNet> {
+            [&c.spec.ipv4, &c.spec.ipv6]
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f.cidr.parse().ok())
+                .collect()
+        };
+        let ours = ranges(&config);
+        if let Some(other) = self.configs.values().find(|c| {
+            ranges(c).iter().any(|r| {
+                ours.iter()
+                    .any(|o| nodeipam_alloc::ipam::nets_overlap(o, r))
+            })
+        }) {
+            return CreateOutcome::Failed(format!(
+                "admission webhook denied the request: overlaps NodeIPAMConfig {}",
+                other.metadata.name.as_deref().unwrap_or("")
+            ));
+        }
+        config.metadata.uid = Some(self.uid("config"));
+        config.metadata.generation = Some(1);
+        config.metadata.creation_timestamp = Some(time(now));
+        let owner = config
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.clone());
+        self.put_config(config);
+        if owner.is_some_and(|uid| {
+            !self
+                .pools
+                .values()
+                .any(|p| p.metadata.uid == Some(uid.clone()))
+        }) {
+            self.delete_config(&name, now);
+        }
+        CreateOutcome::Created
+    }
+
+    /// A delete with the UID precondition.
+    pub fn delete_config_uid(&mut self, name: &str, uid: Option<&str>, now: i64) -> DeleteOutcome {
+        let Some(c) = self.configs.get(name) else {
+            return DeleteOutcome::Gone;
+        };
+        if uid.is_some() && c.metadata.uid.as_deref() != uid {
+            return DeleteOutcome::Gone;
+        }
+        self.delete_config(name, now);
+        DeleteOutcome::Deleted
+    }
+
+    // ----- pools -----
+
+    pub fn put_pool(&mut self, pool: NodeIPAMPool) {
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        self.changes
+            .push(Change::Pool(Watch::Applied(pool_input(&pool))));
+        self.pools.insert(name, pool);
+    }
+
+    /// Pools carry no finalizer: gone at once, and the garbage collector deletes the
+    /// children it controls (which then drain behind our finalizer).
+    pub fn delete_pool(&mut self, name: &str, now: i64) {
+        let Some(p) = self.pools.remove(name) else {
+            return;
+        };
+        self.changes
+            .push(Change::Pool(Watch::Deleted(pool_input(&p))));
+        let children: Vec<String> = self
+            .configs
+            .iter()
+            .filter(|(_, c)| controller_uid(c) == p.metadata.uid)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for c in children {
+            self.delete_config(&c, now);
+        }
+    }
+
+    /// The pool status subresource, with the UID precondition.
+    pub fn write_pool_status(&mut self, name: &str, uid: Option<&str>, status: PoolStatus) {
+        let Some(mut p) = self.pools.get(name).cloned() else {
+            return;
+        };
+        if uid.is_some() && p.metadata.uid.as_deref() != uid {
+            return;
+        }
+        if p.status.as_ref() == Some(&status) {
+            return;
+        }
+        p.status = Some(status);
+        self.put_pool(p);
     }
 
     // ----- services and outputs -----
@@ -321,6 +449,16 @@ impl World {
         }
         self.outputs[index] = data;
     }
+}
+
+/// The uid of a config's controller owner.
+pub fn controller_uid(c: &NodeIPAMConfig) -> Option<String> {
+    c.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.clone())
 }
 
 pub fn time(seconds: i64) -> Time {

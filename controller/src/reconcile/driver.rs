@@ -13,14 +13,17 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use nodeipam_crd::NodeIPAMConfig;
+use nodeipam_crd::pool::NodeIPAMPool;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::warn;
 
+use super::pool_writer::{self, PoolJob};
 use super::{Context, Error, Fault, config_writer, events, node_writer, publisher};
 use crate::alloc::effects::{ConfigJob, Note, WriteJob};
 use crate::alloc::machine::{self, Effect, Input, Machine, Metric, Now, Watch};
 use crate::alloc::podnetwork::{OutputKind, PodNetwork};
+use crate::alloc::pool::pool_input;
 use crate::metrics::{ConfigFamily, Metrics, cidr_label};
 use crate::node::IpamNode;
 
@@ -34,6 +37,7 @@ struct Effects {
     config_jobs: mpsc::UnboundedSender<ConfigJob>,
     notes: mpsc::UnboundedSender<Note>,
     network: mpsc::UnboundedSender<PodNetwork>,
+    pool_jobs: mpsc::UnboundedSender<PoolJob>,
     rereads: JoinSet<Input>,
 }
 
@@ -50,9 +54,16 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
     let (published_tx, mut published) = mpsc::unbounded_channel();
     tasks.spawn(node_writer::run(ctx.clone(), write_rx, result_tx));
     tasks.spawn(config_writer::run(ctx.clone(), config_rx, done_tx));
+    let (pool_tx, pool_rx) = mpsc::unbounded_channel();
+    let (pool_answer_tx, mut pool_answers) = mpsc::unbounded_channel();
+    tasks.spawn(pool_writer::run(ctx.clone(), pool_rx, pool_answer_tx));
     let (client, instance) = (ctx.client.clone(), ctx.options.instance.clone());
     tasks.spawn(events::run(client, instance, note_rx));
-    let options = machine_options(&ctx, serves_service_cidrs(&ctx.client).await);
+    let options = machine_options(
+        &ctx,
+        serves_service_cidrs(&ctx.client).await,
+        serves_pools(&ctx.client).await,
+    );
     if !options.outputs.is_empty() {
         let publish = ctx.options.publish.clone();
         tasks.spawn(publisher::run(
@@ -70,6 +81,7 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
         config_jobs: config_tx,
         notes: note_tx,
         network: network_tx,
+        pool_jobs: pool_tx,
         rereads: JoinSet::new(),
     };
     let clock = Clock::start();
@@ -95,7 +107,8 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
                 Err(e) => return Err(helper_ended(Err(e))),
             },
             Some(job) = done_rx.recv() => Input::ConfigWritten(job),
-            Some(network) = published.recv() => Input::Published(network),
+                        Some(network) = published.recv() => Input::Published(network),
+            Some(answer) = pool_answers.recv() => answer,
             _ = status_tick.tick() => Input::Tick,
             _ = resync.tick() => Input::Resync,
         };
@@ -110,7 +123,7 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
 }
 
 /// The machine's settings from the controller's.
-fn machine_options(ctx: &Context, service_cidr_api: bool) -> machine::Options {
+fn machine_options(ctx: &Context, service_cidr_api: bool, pools: bool) -> machine::Options {
     let o = &ctx.options;
     let publish = &o.publish;
     // ip-masq-agent's output only beside ours: its flag without ours is refused at start.
@@ -128,6 +141,7 @@ fn machine_options(ctx: &Context, service_cidr_api: bool) -> machine::Options {
     machine::Options {
         service_cidrs: o.service_cidrs.clone(),
         service_cidr_api,
+        pools,
         write_attempts: o.write_attempts,
         retry_rejected_after: o.retry_rejected_after,
         outputs,
@@ -175,6 +189,13 @@ impl Effects {
                     });
                 }
                 Effect::Metric(m) => record(&self.ctx.metrics, m),
+                Effect::CreateConfig(child) => drop(self.pool_jobs.send(PoolJob::Create(child))),
+                Effect::DeleteConfig { name, uid } => {
+                    drop(self.pool_jobs.send(PoolJob::Delete { name, uid }));
+                }
+                Effect::PoolStatus { name, uid, status } => {
+                    drop(self.pool_jobs.send(PoolJob::Status { name, uid, status }));
+                }
             }
         }
     }
@@ -230,6 +251,11 @@ fn record(metrics: &Metrics, metric: Metric) {
         Metric::Capacity { range, blocks } => metrics.range_capacity(&range, blocks),
         Metric::Status { config, status } => metrics.observe_status(&config, &status),
         Metric::ConfigGone(config) => metrics.forget_config(&config),
+        Metric::PoolRanges { pool, ranges } => metrics.pool_ranges(&pool, ranges),
+        Metric::RangeCarved { pool } => metrics.pool_carved(&pool),
+        Metric::RangeRetired { pool } => metrics.pool_retired(&pool),
+        Metric::ScaleUpSeconds { pool, seconds } => metrics.pool_scaled_up(&pool, seconds),
+        Metric::PoolGone(pool) => metrics.forget_pool(&pool),
     }
 }
 
@@ -269,6 +295,12 @@ fn watches(client: &Client, options: &machine::Options) -> futures::stream::Sele
             .map(move |e| ("configmaps", e.map(|e| Input::Output(index, watch(e)))));
         all.push(Box::pin(stream));
     }
+    if options.pools {
+        let pools = watcher::watcher(Api::<NodeIPAMPool>::all(client.clone()), Default::default())
+            .default_backoff()
+            .map(|e| ("nodeipampools", e.map(|e| Input::Pool(pool_watch(e)))));
+        all.push(Box::pin(pools));
+    }
     if options.service_cidr_api {
         let services =
             watcher::watcher(Api::<ServiceCIDR>::all(client.clone()), Default::default())
@@ -277,6 +309,37 @@ fn watches(client: &Client, options: &machine::Options) -> futures::stream::Sele
         all.push(Box::pin(services));
     }
     futures::stream::select_all(all)
+}
+
+/// A pool watch event as the machine's input: the pool as the decision sees it.
+fn pool_watch(event: Event<NodeIPAMPool>) -> Watch<crate::alloc::pool::PoolInput> {
+    match watch(event) {
+        Watch::ListStart => Watch::ListStart,
+        Watch::Listed(p) => Watch::Listed(pool_input(&p)),
+        Watch::ListDone => Watch::ListDone,
+        Watch::Applied(p) => Watch::Applied(pool_input(&p)),
+        Watch::Deleted(p) => Watch::Deleted(pool_input(&p)),
+    }
+}
+
+/// Whether the NodeIPAMPool CRD is installed: a cluster upgraded without it allocates as
+/// before, and no pool list is awaited.
+async fn serves_pools(client: &Client) -> bool {
+    let api: Api<NodeIPAMPool> = Api::all(client.clone());
+    match api.list_metadata(&ListParams::default().limit(1)).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            warn!("the NodeIPAMPool CRD is not installed: pools are not watched");
+            false
+        }
+        // Roles from before pools: a watch that can never list would hold back every
+        // allocation (nothing is allocated before every watch has listed).
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            warn!(message = %s.message, "not allowed to list NodeIPAMPools: pools are not watched; grant the controller's ClusterRole nodeipampools get/list/watch");
+            false
+        }
+        Err(_) => true,
+    }
 }
 
 /// Older clusters have no ServiceCIDR API; the `--service-cidr` flag covers them.

@@ -6,6 +6,7 @@ pub mod driver;
 pub mod events;
 pub mod leader;
 pub mod node_writer;
+pub mod pool_writer;
 pub mod publisher;
 
 use std::sync::Arc;

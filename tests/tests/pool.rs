@@ -1,0 +1,558 @@
+//! End-to-end tests of NodeIPAMPools against a real API server: a burst of nodes outgrows the
+//! first range and every podCIDR is handed out with no manual step, each carved range is
+//! published before its first block, empty ranges retire down to `ranges.min`, a used-up budget
+//! says Exhausted, dual stack beside a hand-made config and a Service range, and a controller
+//! killed mid-carve leaves no duplicate or orphan child.
+//!
+//! The controller runs in this process without its webhook (as every test here does). The test
+//! control plane has no kube-controller-manager, so no garbage collector: deleting a pool is
+//! not tested here (the simulator covers its children's deletion and drain).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::networking::v1::{ServiceCIDR, ServiceCIDRSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{ListParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, ResourceExt};
+use nodeipam_controller::reconcile::Options;
+use nodeipam_crd::NodeIPAMConfig;
+use nodeipam_crd::pool::{
+    NodeIPAMPool, NodeIPAMPoolSpec, POOL_LABEL, PoolFamilySpec, PoolHeadroom, PoolRanges,
+    PoolScaleDown, is_child_of,
+};
+use support::*;
+
+const NS: &str = "nodeipam-system";
+const CM: &str = "nodeipam-pod-network";
+
+fn rv<K: kube::Resource>(o: &K) -> u64 {
+    o.meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .expect("numeric resourceVersion")
+}
+
+/// Stops a recorder when the test ends, so no watch outlives its control plane.
+struct Recorder(tokio::task::JoinHandle<()>);
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+type Log<K> = Arc<Mutex<Vec<(u64, K)>>>;
+
+/// Every version of the watched objects with its resourceVersion, in arrival order.
+fn record<K>(api: Api<K>) -> (Log<K>, Recorder)
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Clone + Eq + std::hash::Hash,
+{
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let out = log.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(ev) = stream.next().await {
+            if let Ok(Event::Apply(o) | Event::InitApply(o)) = ev {
+                out.lock().expect("log lock").push((rv(&o), o));
+            }
+        }
+    });
+    (log, Recorder(task))
+}
+
+fn pool_family(cidrs: &[&str], range: u8, node: u8) -> Option<PoolFamilySpec> {
+    Some(PoolFamilySpec {
+        cidrs: cidrs.iter().map(ToString::to_string).collect(),
+        range_mask_size: range,
+        per_node_mask_size: node,
+    })
+}
+
+fn pool_spec(
+    ipv4: Option<PoolFamilySpec>,
+    ipv6: Option<PoolFamilySpec>,
+    (min, max, headroom): (u32, u32, u32),
+    empty_for: &str,
+) -> NodeIPAMPoolSpec {
+    NodeIPAMPoolSpec {
+        ipv4,
+        ipv6,
+        node_selector: None,
+        ranges: PoolRanges { min, max },
+        headroom: PoolHeadroom { blocks: headroom },
+        scale_down: PoolScaleDown {
+            empty_for: empty_for.into(),
+        },
+    }
+}
+
+async fn create_pool(client: &Client, name: &str, spec: NodeIPAMPoolSpec) -> NodeIPAMPool {
+    let api: Api<NodeIPAMPool> = Api::all(client.clone());
+    api.create(&PostParams::default(), &NodeIPAMPool::new(name, spec))
+        .await
+        .unwrap_or_else(|e| panic!("create NodeIPAMPool {name}: {e}"))
+}
+
+async fn get_pool(client: &Client, name: &str) -> NodeIPAMPool {
+    Api::<NodeIPAMPool>::all(client.clone())
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("get pool {name}: {e}"))
+}
+
+/// The pool's children that exist and are not being deleted.
+async fn children(client: &Client, pool: &NodeIPAMPool) -> Vec<NodeIPAMConfig> {
+    Api::<NodeIPAMConfig>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list configs")
+        .items
+        .into_iter()
+        .filter(|c| is_child_of(c, pool) && c.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+fn config_ranges(c: &NodeIPAMConfig) -> Vec<IpNet> {
+    [&c.spec.ipv4, &c.spec.ipv6]
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.cidr.parse().ok())
+        .collect()
+}
+
+fn pool_condition(p: &NodeIPAMPool, type_: &str) -> Option<(String, String)> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// Every config labelled for a pool is a child of a live pool, and no two children overlap.
+async fn assert_no_duplicate_or_orphan(client: &Client) {
+    let pools: Vec<NodeIPAMPool> = Api::<NodeIPAMPool>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list pools")
+        .items;
+    let configs = Api::<NodeIPAMConfig>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list configs")
+        .items;
+    let labelled: Vec<&NodeIPAMConfig> = configs
+        .iter()
+        .filter(|c| c.labels().contains_key(POOL_LABEL))
+        .collect();
+    for c in &labelled {
+        assert!(
+            pools.iter().any(|p| is_child_of(c, p)),
+            "{} is labelled for a pool but is no live pool's child",
+            c.name_any()
+        );
+    }
+    for (i, a) in labelled.iter().enumerate() {
+        for b in &labelled[i + 1..] {
+            for ra in config_ranges(a) {
+                for rb in config_ranges(b) {
+                    assert!(
+                        !nodeipam_crd::overlaps(&ra, &rb),
+                        "children {} ({ra}) and {} ({rb}) overlap",
+                        a.name_any(),
+                        b.name_any()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_outgrows_the_first_range_each_new_range_published_first_then_retires_to_min() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    let (cms, _cms_recorder) = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
+    let (nodes, _nodes_recorder) = record(Api::<Node>::all(c.clone()));
+    let _ctl = start_controller(c.clone(), publishing(None, &[]));
+    // /26 ranges of /28 blocks: 4 nodes per range; 10 nodes need at least 3 ranges.
+    let pool = create_pool(
+        &c,
+        "pods",
+        pool_spec(
+            pool_family(&["10.70.0.0/16"], 26, 28),
+            None,
+            (1, 8, 1),
+            "2s",
+        ),
+    )
+    .await;
+    for i in 0..10 {
+        create_node(&c, &format!("n{i}"), &[]).await;
+    }
+    for i in 0..10 {
+        wait_cidrs(&c, &format!("n{i}")).await;
+    }
+    let kids = children(&c, &pool).await;
+    assert!(kids.len() >= 3, "{} children for 10 nodes", kids.len());
+    assert!(kids.len() <= 8);
+    wait_event(&c, "pods", "RangeCarved").await;
+    // Each child's range was in the published ConfigMap before any node held a block of it.
+    let cms = cms.lock().expect("lock").clone();
+    let nodes_log = nodes.lock().expect("lock").clone();
+    for kid in &kids {
+        for range in config_ranges(kid) {
+            let published = cms
+                .iter()
+                .filter(|(_, cm)| {
+                    cm.name_any() == CM
+                        && cm
+                            .data
+                            .as_ref()
+                            .and_then(|d| d.get("ipv4"))
+                            .is_some_and(|v| v.split(',').any(|x| x == range.to_string()))
+                })
+                .map(|(rv, _)| *rv)
+                .min();
+            let first_block = nodes_log
+                .iter()
+                .filter(|(_, n)| {
+                    pod_cidrs(n).iter().any(|b| {
+                        b.parse::<IpNet>()
+                            .is_ok_and(|b| nodeipam_crd::overlaps(&range, &b))
+                    })
+                })
+                .map(|(rv, _)| *rv)
+                .min();
+            if let Some(first_block) = first_block {
+                let published = published.unwrap_or_else(|| panic!("{range} never published"));
+                assert!(
+                    published < first_block,
+                    "{range} published at {published}, after its first block at {first_block}"
+                );
+            }
+        }
+    }
+    assert_invariant(&c, &[]).await;
+    assert_no_duplicate_or_orphan(&c).await;
+    // Every node goes: the extra ranges retire after emptyFor, down to min.
+    for i in 0..10 {
+        delete_node(&c, &format!("n{i}")).await;
+    }
+    wait_for("the pool to retire down to one range", || async {
+        (children(&c, &pool).await.len() == 1).then_some(())
+    })
+    .await;
+    wait_event(&c, "pods", "RangeRetired").await;
+    wait_for("retired children to be gone", || async {
+        let all = Api::<NodeIPAMConfig>::all(c.clone())
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items;
+        (all.len() == 1).then_some(())
+    })
+    .await;
+    // The lowest range stays; the status says so once the next decision wrote it.
+    let status = wait_for("the pool status to show one range", || async {
+        let status = get_pool(&c, "pods").await.status?;
+        (status.ranges.len() == 1).then_some(status)
+    })
+    .await;
+    assert_eq!(status.ranges[0].ipv4.as_deref(), Some("10.70.0.0/26"));
+    assert_eq!(status.ranges[0].state, "Active");
+    assert_eq!(status.ipv4.map(|f| f.ranges), Some(1));
+    assert_no_duplicate_or_orphan(&c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_used_up_budget_says_exhausted_and_the_waiting_node_is_told() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    let _ctl = start_controller(c.clone(), Options::default());
+    // Two /27 ranges of /28 blocks: 4 nodes fit.
+    create_pool(
+        &c,
+        "small",
+        pool_spec(
+            pool_family(&["10.71.0.0/26"], 27, 28),
+            None,
+            (1, 4, 0),
+            "30m",
+        ),
+    )
+    .await;
+    for i in 0..4 {
+        create_node(&c, &format!("s{i}"), &[]).await;
+    }
+    for i in 0..4 {
+        wait_cidrs(&c, &format!("s{i}")).await;
+    }
+    create_node(&c, "late", &[]).await;
+    wait_for("the pool to say Exhausted", || async {
+        let p = get_pool(&c, "small").await;
+        (pool_condition(&p, "Exhausted") == Some(("True".into(), "BudgetExhausted".into())))
+            .then_some(())
+    })
+    .await;
+    wait_event(&c, "late", "CIDRNotAvailable").await;
+    wait_event(&c, "small", "PoolExhausted").await;
+    // The nodes that got a block were never told there was none.
+    for i in 0..4 {
+        assert!(
+            events_for(&c, &format!("s{i}"), "CIDRNotAvailable")
+                .await
+                .is_empty(),
+            "s{i} was warned while its pool could still grow"
+        );
+    }
+    let p = get_pool(&c, "small").await;
+    let v4 = p.status.and_then(|s| s.ipv4).expect("ipv4 status");
+    assert_eq!((v4.ranges, v4.capacity, v4.allocated), (2, 4, 4));
+    assert_invariant(&c, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// The webhook (not running here) would refuse a pool whose CIDRs hold a hand-made config; the
+/// controller must not depend on it, and a Service range can land in a pool's CIDRs anyway.
+async fn a_dual_stack_pool_carves_around_a_hand_made_config_and_a_service_range() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    let _ctl = start_controller(c.clone(), publishing(None, &[]));
+    create_ready_config(
+        &c,
+        "hand",
+        spec(
+            family("10.72.0.0/24", 26),
+            family("fd72::/64", 66),
+            selector(&[("hand", "In", &["yes"])]),
+        ),
+    )
+    .await;
+    let services: Api<ServiceCIDR> = Api::all(c.clone());
+    services
+        .create(
+            &PostParams::default(),
+            &ServiceCIDR {
+                metadata: ObjectMeta {
+                    name: Some("extra".into()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(ServiceCIDRSpec {
+                    cidrs: Some(vec!["10.72.1.0/24".into()]),
+                }),
+                status: None,
+            },
+        )
+        .await
+        .expect("create ServiceCIDR");
+    // /24 and /64 ranges of 4 blocks each, in lockstep.
+    let pool = create_pool(
+        &c,
+        "ds",
+        pool_spec(
+            pool_family(&["10.72.0.0/22"], 24, 26),
+            pool_family(&["fd72::/62"], 64, 66),
+            (1, 4, 1),
+            "30m",
+        ),
+    )
+    .await;
+    create_node(&c, "h1", &[("hand", "yes")]).await;
+    for i in 0..6 {
+        create_node(&c, &format!("d{i}"), &[]).await;
+    }
+    let hand = wait_cidrs(&c, "h1").await;
+    assert!(hand[0].starts_with("10.72.0."), "{hand:?}");
+    for i in 0..6 {
+        let cidrs = wait_cidrs(&c, &format!("d{i}")).await;
+        assert_eq!(cidrs.len(), 2, "dual stack: {cidrs:?}");
+        let v4: IpNet = cidrs[0].parse().expect("v4");
+        assert!(
+            ["10.72.2.0/24", "10.72.3.0/24"]
+                .iter()
+                .any(|r| r.parse::<IpNet>().expect("r").contains(&v4)),
+            "d{i} got {v4}: not around the hand-made config and the Service range"
+        );
+        let v6: IpNet = cidrs[1].parse().expect("v6");
+        assert!(!"fd72::/64".parse::<IpNet>().expect("r").contains(&v6));
+    }
+    let mut names: Vec<String> = children(&c, &pool)
+        .await
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["ds-10-72-2-0-24", "ds-10-72-3-0-24"]);
+    assert_invariant(&c, &[]).await;
+    assert_no_duplicate_or_orphan(&c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_mid_carve_leaves_no_duplicate_or_orphan_child() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    let pool = create_pool(
+        &c,
+        "kill",
+        pool_spec(
+            pool_family(&["10.73.0.0/16"], 27, 29),
+            None,
+            (1, 16, 2),
+            "30m",
+        ),
+    )
+    .await;
+    for i in 0..16 {
+        create_node(&c, &format!("k{i}"), &[]).await;
+    }
+    // Kill the controller again and again while it carves; each new one starts from a list.
+    let mut seen: BTreeMap<usize, usize> = BTreeMap::new();
+    for round in 0..6 {
+        let ctl = start_controller(c.clone(), Options::default());
+        let wait = 150 + 120 * round as u64;
+        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        stop_controller(ctl).await;
+        seen.insert(round, children(&c, &pool).await.len());
+        assert_no_duplicate_or_orphan(&c).await;
+    }
+    let _ctl = start_controller(c.clone(), Options::default());
+    for i in 0..16 {
+        wait_cidrs(&c, &format!("k{i}")).await;
+    }
+    // 16 nodes and 2 of headroom in ranges of 4: 5 ranges, not one more.
+    wait_for("the pool to settle", || async {
+        let p = get_pool(&c, "kill").await;
+        (pool_condition(&p, "Scaling").map(|(s, _)| s) == Some("False".into())).then_some(())
+    })
+    .await;
+    let kids = children(&c, &pool).await;
+    assert_eq!(kids.len(), 5, "children after restarts {seen:?}: {kids:?}");
+    assert_invariant(&c, &[]).await;
+    assert_no_duplicate_or_orphan(&c).await;
+}
+
+/// The admission webhook, in this process, registered by URL for configs and pools (fail
+/// closed), and effective: a dry-run config over the API server's Service range is refused.
+async fn with_webhook(cp: &nodeipam_testenv::ControlPlane) -> tokio::task::JoinHandle<()> {
+    use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
+    use nodeipam_webhook::{ManagedTls, TlsMode, VALIDATE_PATH, Webhook, WebhookOptions};
+    const HOOK: &str = "validate.nodeipam.io";
+    let options = WebhookOptions {
+        addr: "127.0.0.1:0".parse().expect("address"),
+        namespace: "default".into(),
+        secret_name: "nodeipam-webhook-tls".into(),
+        webhook_config_name: HOOK.into(),
+        dns_names: vec!["127.0.0.1".into(), "localhost".into()],
+        tls_mode: TlsMode::Managed(ManagedTls {
+            check_interval: std::time::Duration::from_secs(1),
+            ..ManagedTls::default()
+        }),
+        ..WebhookOptions::default()
+    };
+    let webhook = Webhook::bind(cp.client(), options)
+        .await
+        .expect("bind the webhook");
+    let addr = webhook.local_addr().expect("bound address");
+    let readiness = webhook.readiness();
+    let handle = tokio::spawn(async move {
+        let _ = webhook.run(std::future::pending::<()>()).await;
+    });
+    wait_for("the webhook to become ready", || {
+        let r = readiness.clone();
+        async move { r.is_ready().then_some(()) }
+    })
+    .await;
+    let rules = vec![RuleWithOperations {
+        api_groups: Some(vec!["nodeipam.io".into()]),
+        api_versions: Some(vec!["v1alpha1".into()]),
+        operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+        resources: Some(vec!["nodeipamconfigs".into(), "nodeipampools".into()]),
+        scope: Some("Cluster".into()),
+    }];
+    let url = format!("https://{addr}{VALIDATE_PATH}");
+    cp.register_validating_webhook(HOOK, &url, cp.ca_pem().as_bytes(), rules, "Fail")
+        .await
+        .expect("register the webhook");
+    let c = cp.client();
+    wait_for("the API server to call the webhook", || async {
+        let api: Api<NodeIPAMConfig> = Api::all(c.clone());
+        let probe = NodeIPAMConfig::new("probe", spec(family("10.96.0.0/16", 24), None, None));
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        match api.create(&dry, &probe).await {
+            Err(kube::Error::Api(s)) if s.message.contains("overlaps the Service range") => {
+                Some(())
+            }
+            _ => None,
+        }
+    })
+    .await;
+    handle
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_admits_the_children_the_controller_carves_and_no_one_elses() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    let hook = with_webhook(&cp).await;
+    let _ctl = start_controller(c.clone(), Options::default());
+    let pool = create_pool(
+        &c,
+        "guarded",
+        pool_spec(
+            pool_family(&["10.74.0.0/16"], 27, 29),
+            pool_family(&["fd74::/48"], 124, 126),
+            (1, 8, 1),
+            "30m",
+        ),
+    )
+    .await;
+    for i in 0..9 {
+        create_node(&c, &format!("g{i}"), &[]).await;
+    }
+    for i in 0..9 {
+        let cidrs = wait_cidrs(&c, &format!("g{i}")).await;
+        assert_eq!(cidrs.len(), 2, "{cidrs:?}");
+    }
+    let kids = children(&c, &pool).await;
+    assert!(kids.len() >= 3, "{} children", kids.len());
+    // A hand-made config inside the pool's space is refused: only its children may be there.
+    let api: Api<NodeIPAMConfig> = Api::all(c.clone());
+    let intruder = NodeIPAMConfig::new("intruder", spec(family("10.74.200.0/24", 28), None, None));
+    match api.create(&PostParams::default(), &intruder).await {
+        Err(kube::Error::Api(s)) => assert!(
+            s.message.contains("not a child of that pool"),
+            "{}",
+            s.message
+        ),
+        Ok(_) => panic!("a config inside the pool's space was admitted"),
+        Err(e) => panic!("{e}"),
+    }
+    assert_invariant(&c, &[]).await;
+    assert_no_duplicate_or_orphan(&c).await;
+    hook.abort();
+}
