@@ -2,7 +2,8 @@
 //! in this process on 127.0.0.1 with managed TLS, registered by URL with failurePolicy Fail.
 //! Covers admission of valid configs, a catalogue of bad ones denied through the API server,
 //! warnings reaching kubectl, caBundle patching, certificate rotation while serving, a second
-//! replica reusing the Secret, and garbage posted straight to the webhook. NodeIPAMPools: pool
+//! replica reusing the Secret, and garbage posted straight to the webhook; the node count of
+//! the exhaustion warning, read on demand for each selector operator. NodeIPAMPools: pool
 //! overlaps (with pools, Service ranges and hand-made configs), configs inside a pool's space
 //! (only its children, and only inside it), updates, and garbage pool specs.
 
@@ -581,29 +582,19 @@ async fn admission_through_the_api_server() {
     }
     let manifest = "apiVersion: nodeipam.io/v1alpha1\nkind: NodeIPAMConfig\nmetadata:\n  \
                     name: tiny\nspec:\n  ipv4:\n    cidr: 10.250.0.0/27\n    perNodeMaskSize: 28\n";
-    // The node cache catches up through a watch: dry-run until the warning counts them.
-    let start = Instant::now();
-    let stderr = loop {
-        let (ok, err) = kubectl_apply(&cp, manifest, true).await;
-        if ok && err.contains("already has 5 nodes") {
-            break err;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "timed out waiting for the node-count warning; last kubectl: ok={ok} {err}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    // Nodes are counted when the review asks, not through a cache: the first try sees them.
+    let (ok, stderr) = kubectl_apply(&cp, manifest, true).await;
+    assert!(ok, "a warning does not block: {stderr}");
+    assert!(stderr.contains("already has at least 5 nodes"), "{stderr}");
     assert!(stderr.contains("Warning:"), "{stderr}");
     let (ok, stderr) = kubectl_apply(&cp, manifest, false).await;
     assert!(ok, "a warning does not block: {stderr}");
     assert!(stderr.contains("Warning:"), "{stderr}");
     assert!(stderr.contains("only 2 blocks"), "{stderr}");
-    assert!(stderr.contains("already has 5 nodes"), "{stderr}");
+    assert!(stderr.contains("already has at least 5 nodes"), "{stderr}");
 
     // With a nodeSelector only the nodes it matches count: 3 edge nodes exhaust 2 blocks, the
-    // single node n3 does not (the 5 in the cluster would have). The cache has the labels
-    // already: they came with the nodes the count above saw.
+    // single node n3 does not (the 5 in the cluster would have).
     let selected = |name: &str, cidr: &str, expression: &str| {
         format!(
             "apiVersion: nodeipam.io/v1alpha1\nkind: NodeIPAMConfig\nmetadata:\n  name: {name}\n\
@@ -620,7 +611,7 @@ async fn admission_through_the_api_server() {
     assert!(ok, "a warning does not block: {stderr}");
     assert!(stderr.contains("only 2 blocks"), "{stderr}");
     assert!(
-        stderr.contains("has 2 blocks of /28 but 3 nodes match its nodeSelector"),
+        stderr.contains("has 2 blocks of /28 but at least 3 nodes match its nodeSelector"),
         "{stderr}"
     );
     assert!(!stderr.contains("already has"), "{stderr}");
@@ -1136,6 +1127,158 @@ async fn a_webhook_started_before_the_pool_crd_catches_up() {
         "pool requests refused while the pool watch caught up: {}",
         refused_while_listing.load(std::sync::atomic::Ordering::SeqCst)
     );
+    running.stop().await;
+    cp.stop().await;
+}
+
+/// The "would run out" warning counts nodes when the review asks (a paged metadata list, no
+/// Node cache): against the real API server, for each selector operator the label or field
+/// selector carries (In, NotIn, Exists, DoesNotExist, metadata.name), one it cannot (Gt, left
+/// to the shared matcher), and ORed terms that select the same nodes twice (counted once). It
+/// warns when the matching nodes reach the block count, and not when they are fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exhaustion_warning_counts_nodes_on_demand() {
+    let cp = control_plane().await;
+    let client = cp.client();
+    let running = start_webhook(client.clone(), options(SECRET, HOOK, quick_checks())).await;
+    let ca = secret_data(&client, SECRET, "ca.crt")
+        .await
+        .expect("the managed Secret holds ca.crt");
+    register_and_wait(&cp, &running, &ca).await;
+
+    // Seven nodes: a0..a2 in zone a (a1, a2 with a rack number), b0 and b1 in zone b, c0 and
+    // c1 with no zone.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let labelled: [(&str, Value); 7] = [
+        ("a0", json!({"zone": "a"})),
+        ("a1", json!({"zone": "a", "rack": "1"})),
+        ("a2", json!({"zone": "a", "rack": "2"})),
+        ("b0", json!({"zone": "b"})),
+        ("b1", json!({"zone": "b"})),
+        ("c0", json!({})),
+        ("c1", json!({})),
+    ];
+    for (name, labels) in labelled {
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+                .expect("node");
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .expect("node");
+    }
+
+    // A dry-run create of a /28-per-node config with `blocks` blocks; the kubectl stderr.
+    let mut n = 0;
+    let mut dry_run = async |blocks: u32, terms: Value| -> String {
+        n += 1;
+        let prefix = 28 - blocks.trailing_zeros();
+        let mut spec =
+            json!({"ipv4": {"cidr": format!("10.251.{n}.0/{prefix}"), "perNodeMaskSize": 28}});
+        if !terms.is_null() {
+            spec["nodeSelector"] = json!({"nodeSelectorTerms": terms});
+        }
+        let manifest = json!({
+            "apiVersion": "nodeipam.io/v1alpha1",
+            "kind": "NodeIPAMConfig",
+            "metadata": {"name": format!("count-{n}")},
+            "spec": spec,
+        });
+        let (ok, stderr) = kubectl_apply(&cp, &manifest.to_string(), true).await;
+        assert!(ok, "a warning never refuses: {stderr}");
+        stderr
+    };
+    let expr = |key: &str, op: &str, values: &[&str]| {
+        let mut e = json!({"key": key, "operator": op});
+        if !values.is_empty() {
+            e["values"] = json!(values);
+        }
+        e
+    };
+    let name =
+        |op: &str, values: &[&str]| json!({"matchFields": [expr("metadata.name", op, values)]});
+    let labels = |exprs: Vec<Value>| json!({"matchExpressions": exprs});
+
+    // Without a selector every node counts: 7 nodes exhaust 4 blocks, not 8.
+    let w = dry_run(4, Value::Null).await;
+    assert!(w.contains("already has at least 7 nodes"), "{w}");
+    let w = dry_run(8, Value::Null).await;
+    assert!(!w.contains("run out"), "{w}");
+
+    // (terms, matching nodes): warned with that many blocks, not with twice as many.
+    let cases: Vec<(Value, u32)> = vec![
+        (json!([labels(vec![expr("zone", "In", &["a"])])]), 3),
+        (json!([labels(vec![expr("zone", "In", &["a", "b"])])]), 5),
+        (json!([labels(vec![expr("zone", "NotIn", &["a"])])]), 4),
+        (json!([labels(vec![expr("zone", "Exists", &[])])]), 5),
+        (json!([labels(vec![expr("zone", "DoesNotExist", &[])])]), 2),
+        // Gt: no label selector says it; listed and filtered by the shared matcher.
+        (json!([labels(vec![expr("rack", "Gt", &["0"])])]), 2),
+        (
+            json!([labels(vec![
+                expr("zone", "In", &["a"]),
+                expr("rack", "Lt", &["2"])
+            ])]),
+            1,
+        ),
+        // By name (one value per field requirement, so one term per name), with a name that
+        // is no node.
+        (
+            json!([
+                name("In", &["a0"]),
+                name("In", &["c1"]),
+                name("In", &["nope"])
+            ]),
+            2,
+        ),
+        (
+            json!([{"matchExpressions": [expr("zone", "In", &["a"])],
+                    "matchFields": [expr("metadata.name", "NotIn", &["a0"])]}]),
+            2,
+        ),
+        // ORed terms selecting the same nodes twice count each once: a1 and a2 are in both.
+        (
+            json!([
+                labels(vec![expr("zone", "In", &["a"])]),
+                labels(vec![expr("rack", "Exists", &[])]),
+            ]),
+            3,
+        ),
+        (
+            json!([
+                labels(vec![expr("zone", "In", &["b"])]),
+                name("In", &["b0"]),
+                name("In", &["c0"]),
+                labels(vec![expr("rack", "Gt", &["1"])]),
+            ]),
+            4,
+        ),
+    ];
+    for (terms, matching) in cases {
+        let blocks = matching.next_power_of_two();
+        let w = dry_run(blocks, terms.clone()).await;
+        let want = format!("but at least {matching} nodes match its nodeSelector");
+        if blocks == matching {
+            assert!(w.contains(&want) && w.contains("run out"), "{terms}: {w}");
+        } else {
+            // Not a power of two: fewer nodes than blocks, then as many blocks as nodes or fewer.
+            assert!(!w.contains("run out"), "{terms}: {w}");
+            // The count may stop anywhere from blocks / 2 on (a read that reaches it is the
+            // last), so only that it warns is certain.
+            let w = dry_run(blocks / 2, terms.clone()).await;
+            assert!(
+                w.contains("nodes match its nodeSelector") && w.contains("run out"),
+                "{terms}: {w}"
+            );
+        }
+        let w = dry_run(blocks * 2, terms.clone()).await;
+        assert!(
+            !w.contains("run out"),
+            "{matching} nodes, {} blocks: {w}",
+            blocks * 2
+        );
+    }
+
     running.stop().await;
     cp.stop().await;
 }

@@ -1,16 +1,14 @@
-//! The webhook's caches: reflectors of every NodeIPAMConfig, every NodeIPAMPool, every
-//! ServiceCIDR and the Nodes' metadata, so a review reads memory instead of listing per
-//! request.
+//! The webhook's caches: reflectors of every NodeIPAMConfig, every NodeIPAMPool and every
+//! ServiceCIDR, so a review reads memory instead of listing per request. Nodes are not cached:
+//! only one warning reads them, and it counts them on demand (see `crate::nodes`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{Api, ListParams};
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use nodeipam_crd::{NodeIPAMConfig, NodeIPAMPool};
@@ -28,7 +26,6 @@ pub(crate) struct Caches {
     pools_synced: Arc<AtomicBool>,
     /// `None` when the API server does not serve ServiceCIDRs.
     service_cidrs: Option<Store<ServiceCIDR>>,
-    nodes: Store<PartialObjectMeta<Node>>,
     static_service_cidrs: Vec<IpNet>,
     synced: Arc<AtomicBool>,
 }
@@ -85,16 +82,6 @@ impl Caches {
             .touched_objects();
         tasks.spawn(drive("nodeipampools", stream));
 
-        let (nodes, writer) = reflector::store();
-        // Metadata only: names and labels are all a review needs (to count selected nodes).
-        let api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
-        let stream = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(|n| n.metadata.managed_fields = None)
-            .reflect(writer)
-            .touched_objects();
-        tasks.spawn(drive("nodes", stream));
-
         let api: Api<ServiceCIDR> = Api::all(client.clone());
         let service_cidrs = match api.list_metadata(&ListParams::default().limit(1)).await {
             Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -118,7 +105,6 @@ impl Caches {
             pools,
             pools_synced: Arc::new(AtomicBool::new(false)),
             service_cidrs,
-            nodes,
             static_service_cidrs,
             synced,
         };
@@ -148,13 +134,8 @@ impl Caches {
                     Ok(())
                 }
             };
-            let (a, b, c, d) = tokio::join!(
-                waiting.configs.wait_until_ready(),
-                pools,
-                waiting.nodes.wait_until_ready(),
-                service
-            );
-            if a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok() {
+            let (a, b, c) = tokio::join!(waiting.configs.wait_until_ready(), pools, service);
+            if a.is_ok() && b.is_ok() && c.is_ok() {
                 debug!("webhook caches synced");
                 waiting.synced.store(true, Ordering::SeqCst);
             }
@@ -195,8 +176,8 @@ impl Caches {
             pools: self.pools.state(),
             pools_unsynced: !self.pools_synced.load(Ordering::SeqCst),
             service_cidrs,
-            // Arcs into the store: cheap to take per review; matching happens in the review.
-            nodes: self.nodes.state(),
+            // Counted per request by the server, when the review needs it.
+            matching_nodes: None,
         }
     }
 }

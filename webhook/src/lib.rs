@@ -47,12 +47,14 @@
 //!
 //! # Permissions
 //!
-//! list/watch `nodeipamconfigs`, `nodeipampools`, `servicecidrs` and `nodes`; in managed TLS
+//! list/watch `nodeipamconfigs`, `nodeipampools` and `servicecidrs`, get/list `nodes` (their
+//! metadata, counted per review that warns about exhaustion; no Node cache); in managed TLS
 //! mode also get/create/update the Secret in its namespace, and get/update/list/watch the
 //! `validatingwebhookconfigurations` (to patch `caBundle`).
 
 mod cache;
 mod checks;
+mod nodes;
 pub mod review;
 mod server;
 pub mod tls;
@@ -355,6 +357,7 @@ impl Webhook {
             }
         }
 
+        let nodes = nodes::NodeCounter::new(client.clone());
         let caches = cache::Caches::start(
             client,
             opts.service_cidrs.clone(),
@@ -364,6 +367,7 @@ impl Webhook {
         .await;
         let state = server::AppState {
             caches,
+            nodes,
             readiness: Readiness {
                 caches: caches_synced,
                 resolver,

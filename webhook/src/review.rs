@@ -2,16 +2,13 @@
 //! cluster in, an `AdmissionResponse` out. The HTTP layer only parses, snapshots the caches and
 //! serializes.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Node;
+use kube::core::Status;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
-use kube::core::{PartialObjectMeta, Status};
 use nodeipam_crd::range::{Family, Ranges};
-use nodeipam_crd::selector::{NodeView, selector_matches};
 use nodeipam_crd::{
     FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec, NodeIPAMPool, PoolCidr, ServiceRangeRef,
     config_pool_conflicts, pool_conflicts,
@@ -54,8 +51,11 @@ pub struct ClusterView {
     pub pools_unsynced: bool,
     /// Service ranges pod ranges must not overlap.
     pub service_cidrs: Vec<ServiceRange>,
-    /// Every Node's metadata (name and labels are what the warnings read).
-    pub nodes: Vec<Arc<PartialObjectMeta<Node>>>,
+    /// How many nodes the config under review can serve (those its nodeSelector matches, or
+    /// every node), counted for this request up to [`nodes_worth_counting`]: exact below it, at
+    /// least that many at or above it. `None` when it was not counted (the count failed or ran
+    /// out of time): the warning that reads it is skipped.
+    pub matching_nodes: Option<usize>,
 }
 
 impl ClusterView {
@@ -68,24 +68,6 @@ impl ClusterView {
                 source: &s.source,
             })
             .collect()
-    }
-
-    /// How many nodes `spec` can ever serve: those its nodeSelector matches, or all of them.
-    pub fn matching_nodes(&self, spec: &NodeIPAMConfigSpec) -> usize {
-        let Some(selector) = spec.node_selector.as_ref() else {
-            return self.nodes.len();
-        };
-        let no_labels = BTreeMap::new();
-        self.nodes
-            .iter()
-            .filter(|n| {
-                let node = NodeView {
-                    name: n.metadata.name.as_deref().unwrap_or_default(),
-                    labels: n.metadata.labels.as_ref().unwrap_or(&no_labels),
-                };
-                selector_matches(selector, node)
-            })
-            .count()
     }
 }
 
@@ -212,7 +194,7 @@ pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) ->
     }
     let mut response = AdmissionResponse::from(request);
     if spec_valid {
-        let warnings = warnings(&object.spec, view.matching_nodes(&object.spec));
+        let warnings = warnings(&object.spec, view.matching_nodes);
         if !warnings.is_empty() {
             response.warnings = Some(warnings);
         }
@@ -352,12 +334,28 @@ fn deny<K: kube::Resource>(
     response
 }
 
-/// Admission warnings for a valid spec; `node_count` is how many nodes it can serve.
-fn warnings(spec: &NodeIPAMConfigSpec, node_count: usize) -> Vec<String> {
+/// How many matching nodes the exhaustion warning of `spec` needs to see to decide: the block
+/// count of its largest family. `None` for a spec without valid ranges (it gets no warnings).
+pub fn nodes_worth_counting(spec: &NodeIPAMConfigSpec) -> Option<usize> {
+    let ranges = spec.ranges().ok()?;
+    ranges
+        .iter()
+        .map(|(_, r)| usize::try_from(r.block_count()).unwrap_or(usize::MAX))
+        .max()
+}
+
+/// Admission warnings for a valid spec; `node_count` is how many nodes it can serve (see
+/// [`ClusterView::matching_nodes`]; `None`: no exhaustion warning).
+fn warnings(spec: &NodeIPAMConfigSpec, node_count: Option<usize>) -> Vec<String> {
     let mut out = Vec::new();
     // Only called for a valid spec; an invalid one has no block count to warn about.
     let Ok(ranges) = spec.ranges() else {
         return out;
+    };
+    // A count that reached what the warning needs may have stopped there.
+    let at_least = match (node_count, nodes_worth_counting(spec)) {
+        (Some(n), Some(enough)) if n >= enough => "at least ",
+        _ => "",
     };
     for (family, r) in ranges.iter() {
         let path = format!("spec.{}", family.field());
@@ -369,13 +367,15 @@ fn warnings(spec: &NodeIPAMConfigSpec, node_count: usize) -> Vec<String> {
                  nodes can get a range from it"
             ));
         }
-        let nodes = node_count as u128;
+        let Some(nodes) = node_count.map(|c| c as u128) else {
+            continue;
+        };
         if nodes > 0 && nodes >= n {
             // Only the nodes the selector matches take blocks from it; say which count this is.
             let who = if spec.node_selector.is_some() {
-                format!("{nodes} nodes match its nodeSelector")
+                format!("{at_least}{nodes} nodes match its nodeSelector")
             } else {
-                format!("the cluster already has {nodes} nodes")
+                format!("the cluster already has {at_least}{nodes} nodes")
             };
             out.push(format!(
                 "{path}: {range} has {n} blocks of /{mask} but {who}: this range alone would \

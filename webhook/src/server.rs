@@ -24,6 +24,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::cache::Caches;
+use crate::nodes::NodeCounter;
 use crate::review::{self, ClusterView, GROUP, KIND, POOL_KIND, VERSION, invalid_for};
 use crate::{AdmissionObserver, Readiness};
 
@@ -79,20 +80,25 @@ impl Reply {
 }
 
 /// Parses `body` and decides it against `view` (`None`: the caches are not synced yet).
+#[cfg(test)]
 pub(crate) fn handle(body: &[u8], view: Option<ClusterView>) -> Reply {
-    let request = match decode(body) {
-        Ok(r) => r,
-        Err(reply) => return *reply,
-    };
+    match decode(body) {
+        Ok(request) => decide(&request, view),
+        Err(reply) => *reply,
+    }
+}
+
+/// Decides `request` against `view` (`None`: the caches are not synced yet).
+fn decide(request: &Typed, view: Option<ClusterView>) -> Reply {
     // Deletes, status writes and metadata-only updates need no cluster view: answer them
     // even before the caches sync, so draining is never held up by a starting replica.
-    let needs_view = match &request {
+    let needs_view = match request {
         Typed::Config(r) => review::needs_view(r),
         Typed::Pool(r) => review::pool_needs_view(r),
     };
     let view = view.or_else(|| (!needs_view).then(ClusterView::default));
     let Some(view) = view else {
-        let mut response = match &request {
+        let mut response = match request {
             Typed::Config(r) => AdmissionResponse::from(r),
             Typed::Pool(r) => AdmissionResponse::from(r),
         }
@@ -100,7 +106,7 @@ pub(crate) fn handle(body: &[u8], view: Option<ClusterView>) -> Reply {
         response.result.code = 503;
         return Reply::review(response);
     };
-    if let Typed::Pool(r) = &request
+    if let Typed::Pool(r) = request
         && needs_view
         && view.pools_unsynced
     {
@@ -111,14 +117,28 @@ pub(crate) fn handle(body: &[u8], view: Option<ClusterView>) -> Reply {
         response.result.code = 503;
         return Reply::review(response);
     }
-    Reply::review(match &request {
+    Reply::review(match request {
         Typed::Config(r) => review::review(r, &view),
         Typed::Pool(r) => review::review_pool(r, &view),
     })
 }
 
+/// How many nodes the config `request` asks for can serve, when its review warns about it: a
+/// CREATE or spec UPDATE of a valid spec. Counted only as far as the warning needs.
+async fn count_nodes(
+    request: &AdmissionRequest<NodeIPAMConfig>,
+    nodes: &NodeCounter,
+) -> Option<usize> {
+    if !review::needs_view(request) {
+        return None;
+    }
+    let spec = &request.object.as_ref()?.spec;
+    let enough = review::nodes_worth_counting(spec)?;
+    nodes.count(spec.node_selector.as_ref(), enough).await
+}
+
 /// A decoded request, by the kind it is about.
-enum Typed {
+pub(crate) enum Typed {
     Config(AdmissionRequest<NodeIPAMConfig>),
     Pool(AdmissionRequest<NodeIPAMPool>),
 }
@@ -175,7 +195,7 @@ fn typed<K: DeserializeOwned + kube::Resource>(
 /// The typed request in `body`, or the reply for a body that is not one. A request about a
 /// NodeIPAMPool is decoded as one; anything else as a NodeIPAMConfig request (whose review
 /// refuses a kind it does not know).
-fn decode(body: &[u8]) -> Result<Typed, Box<Reply>> {
+pub(crate) fn decode(body: &[u8]) -> Result<Typed, Box<Reply>> {
     let bad = |m: String| Box::new(Reply::bad_request(m));
     let parsed: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
         .map_err(|e| bad(format!("the body is not an AdmissionReview: {e}")))?;
@@ -199,6 +219,7 @@ fn decode(body: &[u8]) -> Result<Typed, Box<Reply>> {
 #[derive(Clone)]
 pub(crate) struct AppState {
     pub caches: Caches,
+    pub nodes: NodeCounter,
     pub readiness: Readiness,
     pub on_admission: Option<AdmissionObserver>,
 }
@@ -213,8 +234,17 @@ pub(crate) fn router(state: AppState) -> Router {
 }
 
 async fn validate(State(state): State<AppState>, body: Bytes) -> Response {
-    let view = state.caches.synced().then(|| state.caches.view());
-    let reply = handle(&body, view);
+    let reply = match decode(&body) {
+        Ok(request) => {
+            let mut view = state.caches.synced().then(|| state.caches.view());
+            // The node count is read per request, not cached; only the warning reads it.
+            if let (Some(view), Typed::Config(r)) = (view.as_mut(), &request) {
+                view.matching_nodes = count_nodes(r, &state.nodes).await;
+            }
+            decide(&request, view)
+        }
+        Err(reply) => *reply,
+    };
     debug!(status = %reply.status, result = reply.result, "admission review");
     if let Some(observe) = &state.on_admission {
         observe(reply.result);

@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
-use kube::core::{ObjectMeta, PartialObjectMetaExt};
 use nodeipam_crd::{Allocation, FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec};
 use serde_json::json;
 
@@ -385,23 +384,10 @@ fn few_blocks_warn_but_admit() {
     assert_eq!(r.warnings, None);
 }
 
-/// A view of `count` nodes `n0`, `n1`, …; the first `pooled` carry the label `pool=edge`.
-fn view_with_nodes(count: usize, pooled: usize) -> ClusterView {
-    let nodes = (0..count)
-        .map(|i| {
-            let labels = (i < pooled).then(|| [("pool".to_string(), "edge".to_string())].into());
-            Arc::new(
-                ObjectMeta {
-                    name: Some(format!("n{i}")),
-                    labels,
-                    ..ObjectMeta::default()
-                }
-                .into_request_partial::<Node>(),
-            )
-        })
-        .collect();
+/// A view in which the config under review was counted to serve `count` nodes.
+fn view_with_nodes(count: usize) -> ClusterView {
     ClusterView {
-        nodes,
+        matching_nodes: Some(count),
         ..ClusterView::default()
     }
 }
@@ -421,14 +407,14 @@ fn edge_selector() -> Option<NodeSelector> {
 
 #[test]
 fn a_range_the_current_nodes_would_exhaust_warns() {
-    let view = view_with_nodes(40, 0);
+    let view = view_with_nodes(40);
     let c = config("small", family("10.0.0.0/19", 24), None); // 32 blocks
     let r = review(&request("CREATE", Some(&c), None), &view);
     assert!(r.allowed, "{r:?}");
     let w = r.warnings.expect("warnings");
     assert!(
         w.iter().any(|w| w.contains("32 blocks")
-            && w.contains("the cluster already has 40 nodes")
+            && w.contains("the cluster already has at least 40 nodes")
             && w.contains("would run out")),
         "no selector counts every node: {w:?}"
     );
@@ -445,61 +431,75 @@ fn the_exhaustion_warning_counts_only_the_nodes_the_selector_matches() {
     c.spec.node_selector = edge_selector();
     let run_out = |w: &[String]| w.iter().any(|w| w.contains("run out"));
 
-    // 3 of 40 nodes match: 4 blocks are enough for them, whatever the other 37 do.
-    let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(40, 3));
+    // 3 nodes match: 4 blocks are enough for them, whatever the other nodes do.
+    let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(3));
     assert!(r.allowed, "{r:?}");
     let w = r.warnings.expect("the few-blocks warning");
     assert!(!run_out(&w), "{w:?}");
     assert!(w.iter().any(|w| w.contains("only 4 blocks")), "{w:?}");
 
-    // 5 of 40 match: more than 4 blocks, and the message gives the matching count.
-    let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(40, 5));
+    // 5 match: more than 4 blocks, and the message gives the matching count (at least: the
+    // count stops once it reaches the block count).
+    let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(5));
     assert!(r.allowed, "{r:?}");
     let w = r.warnings.expect("warnings");
     assert!(
         w.iter().any(|w| w.contains("4 blocks of /24")
-            && w.contains("but 5 nodes match its nodeSelector")
+            && w.contains("but at least 5 nodes match its nodeSelector")
             && w.contains("run out")),
         "{w:?}"
     );
     assert!(!w.iter().any(|w| w.contains("40")), "{w:?}");
 
-    // Without the selector the same range counts all 40.
+    // Without the selector the count is of every node.
     c.spec.node_selector = None;
-    let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(40, 5));
+    let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(40));
     let w = r.warnings.expect("warnings");
     assert!(
         w.iter()
-            .any(|w| w.contains("the cluster already has 40 nodes") && w.contains("run out")),
+            .any(|w| w.contains("the cluster already has at least 40 nodes")
+                && w.contains("run out")),
         "{w:?}"
     );
 }
 
 #[test]
-fn selected_nodes_are_matched_by_name_too() {
-    // matchFields metadata.name goes through the same core/v1 matching as labels, and terms
-    // are ORed (a field requirement takes exactly one value, so one term per name).
-    let mut c = config("named", family("10.0.0.0/23", 24), None); // 2 blocks
-    c.spec.node_selector = Some(NodeSelector {
-        node_selector_terms: ["n1", "n2", "n3"]
-            .into_iter()
-            .map(|name| NodeSelectorTerm {
-                match_expressions: None,
-                match_fields: Some(vec![NodeSelectorRequirement {
-                    key: "metadata.name".into(),
-                    operator: "In".into(),
-                    values: Some(vec![name.into()]),
-                }]),
-            })
-            .collect(),
-    });
-    let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(10, 0));
+fn the_count_is_exact_below_what_the_warning_needs() {
+    // Dual stack: 2 IPv4 blocks, a huge IPv6 range. The count goes up to the larger block
+    // count, so 3 nodes is exact and the IPv4 warning says so.
+    let mut c = config("dual", family("10.0.0.0/23", 24), family("fd00::/48", 64));
+    c.spec.node_selector = edge_selector();
+    assert_eq!(nodes_worth_counting(&c.spec), Some(65536));
+    let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(3));
+    let w = r.warnings.expect("warnings");
+    assert!(
+        w.iter().any(|w| w.starts_with("spec.ipv4")
+            && w.contains("but 3 nodes match its nodeSelector")),
+        "{w:?}"
+    );
+    assert!(!w.iter().any(|w| w.starts_with("spec.ipv6")), "{w:?}");
+
+    // Single stack: a count of 2 reached the 2 blocks and may have stopped there.
+    let c = config("v4", family("10.0.0.0/23", 24), None);
+    assert_eq!(nodes_worth_counting(&c.spec), Some(2));
+    let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(2));
     let w = r.warnings.expect("warnings");
     assert!(
         w.iter()
-            .any(|w| w.contains("but 3 nodes match its nodeSelector")),
+            .any(|w| w.contains("the cluster already has at least 2 nodes")),
         "{w:?}"
     );
+}
+
+#[test]
+fn no_count_no_exhaustion_warning() {
+    // A count that could not finish (deadline, API error) skips only that warning.
+    let c = config("tiny", family("10.0.0.0/23", 24), None);
+    let r = review(&request("CREATE", Some(&c), None), &ClusterView::default());
+    assert!(r.allowed, "{r:?}");
+    let w = r.warnings.expect("the few-blocks warning");
+    assert!(w.iter().any(|w| w.contains("only 2 blocks")), "{w:?}");
+    assert!(!w.iter().any(|w| w.contains("run out")), "{w:?}");
 }
 
 #[test]
