@@ -990,3 +990,21 @@ fn a_failed_retire_hands_the_child_back_and_a_gone_pool_forgets_its_carves() {
     assert_eq!(m.carves_in_flight(), 0);
     assert!(creates(&m.handle(at(73), Input::Tick)).is_empty());
 }
+
+#[test]
+fn a_hand_made_config_named_like_a_child_makes_the_pool_carve_elsewhere() {
+    let mut m = with_pool(small_pool(1, 4, 1));
+    // Named like the child of 10.0.0.0/29, but elsewhere and no child of the pool.
+    let squatter = config(
+        "pods-10-0-0-0-29",
+        "s-1",
+        1,
+        (Some(("10.9.0.0/29", 30)), None),
+        crate::fixtures::selecting("x", "y").into(),
+        true,
+    );
+    m.handle(at(1), Input::Config(Watch::Applied(squatter)));
+    let out = m.handle(at(2), Input::Tick);
+    let names: Vec<&str> = creates(&out).iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["pods-10-0-0-8-29"]);
+}
