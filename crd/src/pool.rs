@@ -29,7 +29,8 @@ pub const CONDITION_SCALING: &str = "Scaling";
 
 /// `PoolRangeStatus::state`: the child hands out blocks.
 pub const RANGE_ACTIVE: &str = "Active";
-/// `PoolRangeStatus::state`: the child is being retired and still has nodes holding blocks.
+/// `PoolRangeStatus::state`: the child hands out no more blocks (deleted or disabled) and
+/// nodes still hold some.
 pub const RANGE_DRAINING: &str = "Draining";
 /// `PoolRangeStatus::state`: the child is empty and being deleted.
 pub const RANGE_RETIRING: &str = "Retiring";
@@ -171,10 +172,10 @@ pub struct NodeIPAMPoolSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolFamilySpec {
-    /// The address space children are carved from: 1 to 16 canonical CIDRs (host bits zero)
-    /// of this family that do not overlap each other, another pool, a Service range or a
-    /// NodeIPAMConfig that is not a child of this pool. CIDRs may be appended; existing ones
-    /// cannot be changed or removed.
+    /// The address space children are carved from, lowest free range first: 1 to 16
+    /// canonical CIDRs (host bits zero) of this family that do not overlap each other, another
+    /// pool, a Service range or a NodeIPAMConfig that is not a child of this pool. CIDRs may
+    /// be appended; existing ones cannot be changed or removed.
     pub cidrs: Vec<String>,
 
     /// Prefix length of each child's range: at least the prefix length of every CIDR in

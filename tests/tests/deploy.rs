@@ -821,10 +821,43 @@ async fn rbac_allows_every_feature_and_nothing_more() {
             .delete("node-0", &DeleteParams::default())
             .await,
     );
+    // It deletes the configs a pool carved one by one, never a collection; it writes no
+    // config by update, and no pool but its status.
+    let pool: nodeipam_crd::NodeIPAMPool = serde_json::from_value(json!({
+        "apiVersion": "nodeipam.io/v1alpha1",
+        "kind": "NodeIPAMPool",
+        "metadata": {"name": "any"},
+        "spec": {"ipv4": {"cidrs": ["10.129.0.0/16"], "rangeMaskSize": 20, "perNodeMaskSize": 24}},
+    }))
+    .expect("a NodeIPAMPool");
     forbidden(
-        "delete a NodeIPAMConfig",
+        "delete every NodeIPAMConfig at once",
         Api::<NodeIPAMConfig>::all(sa.clone())
-            .delete("main", &DeleteParams::default())
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await,
+    );
+    forbidden(
+        "update a NodeIPAMConfig",
+        Api::<NodeIPAMConfig>::all(sa.clone())
+            .replace("main", &PostParams::default(), &main)
+            .await,
+    );
+    forbidden(
+        "create a NodeIPAMPool",
+        Api::<nodeipam_crd::NodeIPAMPool>::all(sa.clone())
+            .create(&PostParams::default(), &pool)
+            .await,
+    );
+    forbidden(
+        "delete a NodeIPAMPool",
+        Api::<nodeipam_crd::NodeIPAMPool>::all(sa.clone())
+            .delete("any", &DeleteParams::default())
+            .await,
+    );
+    forbidden(
+        "patch a NodeIPAMPool's spec",
+        Api::<nodeipam_crd::NodeIPAMPool>::all(sa.clone())
+            .patch("any", &merge, &Patch::Merge(&label))
             .await,
     );
     forbidden(

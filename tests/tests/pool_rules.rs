@@ -461,6 +461,16 @@ fn cases() -> Vec<Case> {
             )],
         ),
         update(
+            "keep-selector",
+            with(dual(), "nodeSelector", gpu.clone()),
+            with(
+                with(dual(), "nodeSelector", gpu.clone()),
+                "headroom.blocks",
+                json!(1),
+            ),
+            ok(),
+        ),
+        update(
             "change-selector",
             with(dual(), "nodeSelector", gpu),
             with(dual(), "nodeSelector", selector("gpu", "In", &["h100"])),

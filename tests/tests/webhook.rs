@@ -1067,3 +1067,75 @@ async fn pool_admission_through_the_api_server() {
     running.stop().await;
     cp.stop().await;
 }
+
+/// A webhook started before the NodeIPAMPool CRD is served (an image upgraded before its
+/// CRDs) still becomes ready and reviews configs; once the CRD is installed, its pool watch
+/// lists (after its backoff) and pools are reviewed, until then refused with a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_started_before_the_pool_crd_catches_up() {
+    let configs_only = tempfile::tempdir().expect("temp folder");
+    let root = nodeipam_testenv::workspace_root();
+    std::fs::copy(
+        root.join(nodeipam_crd::CRD_PATH),
+        configs_only.path().join("configs.yaml"),
+    )
+    .expect("copy the NodeIPAMConfig CRD");
+    let cp = match ControlPlane::builder()
+        .crd_dir(configs_only.path())
+        .start()
+        .await
+    {
+        Ok(cp) => cp,
+        Err(e) => panic!("the control plane did not start: {e}"),
+    };
+    let client = cp.client();
+    // Ready without pools: `start_webhook` waits for readiness.
+    let running = start_webhook(client.clone(), options(SECRET, HOOK, quick_checks())).await;
+    register_and_wait(&cp, &running, cp.ca_pem().as_bytes()).await;
+    create(&client, "plain", v4("10.64.0.0/16", 24), false)
+        .await
+        .expect("configs are reviewed without pools");
+
+    let pools_only = tempfile::tempdir().expect("temp folder");
+    std::fs::copy(
+        root.join(nodeipam_crd::POOL_CRD_PATH),
+        pools_only.path().join("pools.yaml"),
+    )
+    .expect("copy the NodeIPAMPool CRD");
+    cp.install_crds(pools_only.path())
+        .await
+        .expect("install the NodeIPAMPool CRD");
+    let pool_api = pools(&client);
+    let refused_while_listing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    eventually("the webhook to review pools", || {
+        let pool_api = pool_api.clone();
+        let refused = refused_while_listing.clone();
+        async move {
+            let pp = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            // Over the config created above: refused once the webhook reviews pools.
+            match pool_api
+                .create(&pp, &pool_object("late", pool_v4(&["10.64.0.0/14"])))
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.message.contains("NodeIPAMConfig \"plain\"") => {
+                    Some(())
+                }
+                Err(kube::Error::Api(s)) if s.message.contains("has not listed NodeIPAMPools") => {
+                    refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    None
+                }
+                other => panic!("a pool neither reviewed nor waiting for the cache: {other:?}"),
+            }
+        }
+    })
+    .await;
+    eprintln!(
+        "pool requests refused while the pool watch caught up: {}",
+        refused_while_listing.load(std::sync::atomic::Ordering::SeqCst)
+    );
+    running.stop().await;
+    cp.stop().await;
+}

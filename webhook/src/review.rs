@@ -392,7 +392,7 @@ fn warnings(spec: &NodeIPAMConfigSpec, node_count: usize) -> Vec<String> {
 /// change to an immutable field, and a CIDR overlapping another pool's, a Service range or a
 /// NodeIPAMConfig that is not a child of this pool. On UPDATE only appended CIDRs get the
 /// overlap checks, so scaling settings can always change. Warns (and admits) when the CIDRs
-/// hold fewer ranges than `ranges.max` or `ranges.min`. Allows DELETE and CONNECT, status
+/// hold fewer ranges than `ranges.min` or `ranges.max`. Allows DELETE and CONNECT, status
 /// writes and updates that leave the spec alone.
 pub fn review_pool(
     request: &AdmissionRequest<NodeIPAMPool>,
@@ -481,16 +481,18 @@ pub fn pool_needs_view(request: &AdmissionRequest<NodeIPAMPool>) -> bool {
     }
 }
 
-/// Admission warnings for a valid pool: CIDRs too small for its range bounds.
+/// Admission warnings for a valid pool: CIDRs too small for `ranges.min` (or else for
+/// `ranges.max`), one per family.
 fn pool_warnings(pool: &nodeipam_crd::ParsedPool) -> Vec<String> {
     let mut out = Vec::new();
     for family in pool.iter() {
         let fits = family.budget_ranges();
         let path = format!("spec.{}", family.family.field());
-        for (bound, value) in [("max", pool.max_ranges), ("min", pool.min_ranges)] {
+        // The tighter bound first: too few ranges for `min` is worse than for `max`.
+        for (bound, value) in [("min", pool.min_ranges), ("max", pool.max_ranges)] {
             if fits < u64::from(value) {
                 out.push(format!(
-                    "{path}: the CIDRs hold only {fits} ranges of /{} but spec.ranges.{bound} is {value}: the pool stops at {fits}",
+                    "{path}: the CIDRs have room for {fits} /{} ranges, fewer than spec.ranges.{bound} ({value}): the pool stops at {fits}",
                     family.range_mask_size
                 ));
                 break;

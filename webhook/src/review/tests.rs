@@ -813,8 +813,22 @@ mod pools {
         let warnings = r.warnings.unwrap_or_default();
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(
-            warnings[0].contains("the CIDRs hold only 4 ranges of /20 but spec.ranges.max is 32"),
+            warnings[0]
+                .contains("the CIDRs have room for 4 /20 ranges, fewer than spec.ranges.max (32)"),
             "{warnings:?}"
+        );
+        let mut tiny = pool("tiny", &["10.64.0.0/20"]);
+        tiny.spec.ranges.min = 2;
+        let r = review_pool(
+            &pool_request("CREATE", Some(&tiny), None),
+            &ClusterView::default(),
+        );
+        assert_eq!(
+            r.warnings,
+            Some(vec![
+                "spec.ipv4: the CIDRs have room for 1 /20 ranges, fewer than spec.ranges.min (2): the pool stops at 1"
+                    .to_owned()
+            ])
         );
     }
 
