@@ -1676,15 +1676,33 @@ impl Machine {
             .or(input.status.as_ref())
             .map(|s| s.conditions.clone())
             .unwrap_or_default();
-        let world = PoolWorld {
-            pool: &input,
-            children: &children,
-            occupied: &occupied,
-            pending,
-            in_flight: &in_flight,
-            now,
-        };
-        let decision = scaling::decide(&world, &previous, wall);
+        // A range whose child name a config of another owner holds (a hand-made config
+        // named like a child) cannot be created: decide again without it.
+        let mut decision;
+        let mut attempts = 0;
+        loop {
+            let world = PoolWorld {
+                pool: &input,
+                children: &children,
+                occupied: &occupied,
+                pending,
+                in_flight: &in_flight,
+                now,
+            };
+            decision = scaling::decide(&world, &previous, wall);
+            let taken: Vec<IpNet> = decision
+                .carves
+                .iter()
+                .filter(|c| self.configs.contains_key(&c.name))
+                .flat_map(Carve::ranges)
+                .collect();
+            attempts += 1;
+            if taken.is_empty() || attempts > 8 {
+                break;
+            }
+            warn!(pool = %name, ?taken, "a config of another owner holds a child's name; carving elsewhere");
+            occupied.extend(taken);
+        }
         let uid = input.uid.clone();
         let free: u64 = children
             .iter()
@@ -1693,8 +1711,7 @@ impl Machine {
             .sum();
         for carve in &decision.carves {
             if self.configs.contains_key(&carve.name) {
-                // A config that is not this pool's child holds the name: creating it would
-                // only find it there. Nothing more can be carved until it goes.
+                // Still taken after every attempt above: creating it would only find it there.
                 debug!(pool = %name, config = %carve.name, "a config of another owner holds the child's name");
                 continue;
             }

@@ -274,12 +274,14 @@ pub struct Decision {
     pub room: bool,
 }
 
-/// The lowest range of `/mask` inside one of `budget` (its CIDRs in the order given: the order
-/// the pool lists them, appended ones last) that overlaps none of `taken`. Skips past each taken range, so it costs one step per taken range, not one
+/// The lowest range of `/mask` inside one of `budget` (lowest address first, whatever order
+/// the pool lists its CIDRs in, as children are filled and retired by address too) that
+/// overlaps none of `taken`. Skips past each taken range, so it costs one step per taken range, not one
 /// per candidate (a /32 of IPv6 holds 2^32 /64s).
 pub fn lowest_free(budget: &[IpNet], mask: u8, taken: &[IpNet]) -> Option<IpNet> {
-    for b in budget.iter().map(IpNet::trunc) {
-        let b = &b;
+    let mut budget: Vec<IpNet> = budget.iter().map(IpNet::trunc).collect();
+    budget.sort_by_key(|b| (bounds(b), b.prefix_len()));
+    for b in &budget {
         let bits = b.max_prefix_len();
         if b.prefix_len() > mask || mask > bits {
             continue;

@@ -983,3 +983,59 @@ fn a_created_child_missing_from_a_later_config_list_is_carved_again() {
     assert_eq!(m.carves_in_flight(), 0);
     assert_eq!(creates(&m.handle(at(3), Input::Tick)), [&child]);
 }
+
+#[test]
+fn a_failed_retire_hands_the_child_back_and_a_gone_pool_forgets_its_carves() {
+    let mut m = with_pool(small_pool(1, 4, 0));
+    let first = creates(&m.handle(at(1), Input::Tick))[0].clone();
+    m.handle(
+        at(1),
+        Input::Config(Watch::Applied(child_object(&first, "c-1"))),
+    );
+    // min 0 from now on: the empty child retires after emptyFor.
+    let mut pool = small_pool(0, 4, 0);
+    pool.uid = Some("pool-uid".into());
+    m.handle(at(1), Input::Pool(Watch::Applied(pool)));
+    m.handle(at(2), Input::Tick);
+    let out = m.handle(at(70), Input::Tick);
+    assert_eq!(deletes(&out), [(first.name.as_str(), Some("c-1"))]);
+    // Held back while the delete is on its way.
+    let out = m.handle(
+        at(70),
+        Input::Node(Watch::Applied(node("n1", "u1", &[], &[]))),
+    );
+    assert!(writes(&out).is_empty());
+    // The delete failed: the child serves again.
+    let out = m.handle(
+        at(71),
+        Input::ConfigDeleted {
+            name: first.name.clone(),
+            uid: Some("c-1".into()),
+            outcome: DeleteOutcome::Failed("503".into()),
+        },
+    );
+    assert_eq!(writes(&out).len(), 1, "{out:?}");
+    // The pool goes: its carves in flight with it, and its series.
+    let out = m.handle(at(72), Input::Pool(Watch::Deleted(small_pool(0, 4, 0))));
+    assert!(metrics(&out).contains(&Metric::PoolGone("pods".into())));
+    assert_eq!(m.carves_in_flight(), 0);
+    assert!(creates(&m.handle(at(73), Input::Tick)).is_empty());
+}
+
+#[test]
+fn a_hand_made_config_named_like_a_child_makes_the_pool_carve_elsewhere() {
+    let mut m = with_pool(small_pool(1, 4, 1));
+    // Named like the child of 10.0.0.0/29, but elsewhere and no child of the pool.
+    let squatter = config(
+        "pods-10-0-0-0-29",
+        "s-1",
+        1,
+        (Some(("10.9.0.0/29", 30)), None),
+        crate::fixtures::selecting("x", "y").into(),
+        true,
+    );
+    m.handle(at(1), Input::Config(Watch::Applied(squatter)));
+    let out = m.handle(at(2), Input::Tick);
+    let names: Vec<&str> = creates(&out).iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["pods-10-0-0-8-29"]);
+}

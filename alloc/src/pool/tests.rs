@@ -112,11 +112,11 @@ fn lowest_free_skips_taken_ranges_and_stays_aligned() {
     assert_eq!(lowest_free(&budget, 24, &[net("10.0.0.0/16")]), None);
     // A range larger than the budget CIDR cannot be carved from it.
     assert_eq!(lowest_free(&budget, 21, &[]), None);
-    // The budget's CIDRs in the order the pool lists them (appended ones last).
+    // The lowest address first, whatever order the pool lists its CIDRs in.
     let two = [net("10.9.0.0/24"), net("10.1.0.0/24")];
-    assert_eq!(lowest_free(&two, 26, &[]), Some(net("10.9.0.0/26")));
-    let taken = [net("10.9.0.0/24")];
-    assert_eq!(lowest_free(&two, 26, &taken), Some(net("10.1.0.0/26")));
+    assert_eq!(lowest_free(&two, 26, &[]), Some(net("10.1.0.0/26")));
+    let taken = [net("10.1.0.0/24")];
+    assert_eq!(lowest_free(&two, 26, &taken), Some(net("10.9.0.0/26")));
     // A huge IPv6 budget is not walked one candidate at a time.
     let v6 = [net("fd00::/32")];
     let taken: Vec<IpNet> = (0..1000u32)
