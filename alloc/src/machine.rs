@@ -321,7 +321,9 @@ pub struct Machine {
     network_sent: Option<Vec<OutputContent>>,
     /// What each network sent and not yet reported written puts in the outputs, oldest first:
     /// until then it may still land, and what it lacks is not safely published.
-    network_in_flight: Vec<Vec<OutputContent>>,
+    network_in_flight: Vec<(u64, Vec<OutputContent>)>,
+    /// The number of the last publication sent.
+    network_seq: u64,
     /// What the network last reported written put in the outputs: a watch event older than
     /// that write is stale.
     network_landed: Option<Vec<OutputContent>>,
@@ -386,6 +388,7 @@ impl Machine {
             outputs,
             network_sent: None,
             network_in_flight: Vec::new(),
+            network_seq: 0,
             network_landed: None,
             rereads_due: BTreeMap::new(),
             status_in_flight: HashMap::new(),
@@ -2056,8 +2059,10 @@ impl Machine {
             .map(|o| o.kind.desired(&network, extra))
             .collect();
         if self.network_sent.as_ref() != Some(&desired) {
-            self.push(Effect::Publish(network));
-            self.network_in_flight.push(desired.clone());
+            self.network_seq += 1;
+            let seq = self.network_seq;
+            self.push(Effect::Publish(PodNetwork { seq, ..network }));
+            self.network_in_flight.push((seq, desired.clone()));
             self.network_sent = Some(desired);
         }
     }
@@ -2099,9 +2104,9 @@ impl Machine {
             .iter()
             .map(|o| o.kind.desired(network, extra))
             .collect();
-        if let Some(at) = self.network_in_flight.iter().rposition(|d| *d == desired) {
-            self.network_in_flight.drain(..=at);
-        }
+        // The publisher writes in order and skips only what a newer network replaced, so this
+        // one accounts for every publication sent before it, whatever their content.
+        self.network_in_flight.retain(|(seq, _)| *seq > network.seq);
         self.network_landed = Some(desired);
         self.regate();
     }
@@ -2190,7 +2195,8 @@ impl Machine {
             .filter_map(|(index, o)| {
                 let cidrs = o.seen.as_ref().map_or(&[][..], |c| c.cidrs.as_slice());
                 // Ours on its way, and ours landed (the watch may still show an older one).
-                let sent = self.network_in_flight.iter().chain(&self.network_landed);
+                let in_flight = self.network_in_flight.iter().map(|(_, d)| d);
+                let sent = in_flight.chain(&self.network_landed);
                 let sent = sent.filter_map(|d| d.get(index));
                 let sent: Vec<&[IpNet]> = sent.map(|c| c.cidrs.as_slice()).collect();
                 let missing: Vec<String> = ranges

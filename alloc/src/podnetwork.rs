@@ -64,6 +64,11 @@ pub struct Entry {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PodNetwork {
     pub entries: Vec<Entry>,
+    /// Which publication this is, numbered by the allocation loop in the order it sends them,
+    /// so that the answer for one also accounts for every earlier one the publisher skipped:
+    /// two publications can have the same content.
+    #[serde(skip)]
+    pub seq: u64,
 }
 
 fn family(c: &IpNet) -> &'static str {
@@ -122,7 +127,7 @@ impl PodNetwork {
             });
         }
         entries.sort_by(|a, b| (a.family, a.cidr, &a.config).cmp(&(b.family, b.cidr, &b.config)));
-        PodNetwork { entries }
+        PodNetwork { entries, seq: 0 }
     }
 
     /// Every CIDR of the network, sorted.

@@ -1039,3 +1039,45 @@ fn a_hand_made_config_named_like_a_child_makes_the_pool_carve_elsewhere() {
     let names: Vec<&str> = creates(&out).iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["pods-10-0-0-8-29"]);
 }
+
+#[test]
+fn the_answer_for_a_publication_does_not_account_for_a_later_one_with_the_same_content() {
+    let (mut m, _) = synced(options(true));
+    let published = |out: &[Effect]| {
+        out.iter()
+            .find_map(|e| match e {
+                Effect::Publish(n) => Some(n.clone()),
+                _ => None,
+            })
+            .expect("published")
+    };
+    m.handle(at(1), Input::Config(Watch::Applied(pool(true))));
+    let first = published(&m.handle(at(1), Input::Tick));
+    // The config goes (a network without its range is sent) and comes back (the first
+    // content is sent again) before anything landed.
+    m.handle(at(2), Input::Config(Watch::Deleted(pool(true))));
+    let without = published(&m.handle(at(2), Input::Tick));
+    m.handle(at(3), Input::Config(Watch::Applied(pool(true))));
+    let again = published(&m.handle(at(3), Input::Tick));
+    assert_eq!(first.cidrs(), again.cidrs());
+    assert!(first.seq < without.seq && without.seq < again.seq);
+    // Only the first is written so far: the one without the range may still land.
+    m.handle(at(4), Input::Published(first.clone()));
+    let cm = configmap(
+        "nodeipam-system",
+        "pod-network",
+        first.configmap_data("now"),
+    );
+    m.handle(at(4), Input::Output(0, Watch::Applied(cm)));
+    let out = m.handle(
+        at(4),
+        Input::Node(Watch::Applied(node("a", "u-a", &[], &[]))),
+    );
+    assert!(
+        writes(&out).is_empty(),
+        "allocated while a network without the range was still being written"
+    );
+    // The last one is written (the publisher skipped the middle one): the gate opens.
+    let out = m.handle(at(5), Input::Published(again));
+    assert_eq!(writes(&out).len(), 1, "{out:?}");
+}
