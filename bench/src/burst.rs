@@ -197,18 +197,7 @@ async fn one(
     common::prepare(&admin, kind, &mut settings, backlog).await?;
     let settings = &settings;
     if args.existing > 0 {
-        let range: IpNet = common::CLUSTER_CIDR.parse()?;
-        let service: IpNet = common::SERVICE_RANGE.parse()?;
-        let blocks = nodes::blocks(range, settings.mask, &[service], args.existing)?;
-        let existing = blocks
-            .iter()
-            .enumerate()
-            .map(|(i, b)| nodes::node(&format!("existing-{i:06}"), "existing", i as u32, Some(b)))
-            .collect();
-        let filler = crate::client(cp.kubeconfig_path()).await?;
-        let load = nodes::create_all(&filler, existing, 64, Arc::new(Limiter::new(0.0, 1)))
-            .await
-            .context("creating the existing nodes")?;
+        let load = nodes::fill(cp.kubeconfig_path(), settings.mask, args.existing, 64).await?;
         eprintln!(
             "burst:   {} existing nodes in {:.1}s",
             args.existing, load.seconds

@@ -4,11 +4,9 @@
 //! and its first allocation.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ipnet::IpNet;
 use rustix::process::{Pid, Signal, kill_process};
 use serde::{Deserialize, Serialize};
 
@@ -18,7 +16,6 @@ use crate::nodes::{self, BENCH_LABEL, LoadReport};
 use crate::observer::Observer;
 use crate::procstat;
 use crate::stats::{self, Machine};
-use nodeipam_controller::ratelimit::RateLimiter as Limiter;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct FailoverArgs {
@@ -82,19 +79,13 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<FailoverReport> {
     for &n in &args.nodes {
         let (cp, contender, _) = args.common.control_plane().await?;
         let admin = cp.client();
-        let range: IpNet = common::CLUSTER_CIDR.parse()?;
-        let service: IpNet = common::SERVICE_RANGE.parse()?;
-        let blocks = nodes::blocks(range, settings.mask, &[service], n)?;
-        let batch = blocks
-            .iter()
-            .enumerate()
-            .map(|(i, b)| nodes::node(&format!("existing-{i:06}"), "existing", i as u32, Some(b)))
-            .collect();
-        let loader = crate::client(cp.kubeconfig_path()).await?;
-        let limiter = Arc::new(Limiter::new(0.0, 1));
-        let load = nodes::create_all(&loader, batch, args.populate_concurrency, limiter)
-            .await
-            .context("filling the cluster")?;
+        let load = nodes::fill(
+            cp.kubeconfig_path(),
+            settings.mask,
+            n,
+            args.populate_concurrency,
+        )
+        .await?;
         eprintln!("failover: {n} nodes in {:.1}s", load.seconds);
         report.populations.push((n, load));
         common::create_config(&admin, true, settings.mask).await?;
@@ -169,13 +160,7 @@ async fn one(
     let pid = Pid::from_raw(leader.pid as i32).context("the leader's pid")?;
     kill_process(pid, Signal::KILL).context("killing the leader")?;
     let died = Instant::now();
-    nodes::create_all(
-        &admin,
-        vec![nodes::node(&group, &group, 0, None)],
-        1,
-        Arc::new(Limiter::new(0.0, 1)),
-    )
-    .await?;
+    nodes::create_probe(&admin, &group).await?;
     observer
         .wait_assigned(1, Duration::from_secs(300), || standby.check_alive())
         .await?;

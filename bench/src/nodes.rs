@@ -163,6 +163,35 @@ pub fn blocks(
     Ok(picked)
 }
 
+/// Fills the cluster with `n` nodes named `existing-NNNNNN` that hold the first `n` free `/mask`
+/// blocks of the cluster CIDR, as if allocated earlier; `concurrency` creates in flight.
+pub async fn fill(
+    kubeconfig: &std::path::Path,
+    mask: u8,
+    n: usize,
+    concurrency: usize,
+) -> anyhow::Result<LoadReport> {
+    let range: IpNet = crate::common::CLUSTER_CIDR.parse()?;
+    let service: IpNet = crate::common::SERVICE_RANGE.parse()?;
+    let batch = blocks(range, mask, &[service], n)?
+        .iter()
+        .enumerate()
+        .map(|(i, b)| node(&format!("existing-{i:06}"), "existing", i as u32, Some(b)))
+        .collect();
+    let loader = crate::client(kubeconfig).await?;
+    let unlimited = Arc::new(Limiter::new(0.0, 1));
+    create_all(&loader, batch, concurrency, unlimited)
+        .await
+        .context("filling the cluster with nodes that hold podCIDRs")
+}
+
+/// One node of its own group `group`, for an observer to time its podCIDRs.
+pub async fn create_probe(client: &kube::Client, group: &str) -> anyhow::Result<()> {
+    let unlimited = Arc::new(Limiter::new(0.0, 1));
+    create_all(client, vec![node(group, group, 0, None)], 1, unlimited).await?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,11 +3,9 @@
 //! and to the podCIDRs of a node created just before it started; and its memory then.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{self, CommonArgs, ServerCpu, dec};
@@ -16,7 +14,6 @@ use crate::nodes::{self, BENCH_LABEL, LoadReport};
 use crate::observer::Observer;
 use crate::procstat;
 use crate::stats::{self, Machine};
-use nodeipam_controller::ratelimit::RateLimiter as Limiter;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct StartupArgs {
@@ -90,23 +87,13 @@ pub async fn run(args: StartupArgs) -> anyhow::Result<StartupReport> {
             "startup: creating {n} nodes with podCIDRs (load {:.2})",
             procstat::load1()?
         );
-        let range: IpNet = common::CLUSTER_CIDR.parse()?;
-        let service: IpNet = common::SERVICE_RANGE.parse()?;
-        let blocks = nodes::blocks(range, settings.mask, &[service], n)?;
-        let batch: Vec<_> = blocks
-            .iter()
-            .enumerate()
-            .map(|(i, b)| nodes::node(&format!("existing-{i:06}"), "existing", i as u32, Some(b)))
-            .collect();
-        let loader = crate::client(cp.kubeconfig_path()).await?;
-        let load = nodes::create_all(
-            &loader,
-            batch,
+        let load = nodes::fill(
+            cp.kubeconfig_path(),
+            settings.mask,
+            n,
             args.populate_concurrency,
-            Arc::new(Limiter::new(0.0, 1)),
         )
-        .await
-        .context("filling the cluster")?;
+        .await?;
         eprintln!(
             "startup:   {n} nodes in {:.1}s ({:.0}/s)",
             load.seconds, load.per_second
@@ -153,13 +140,7 @@ async fn one(
     let admin = cp.client();
     let group = format!("probe-{}-{round}", kind.name());
     let observer = Observer::start(&admin, &format!("{BENCH_LABEL}={group}")).await?;
-    nodes::create_all(
-        &admin,
-        vec![nodes::node(&group, &group, 0, None)],
-        1,
-        Arc::new(Limiter::new(0.0, 1)),
-    )
-    .await?;
+    nodes::create_probe(&admin, &group).await?;
     // Let the API server settle after the create before the clock starts.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let load1 = procstat::load1()?;

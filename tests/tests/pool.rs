@@ -32,6 +32,22 @@ use support::*;
 
 const NS: &str = "nodeipam-system";
 const CM: &str = "nodeipam-pod-network";
+const MASQ: &str = "ip-masq-agent";
+
+/// The CIDRs of ip-masq-agent's `nonMasqueradeCIDRs`.
+fn non_masquerade(cm: &ConfigMap) -> Vec<IpNet> {
+    let text = cm.data.as_ref().and_then(|d| d.get("config"));
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(text.map_or("", String::as_str)).unwrap_or(serde_yaml::Value::Null);
+    doc["nonMasqueradeCIDRs"]
+        .as_sequence()
+        .map(|list| {
+            list.iter()
+                .filter_map(|c| c.as_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
 fn rv<K: kube::Resource>(o: &K) -> u64 {
     o.meta()
@@ -194,7 +210,24 @@ async fn a_burst_outgrows_the_first_range_each_new_range_published_first_then_re
     namespace(&c, NS).await;
     let (cms, _cms_recorder) = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
     let (nodes, _nodes_recorder) = record(Api::<Node>::all(c.clone()));
-    let _ctl = start_controller(c.clone(), publishing(None, &[]));
+    // ip-masq-agent's ConfigMap exists (its owner makes it); ours is only nonMasqueradeCIDRs.
+    let masq = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(MASQ.into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "config".to_string(),
+            "nonMasqueradeCIDRs: []\n".to_string(),
+        )])),
+        ..ConfigMap::default()
+    };
+    Api::<ConfigMap>::namespaced(c.clone(), NS)
+        .create(&PostParams::default(), &masq)
+        .await
+        .expect("create the ip-masq-agent ConfigMap");
+    let masq_ref = format!("{NS}/{MASQ}");
+    let _ctl = start_controller(c.clone(), publishing(Some(&masq_ref), &[]));
     // /26 ranges of /28 blocks: 4 nodes per range; 10 nodes need at least 3 ranges.
     let pool = create_pool(
         &c,
@@ -244,11 +277,28 @@ async fn a_burst_outgrows_the_first_range_each_new_range_published_first_then_re
                 })
                 .map(|(rv, _)| *rv)
                 .min();
+            // ip-masq-agent may hold it merged with its neighbours: covered is enough.
+            let masqueraded = cms
+                .iter()
+                .filter(|(_, cm)| {
+                    cm.name_any() == MASQ
+                        && non_masquerade(cm)
+                            .iter()
+                            .any(|c| c.contains(&range.network()) && c.contains(&range.broadcast()))
+                })
+                .map(|(rv, _)| *rv)
+                .min();
             if let Some(first_block) = first_block {
                 let published = published.unwrap_or_else(|| panic!("{range} never published"));
                 assert!(
                     published < first_block,
                     "{range} published at {published}, after its first block at {first_block}"
+                );
+                let masqueraded = masqueraded
+                    .unwrap_or_else(|| panic!("{range} never in ip-masq-agent's config"));
+                assert!(
+                    masqueraded < first_block,
+                    "{range} in ip-masq-agent's config at {masqueraded}, after its first block at {first_block}"
                 );
             }
         }
