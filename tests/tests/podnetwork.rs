@@ -6,70 +6,17 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::PostParams;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use nodeipam_controller::reconcile::Options;
 use nodeipam_crd::{Allocation, NodeIPAMConfig};
+use support::record::record;
 use support::*;
 
 const NS: &str = "nodeipam-system";
 const CM: &str = "nodeipam-pod-network";
-
-fn rv<K: kube::Resource>(o: &K) -> u64 {
-    o.meta()
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .expect("numeric resourceVersion")
-}
-
-/// Stops a recorder when the test ends, so no watch outlives its control plane.
-struct Recorder(tokio::task::JoinHandle<()>);
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-type Log<K> = Arc<Mutex<Vec<(u64, bool, K)>>>;
-
-/// Records every version of the watched objects with its resourceVersion, in arrival order.
-fn record<K>(api: Api<K>) -> (Log<K>, Recorder)
-where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default + Clone + Eq + std::hash::Hash,
-{
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let out = log.clone();
-    // With backoff: a watch error must not turn into a busy retry loop.
-    let task = tokio::spawn(async move {
-        let mut stream = watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        while let Some(ev) = stream.next().await {
-            let mut log = out.lock().expect("log lock");
-            match ev {
-                Ok(Event::Apply(o) | Event::InitApply(o)) => log.push((rv(&o), false, o)),
-                Ok(Event::Delete(o)) => log.push((rv(&o), true, o)),
-                _ => {}
-            }
-        }
-    });
-    (log, Recorder(task))
-}
 
 fn cm_has(cm: &ConfigMap, key: &str, cidr: &str) -> bool {
     cm.data

@@ -11,16 +11,12 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::networking::v1::{ServiceCIDR, ServiceCIDRSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ListParams, PostParams};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use nodeipam_controller::reconcile::Options;
 use nodeipam_crd::NodeIPAMConfig;
@@ -28,6 +24,7 @@ use nodeipam_crd::pool::{
     NodeIPAMPool, NodeIPAMPoolSpec, POOL_LABEL, PoolFamilySpec, PoolHeadroom, PoolRanges,
     PoolScaleDown, is_child_of,
 };
+use support::record::record;
 use support::*;
 
 const NS: &str = "nodeipam-system";
@@ -47,52 +44,6 @@ fn non_masquerade(cm: &ConfigMap) -> Vec<IpNet> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn rv<K: kube::Resource>(o: &K) -> u64 {
-    o.meta()
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .expect("numeric resourceVersion")
-}
-
-/// Stops a recorder when the test ends, so no watch outlives its control plane.
-struct Recorder(tokio::task::JoinHandle<()>);
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-type Log<K> = Arc<Mutex<Vec<(u64, K)>>>;
-
-/// Every version of the watched objects with its resourceVersion, in arrival order.
-fn record<K>(api: Api<K>) -> (Log<K>, Recorder)
-where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default + Clone + Eq + std::hash::Hash,
-{
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let out = log.clone();
-    let task = tokio::spawn(async move {
-        let mut stream = watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        while let Some(ev) = stream.next().await {
-            if let Ok(Event::Apply(o) | Event::InitApply(o)) = ev {
-                out.lock().expect("log lock").push((rv(&o), o));
-            }
-        }
-    });
-    (log, Recorder(task))
 }
 
 fn pool_family(cidrs: &[&str], range: u8, node: u8) -> Option<PoolFamilySpec> {
@@ -257,36 +208,39 @@ async fn a_burst_outgrows_the_first_range_each_new_range_published_first_then_re
         for range in config_ranges(kid) {
             let published = cms
                 .iter()
-                .filter(|(_, cm)| {
-                    cm.name_any() == CM
+                .filter(|(_, deleted, cm)| {
+                    !deleted
+                        && cm.name_any() == CM
                         && cm
                             .data
                             .as_ref()
                             .and_then(|d| d.get("ipv4"))
                             .is_some_and(|v| v.split(',').any(|x| x == range.to_string()))
                 })
-                .map(|(rv, _)| *rv)
+                .map(|(rv, _, _)| *rv)
                 .min();
             let first_block = nodes_log
                 .iter()
-                .filter(|(_, n)| {
-                    pod_cidrs(n).iter().any(|b| {
-                        b.parse::<IpNet>()
-                            .is_ok_and(|b| nodeipam_crd::overlaps(&range, &b))
-                    })
+                .filter(|(_, deleted, n)| {
+                    !deleted
+                        && pod_cidrs(n).iter().any(|b| {
+                            b.parse::<IpNet>()
+                                .is_ok_and(|b| nodeipam_crd::overlaps(&range, &b))
+                        })
                 })
-                .map(|(rv, _)| *rv)
+                .map(|(rv, _, _)| *rv)
                 .min();
             // ip-masq-agent may hold it merged with its neighbours: covered is enough.
             let masqueraded = cms
                 .iter()
-                .filter(|(_, cm)| {
-                    cm.name_any() == MASQ
+                .filter(|(_, deleted, cm)| {
+                    !deleted
+                        && cm.name_any() == MASQ
                         && non_masquerade(cm)
                             .iter()
                             .any(|c| c.contains(&range.network()) && c.contains(&range.broadcast()))
                 })
-                .map(|(rv, _)| *rv)
+                .map(|(rv, _, _)| *rv)
                 .min();
             if let Some(first_block) = first_block {
                 let published = published.unwrap_or_else(|| panic!("{range} never published"));

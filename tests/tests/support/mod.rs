@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub mod process;
+pub mod record;
 pub mod scrape;
 
 /// Generous: a wait that fails means the behaviour is missing, not slow. Never a duration
