@@ -514,7 +514,9 @@ kill_cgroup() {
   local cg="/sys/fs/cgroup/pids$1" tries=0 pids
   [[ -d "$cg" ]] || return 0
   while :; do
-    pids="$(find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | tr '\n' ' ')"
+    # A cgroup removed while find walks (or cat reads it) makes find fail; under pipefail that
+    # ended `down` with exit 1. What could be read is what matters: the loop reads again.
+    pids="$({ find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null || true; } | tr '\n' ' ')"
     [[ -z "${pids// /}" ]] && return 0
     # shellcheck disable=SC2086
     kill -9 $pids 2>/dev/null || true
