@@ -22,6 +22,7 @@ use crate::cli::{CertMode, ClientArgs, RunArgs};
 use crate::health::{self, Inputs};
 use crate::metrics::Metrics;
 use crate::metrics_server::{self, Gate, MetricsCert, ServeError};
+use crate::reconcile::handover::{self, LeaseRef};
 use crate::reconcile::leader::{Election, LeaseOptions, Tuning};
 use crate::reconcile::publisher::{ConfigMapRef, PublishOptions};
 use crate::reconcile::{self, Context, Fault, Options};
@@ -163,6 +164,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         } else {
             Duration::ZERO
         },
+        lease: args.leader_elect().then(|| LeaseRef {
+            namespace: args.namespace.clone(),
+            name: args.lease_name.clone(),
+            identity: identity.clone(),
+        }),
         // The client limits every request (--kube-api-qps); the writer adds no second limit.
         qps: 0.0,
         burst: args.client.kube_api_burst,
@@ -178,6 +184,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         ..Options::default()
     };
     let ctx = Arc::new(Context::new(client.clone(), options, metrics.clone()));
+    let (settled_tx, mut settled_rx) = watch::channel(None);
 
     let lease = if let Some((progress, _)) = election_progress {
         let election = Election::start_tuned(
@@ -198,7 +205,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .context("setting up leader election")?;
         info!(lease = %args.lease_name, namespace = %args.namespace, %identity, "leader election started");
-        tasks.spawn("allocation", reconcile::run(ctx, election.leadership()));
+        let (leadership, stop) = (election.leadership(), stop_rx.clone());
+        tasks.spawn("allocation", async move {
+            let settled = reconcile::run_until(ctx, leadership, stop).await;
+            settled_tx.send_replace(Some(settled));
+        });
         // The election's own task ends only by a panic; its signal closing tells us.
         let mut leadership = election.leadership();
         tasks.spawn("leader election", async move {
@@ -231,10 +242,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     info!("stopping");
     let _ = stop_tx.send(true);
-    // Allocation stops with the tasks (joined, so the session is gone) before the lease is
+    // The allocation loop sends nothing more and waits for what it sent (bounded by the write
+    // timeout); then every task stops (joined, so the session is gone) before the lease is
     // released: the standby, which reads the Lease every second, takes it as soon as it is.
+    let limit = write_timeout(timing.grace) + Duration::from_secs(2);
+    let settled = lease.is_some()
+        && tokio::time::timeout(limit, settled_rx.wait_for(Option::is_some))
+            .await
+            .ok()
+            .and_then(|r| r.ok().and_then(|s| *s))
+            .unwrap_or(false);
     tasks.stop().await;
     if let Some(election) = lease {
+        hand_over(&client, &args, &identity, settled).await;
         match election.release().await {
             Ok(()) => info!("lease released"),
             Err(e) => warn!(error = %e, "releasing the lease failed"),
@@ -243,6 +263,28 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     match failed {
         Some(why) => Err(anyhow::anyhow!(why)),
         None => Ok(()),
+    }
+}
+
+/// Tells the next leader, on the Lease, whether it need not wait out our writes.
+async fn hand_over(client: &Client, args: &RunArgs, identity: &str, settled: bool) {
+    if !settled {
+        info!(
+            "not every write was answered (or none was sent as leader): the next leader waits them out"
+        );
+        return;
+    }
+    let lease = LeaseRef {
+        namespace: args.namespace.clone(),
+        name: args.lease_name.clone(),
+        identity: identity.to_string(),
+    };
+    match handover::mark(client, &lease).await {
+        Ok(true) => info!("every write answered: the lease tells the next leader it need not wait"),
+        Ok(false) => info!("the lease names another holder: nothing to hand over"),
+        Err(e) => {
+            warn!(error = %e, "marking the hand-over on the lease failed; the next leader waits")
+        }
     }
 }
 

@@ -52,6 +52,11 @@ pub struct Kind {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Handover {
+    pub handover: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
     pub result: String,
 }
@@ -74,6 +79,7 @@ pub struct Metrics {
     pub reconcile_errors: Family<Kind, Counter>,
     pub reconcile_duration: Histogram,
     pub leader: Gauge,
+    pub takeovers: Family<Handover, Counter>,
     /// When the allocation loop last took a step (seconds since the epoch): liveness.
     pub allocation_step: Gauge,
     pub admissions: Family<Outcome, Counter>,
@@ -127,6 +133,7 @@ impl Metrics {
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.0001, 4.0, 10)),
             leader: Gauge::default(),
+            takeovers: Family::default(),
             allocation_step: Gauge::default(),
             admissions: Family::default(),
             pool_ranges: Family::default(),
@@ -231,6 +238,11 @@ impl Metrics {
             m.leader.clone(),
         );
         own.register(
+            "leader_takeovers",
+            "Times this replica became the allocating leader, by hand-over: clean (the previous leader vouched that none of its writes can still land) or unclean (it waited them out)",
+            m.takeovers.clone(),
+        );
+        own.register(
             "allocation_loop_last_step_timestamp_seconds",
             "When the leader's allocation loop last handled an event or tick",
             m.allocation_step.clone(),
@@ -266,6 +278,15 @@ impl Metrics {
 
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+    }
+
+    /// This replica became the allocating leader; `handover` is clean or unclean.
+    pub fn took_over(&self, handover: &str) {
+        self.takeovers
+            .get_or_create(&Handover {
+                handover: handover.into(),
+            })
+            .inc();
     }
 
     /// The allocation loop took a step now.

@@ -16,6 +16,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
+use nodeipam_controller::reconcile::handover::{HANDOVER_ANNOTATION, SETTLED};
 use nodeipam_crd::{FINALIZER, NodeIPAMConfig};
 use nodeipam_testenv::ControlPlane;
 use rustix::process::Signal;
@@ -57,6 +58,23 @@ async fn lease_holder(client: &Client) -> Option<String> {
         .expect("get lease")
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
+}
+
+/// The hand-over mark a leader that stopped cleanly leaves on the Lease.
+async fn lease_handover(client: &Client) -> Option<String> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    api.get_opt(LEASE)
+        .await
+        .expect("get lease")
+        .and_then(|l| l.annotations().get(HANDOVER_ANNOTATION).cloned())
+}
+
+/// A replica's count of take-overs by kind (clean or unclean); 0 when it has none.
+async fn takeovers(replica: &Replica, handover: &str) -> f64 {
+    replica
+        .gauge("nodeipam_leader_takeovers_total", &[("handover", handover)])
+        .await
+        .unwrap_or(0.0)
 }
 
 async fn wait_holder(client: &Client, want: &str) {
@@ -663,6 +681,9 @@ async fn failover_during_a_node_burst() {
     wait_holder(&admin, "replica-b").await;
     let takeover = killed_at.elapsed();
     b.wait_leader_metric(1.0).await;
+    // A killed leader vouches for nothing: the standby waited out its last writes.
+    assert_eq!(takeovers(&b, "unclean").await, 1.0);
+    assert_eq!(takeovers(&b, "clean").await, 0.0);
     let nodes = wait_all_allocated(&admin, 2).await;
     let all_allocated = killed_at.elapsed();
     assert_eq!(nodes, WARMUP + BURST);
@@ -721,6 +742,12 @@ async fn failover_during_a_node_burst() {
     );
     assert!(b.log_text().contains("lease released"), "{}", b.log_tail());
     wait_holder(&admin, "replica-c").await;
+    // replica-b stopped with every write answered and said so; replica-c trusted it.
+    wait_for("replica-c's clean take-over", || async {
+        (takeovers(&c, "clean").await == 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(takeovers(&c, "unclean").await, 0.0);
     eprintln!(
         "handover: replica-b exited 0 after SIGTERM; replica-c held the lease {:.1}s after it",
         term_at.elapsed().as_secs_f64()
@@ -782,7 +809,13 @@ async fn sigterm_hands_the_lease_to_the_standby() {
     let a_status = a.wait_exit().await;
     assert!(a_status.success(), "replica-a after SIGTERM: {a_status}");
     let exited = term_at.elapsed();
-    assert!(a.log_text().contains("lease released"), "{}", a.log_tail());
+    let log = a.log_text();
+    assert!(log.contains("lease released"), "{}", a.log_tail());
+    assert!(
+        log.contains("every write answered: the lease tells the next leader it need not wait"),
+        "{}",
+        a.log_tail()
+    );
     assert_ne!(
         lease_holder(&admin).await.as_deref(),
         Some("replica-a"),
@@ -796,6 +829,16 @@ async fn sigterm_hands_the_lease_to_the_standby() {
     assert_eq!(cidrs.len(), 2, "{cidrs:?}");
     assert_eq!(b.gauge("nodeipam_leader", &[]).await, Some(1.0));
     assert_invariant(&admin, &[]).await;
+    // replica-b skipped the take-over wait on replica-a's word, and took the word off the
+    // Lease before it wrote: a crash of replica-b must not be mistaken for a clean stop.
+    assert_eq!(takeovers(&b, "clean").await, 1.0);
+    assert_eq!(takeovers(&b, "unclean").await, 0.0);
+    assert!(
+        b.log_text().contains("allocating at once"),
+        "{}",
+        b.log_tail()
+    );
+    assert_eq!(lease_handover(&admin).await, None);
     eprintln!(
         "clean handover (lease 15s, grace 5s): replica-a exited {:.2}s after SIGTERM; \
          replica-b held the lease {:.2}s and node 'after' had podCIDRs {:.2}s after it",
@@ -808,6 +851,9 @@ async fn sigterm_hands_the_lease_to_the_standby() {
     b.assert_never_forbidden();
     b.signal(Signal::TERM);
     assert!(b.wait_exit().await.success());
+    // With no standby the mark stays on the released Lease for whoever leads next.
+    assert_eq!(lease_handover(&admin).await.as_deref(), Some(SETTLED));
+    assert_eq!(lease_holder(&admin).await, None);
     cp.stop().await;
 }
 

@@ -66,21 +66,25 @@ async fn execute(ctx: &Context, job: &ConfigJob) -> Result<(), kube::Error> {
     let api: Api<NodeIPAMConfig> = Api::all(ctx.client.clone());
     ctx.limiter.acquire().await;
     let result = match job {
-        ConfigJob::Status { name, uid, status } => write_status(&api, name, uid.as_deref(), status)
+        ConfigJob::Status { name, uid, status } => ctx
+            .in_flight
+            .send(write_status(&api, name, uid.as_deref(), status))
             .await
             .map(|written| {
                 if !written {
                     debug!(config = %name, "status not written: the config was created again");
                 }
             }),
-        ConfigJob::AddFinalizer { name } => edit_finalizers(&api, name, true, None)
+        ConfigJob::AddFinalizer { name } => ctx
+            .in_flight
+            .send(edit_finalizers(&api, name, true, None))
             .await
             .map(|changed| debug!(config = %name, changed, "finalizer present")),
-        ConfigJob::RemoveFinalizer { name, uid } => {
-            edit_finalizers(&api, name, false, uid.as_deref())
-                .await
-                .map(|changed| debug!(config = %name, changed, "finalizer removed"))
-        }
+        ConfigJob::RemoveFinalizer { name, uid } => ctx
+            .in_flight
+            .send(edit_finalizers(&api, name, false, uid.as_deref()))
+            .await
+            .map(|changed| debug!(config = %name, changed, "finalizer removed")),
     };
     match result {
         // The config is gone: nothing left to write.

@@ -4,6 +4,7 @@
 pub mod config_writer;
 pub mod driver;
 pub mod events;
+pub mod handover;
 pub mod leader;
 pub mod node_writer;
 pub mod pool_writer;
@@ -75,8 +76,11 @@ pub struct Options {
     /// The published pod network for consumers, and the ordering gate that comes with it.
     pub publish: publisher::PublishOptions,
     /// How long a new leader waits before it lists, so a previous leader's last writes land
-    /// first. Zero without leader election.
+    /// first, unless the previous leader handed over settled. Zero without leader election.
     pub takeover_delay: Duration,
+    /// The Lease this replica elects with, where hand-overs are marked. None without leader
+    /// election.
+    pub lease: Option<handover::LeaseRef>,
     /// A fault to inject, for the tests of supervision.
     pub fault: Option<Fault>,
 }
@@ -132,6 +136,7 @@ impl Default for Options {
             burst: 100,
             publish: publisher::PublishOptions::default(),
             takeover_delay: Duration::ZERO,
+            lease: None,
             fault: None,
         }
     }
@@ -143,6 +148,8 @@ pub struct Context {
     pub options: Options,
     pub metrics: Arc<Metrics>,
     pub limiter: RateLimiter,
+    /// The current session's writes, for a settled hand-over.
+    pub in_flight: handover::InFlight,
 }
 
 impl Context {
@@ -153,46 +160,110 @@ impl Context {
             options,
             metrics,
             limiter,
+            in_flight: handover::InFlight::default(),
         }
     }
 }
 
 /// Allocates while `leadership` says true; stops at once when it turns false, and starts over
 /// from a fresh read of the API when it turns true again. Returns when `leadership` closes.
-pub async fn run(ctx: Arc<Context>, mut leadership: watch::Receiver<bool>) {
+pub async fn run(ctx: Arc<Context>, leadership: watch::Receiver<bool>) {
+    let (_never, stop) = watch::channel(false);
+    run_until(ctx, leadership, stop).await;
+}
+
+/// [`run`] until `stop` turns true: then no new write starts, those in flight are waited for,
+/// and the answer is whether the session stopped settled (see [`handover`]): every write it
+/// sent answered, so that the Lease may tell the next leader it need not wait.
+pub async fn run_until(
+    ctx: Arc<Context>,
+    mut leadership: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
+) -> bool {
     loop {
-        if leadership.wait_for(|leader| *leader).await.is_err() {
-            return;
+        tokio::select! {
+            held = turns(&mut leadership, true) => if !held { return false },
+            // A standby, or a leader still waiting: it sent nothing to vouch for.
+            true = turns(&mut stop, true) => return false,
         }
-        if !ctx.options.takeover_delay.is_zero() {
-            // Writes a deposed leader sent just before it lost the lease may still be landing;
-            // let them settle so the list below sees them as held blocks.
-            info!(delay = ?ctx.options.takeover_delay, "leadership gained: letting writes of a previous leader settle");
-            tokio::select! {
-                () = tokio::time::sleep(ctx.options.takeover_delay) => {}
-                _ = leadership.wait_for(|leader| !*leader) => continue,
-            }
+        tokio::select! {
+            () = take_over(&ctx) => {}
+            _ = turns(&mut leadership, false) => continue,
+            true = turns(&mut stop, true) => return false,
         }
         info!("leadership held: rebuilding allocation state from the API");
+        ctx.in_flight.begin();
         ctx.metrics.allocation_stepped();
         ctx.metrics.set_leader(true);
         let session = driver::run(ctx.clone());
         tokio::pin!(session);
-        let lost = async {
-            let _ = leadership.wait_for(|leader| !*leader).await;
+        let ended = tokio::select! {
+            result = &mut session => result,
+            _ = turns(&mut leadership, false) => {
+                info!("leadership lost: allocation stopped");
+                Ok(())
+            }
+            true = turns(&mut stop, true) => {
+                // The session is kept (not polled) while its writers finish what they sent.
+                let limit = ctx.options.write_timeout + Duration::from_secs(1);
+                let settled = ctx.in_flight.settle(limit).await;
+                ctx.metrics.set_leader(false);
+                return settled;
+            }
         };
-        tokio::select! {
-            result = &mut session => {
-                if let Err(e) = result {
-                    ctx.metrics.reconcile_error(e.kind());
-                    warn!(error = %e, "allocation session ended; rebuilding");
-                }
-                // Back off a little so an API server that is down is not hammered.
+        ctx.metrics.set_leader(false);
+        if let Err(e) = ended {
+            ctx.metrics.reconcile_error(e.kind());
+            warn!(error = %e, "allocation session ended; rebuilding");
+            // Back off a little so an API server that is down is not hammered.
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                true = turns(&mut stop, true) => return false,
+            }
+        }
+    }
+}
+
+/// Until `signal` says `value`; false if its sender is gone first. (The guard of `wait_for`
+/// is not held across the awaits that follow, so the loop stays `Send`.)
+async fn turns(signal: &mut watch::Receiver<bool>, value: bool) -> bool {
+    signal.wait_for(|v| *v == value).await.is_ok()
+}
+
+/// Before a session writes anything: after a clean hand-over it starts at once; otherwise it
+/// waits out writes of a previous leader (or of an earlier session of ours) still landing.
+async fn take_over(ctx: &Context) {
+    let delay = ctx.options.takeover_delay;
+    let Some(lease) = &ctx.options.lease else {
+        tokio::time::sleep(delay).await;
+        return;
+    };
+    let took = loop {
+        match handover::claim(&ctx.client, lease).await {
+            Ok(took) => break took,
+            // The mark must be gone before we write: ask until the API server answers.
+            Err(e) => {
+                warn!(error = %e, "reading the lease for a hand-over failed; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            () = lost => info!("leadership lost: allocation stopped"),
         }
-        ctx.metrics.set_leader(false);
+    };
+    ctx.metrics.took_over(took.label());
+    match took {
+        handover::Takeover::Clean => {
+            info!(
+                "leadership gained: the previous leader handed over with every write answered; allocating at once"
+            );
+        }
+        handover::Takeover::Unclean => {
+            // Writes a deposed leader sent just before it lost the lease may still be landing;
+            // let them settle so the list that follows sees them as held blocks.
+            info!(
+                ?delay,
+                "leadership gained: letting writes of a previous leader settle"
+            );
+            tokio::time::sleep(delay).await;
+        }
     }
 }
 

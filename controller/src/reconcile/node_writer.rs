@@ -114,7 +114,8 @@ async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
     ctx.limiter.acquire().await;
     let sent = tokio::time::timeout(
         ctx.options.write_timeout,
-        api.patch(&job.node, &params, &Patch::Merge(&patch)),
+        ctx.in_flight
+            .send(api.patch(&job.node, &params, &Patch::Merge(&patch))),
     )
     .await;
     match sent {

@@ -106,7 +106,11 @@ async fn create(ctx: &Context, child: &ChildConfig) -> CreateOutcome {
         field_manager: Some(MANAGER.into()),
         ..PostParams::default()
     };
-    match api.create(&params, &child.object()).await {
+    match ctx
+        .in_flight
+        .send(api.create(&params, &child.object()))
+        .await
+    {
         Ok(_) => {
             info!(pool = %child.pool, config = %child.name, "created a child NodeIPAMConfig");
             CreateOutcome::Created
@@ -131,7 +135,7 @@ async fn delete(ctx: &Context, name: &str, uid: Option<&str>) -> DeleteOutcome {
         }),
         ..DeleteParams::default()
     };
-    match api.delete(name, &params).await {
+    match ctx.in_flight.send(api.delete(name, &params)).await {
         Ok(_) => {
             info!(config = %name, "deleted an empty child NodeIPAMConfig");
             DeleteOutcome::Deleted
@@ -167,8 +171,9 @@ async fn write_status(
         field_manager: Some(MANAGER.into()),
         ..PatchParams::default()
     };
-    match api
-        .patch_status(name, &params, &Patch::Json::<()>(patch))
+    match ctx
+        .in_flight
+        .send(api.patch_status(name, &params, &Patch::Json::<()>(patch)))
         .await
     {
         Ok(_) => Ok(()),

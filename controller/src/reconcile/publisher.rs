@@ -121,14 +121,15 @@ async fn apply_data(
         "data": data,
     });
     ctx.limiter.acquire().await;
-    api.patch(
-        &target.name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .map(|_| ())
-    .map_err(|e| format!("writing {target}: {e}"))
+    ctx.in_flight
+        .send(api.patch(
+            &target.name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&body),
+        ))
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("writing {target}: {e}"))
 }
 
 #[cfg(test)]

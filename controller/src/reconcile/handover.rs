@@ -1,0 +1,382 @@
+//! What a leader hands the next one: whether every write it sent was answered. A leader that
+//! stops cleanly (a rolling update) says so on the Lease, and its successor allocates at once
+//! instead of waiting out writes that might still be landing (`Options::takeover_delay`).
+//!
+//! The rule: a write may land after its sender gave up on it (a timeout, a dropped
+//! connection, a 504 whose handler still runs). A new leader that lists before such a write
+//! lands sees its node as pending and could hand its block to another node. So a new leader
+//! waits, unless the Lease carries [`HANDOVER_ANNOTATION`] = [`SETTLED`], which a leader writes
+//! only after (1) its own session began after such a wait or such a hand-over, so nothing of
+//! an earlier leader can land, (2) it stopped sending and (3) every request it sent got a
+//! definite answer. The successor removes the mark before it writes anything, so a mark never
+//! outlives the quiet it vouches for. Deciding is pure (`takeover`, `definite`); `claim` and
+//! `mark` only read and write the Lease.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::Notify;
+use tracing::debug;
+
+/// The annotation on the Lease by which a leader that stopped cleanly vouches that none of
+/// its writes (nor any earlier leader's) can still land.
+pub const HANDOVER_ANNOTATION: &str = "nodeipam.io/handover";
+/// Its only value.
+pub const SETTLED: &str = "settled";
+/// Field manager of the mark, apart from the lease manager's own.
+const FIELD_MANAGER: &str = "nodeipam-handover";
+/// How long one Lease request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The Lease this replica elects with.
+#[derive(Clone, Debug)]
+pub struct LeaseRef {
+    pub namespace: String,
+    pub name: String,
+    pub identity: String,
+}
+
+/// How a leader took over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Takeover {
+    /// Its predecessor vouched that nothing of it can still land: allocate at once.
+    Clean,
+    /// Nothing says so: wait out the longest write first.
+    Unclean,
+}
+
+impl Takeover {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Takeover::Clean => "clean",
+            Takeover::Unclean => "unclean",
+        }
+    }
+}
+
+/// How a leader took over, from the Lease it holds: clean only when the Lease names `identity`
+/// as its holder (the mark was left for whoever took it next: us) and carries the mark.
+pub fn takeover(lease: &Lease, identity: &str) -> Takeover {
+    let holder = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref());
+    let marked = lease
+        .annotations()
+        .get(HANDOVER_ANNOTATION)
+        .map(String::as_str)
+        == Some(SETTLED);
+    if marked && holder == Some(identity) {
+        Takeover::Clean
+    } else {
+        Takeover::Unclean
+    }
+}
+
+/// Whether a request's outcome is final: it can no longer land later. An answer from the API
+/// server is, but for a 504, whose handler may still be running; an error without an answer
+/// (a timeout, a connection lost) is not.
+pub fn definite<T>(result: &Result<T, kube::Error>) -> bool {
+    match result {
+        Ok(_) => true,
+        Err(kube::Error::Api(status)) => status.code != 504,
+        Err(_) => false,
+    }
+}
+
+/// Reads the Lease we hold and, if our predecessor left the mark, removes it (only on the
+/// version read, so nothing else changed in between). Clean only once the mark is gone: a
+/// mark left in place would vouch for our own writes. An error means: ask again.
+pub async fn claim(client: &Client, lease: &LeaseRef) -> Result<Takeover, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
+    let Some(current) = timed(api.get_opt(&lease.name)).await? else {
+        return Ok(Takeover::Unclean);
+    };
+    let found = takeover(&current, &lease.identity);
+    if current.annotations().contains_key(HANDOVER_ANNOTATION) {
+        // Removed whatever we decided: a mark that did not vouch for us must not stay either.
+        let patch = json!({ "metadata": {
+            "resourceVersion": current.resource_version(),
+            "annotations": { HANDOVER_ANNOTATION: null },
+        }});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        timed(api.patch(&lease.name, &params, &Patch::Merge(&patch))).await?;
+    }
+    Ok(found)
+}
+
+/// Marks the Lease as handed over settled, if it still names us (on the version read).
+/// Returns whether it did.
+pub async fn mark(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
+    let Some(current) = timed(api.get_opt(&lease.name)).await? else {
+        return Ok(false);
+    };
+    let holder = current
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref());
+    if holder != Some(lease.identity.as_str()) {
+        debug!(
+            ?holder,
+            "the lease names another holder: nothing to hand over"
+        );
+        return Ok(false);
+    }
+    let patch = json!({ "metadata": {
+        "resourceVersion": current.resource_version(),
+        "annotations": { HANDOVER_ANNOTATION: SETTLED },
+    }});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    timed(api.patch(&lease.name, &params, &Patch::Merge(&patch))).await?;
+    Ok(true)
+}
+
+async fn timed<T>(request: impl Future<Output = Result<T, kube::Error>>) -> Result<T, kube::Error> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+        Ok(result) => result,
+        Err(_) => Err(kube::Error::Service("the lease request timed out".into())),
+    }
+}
+
+/// The mutating requests of the current session: how many are in flight, whether any ended
+/// without a definite answer, and whether new ones may still start.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    state: Mutex<State>,
+    idle: Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    closed: bool,
+    count: usize,
+    unanswered: bool,
+}
+
+impl InFlight {
+    /// A session begins (after the take-over wait or a clean hand-over, which covers every
+    /// earlier request): new requests may start, and only its own count from here.
+    pub fn begin(&self) {
+        let mut s = self.lock();
+        s.closed = false;
+        // A request of an aborted session still unwinding keeps the doubt.
+        s.unanswered = s.count > 0;
+    }
+
+    /// Sends one mutating request, accounted for: refused once the session is handing over,
+    /// and counted as unanswered if it is dropped or ends without a definite answer.
+    pub async fn send<T>(
+        &self,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        let Some(ticket) = self.start() else {
+            return Err(kube::Error::Service(
+                "not sent: the leader is handing over".into(),
+            ));
+        };
+        let result = request.await;
+        ticket.finish(definite(&result));
+        result
+    }
+
+    /// Starts no more requests and waits (up to `limit`) for those in flight. True when every
+    /// request of the session got a definite answer.
+    pub async fn settle(&self, limit: Duration) -> bool {
+        self.lock().closed = true;
+        let idle = async {
+            loop {
+                let notified = self.idle.notified();
+                if self.lock().count == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        if tokio::time::timeout(limit, idle).await.is_err() {
+            return false;
+        }
+        !self.lock().unanswered
+    }
+
+    fn start(&self) -> Option<Ticket<'_>> {
+        let mut s = self.lock();
+        if s.closed {
+            return None;
+        }
+        s.count += 1;
+        Some(Ticket {
+            owner: self,
+            answered: false,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state stays consistent under a panic (plain counters); go on with it.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One request in flight; dropped unfinished, it counts as unanswered.
+struct Ticket<'a> {
+    owner: &'a InFlight,
+    answered: bool,
+}
+
+impl Ticket<'_> {
+    fn finish(mut self, definite: bool) {
+        self.answered = definite;
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        let mut s = self.owner.lock();
+        s.count -= 1;
+        s.unanswered |= !self.answered;
+        drop(s);
+        self.owner.idle.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use kube::core::Status;
+
+    fn lease(holder: Option<&str>, mark: Option<&str>) -> Lease {
+        let mut l = Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_string),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        };
+        if let Some(m) = mark {
+            l.annotations_mut()
+                .insert(HANDOVER_ANNOTATION.into(), m.into());
+        }
+        l
+    }
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(Status::failure("refused", "Test").with_code(code)))
+    }
+
+    #[test]
+    fn only_a_settled_mark_on_a_lease_we_hold_is_a_clean_takeover() {
+        assert_eq!(
+            takeover(&lease(Some("b"), Some(SETTLED)), "b"),
+            Takeover::Clean
+        );
+        assert_eq!(takeover(&lease(Some("b"), None), "b"), Takeover::Unclean);
+        assert_eq!(
+            takeover(&lease(Some("a"), Some(SETTLED)), "b"),
+            Takeover::Unclean
+        );
+        assert_eq!(
+            takeover(&lease(None, Some(SETTLED)), "b"),
+            Takeover::Unclean
+        );
+        assert_eq!(
+            takeover(&lease(Some("b"), Some("yes")), "b"),
+            Takeover::Unclean
+        );
+        assert_eq!(takeover(&Lease::default(), "b"), Takeover::Unclean);
+    }
+
+    #[test]
+    fn answers_but_a_gateway_timeout_are_definite() {
+        assert!(definite(&Ok::<(), kube::Error>(())));
+        for code in [404, 409, 422, 429, 500, 503] {
+            assert!(definite(&Err::<(), _>(api_error(code))), "{code}");
+        }
+        assert!(!definite(&Err::<(), _>(api_error(504))));
+        assert!(!definite(&Err::<(), _>(kube::Error::Service(
+            "connection reset".into()
+        ))));
+    }
+
+    #[tokio::test]
+    async fn a_session_whose_requests_were_all_answered_settles() {
+        let f = InFlight::default();
+        f.begin();
+        assert!(f.send(async { Ok::<_, kube::Error>(1) }).await.is_ok());
+        assert!(
+            f.send(async { Err::<(), _>(api_error(409)) })
+                .await
+                .is_err()
+        );
+        assert!(f.settle(Duration::from_secs(1)).await);
+        // Closed: nothing more is sent.
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        let r = f
+            .send(async {
+                sent.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, kube::Error>(())
+            })
+            .await;
+        assert!(r.is_err());
+        assert!(!sent.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_request_without_an_answer_or_dropped_unsettles_the_session() {
+        let f = InFlight::default();
+        f.begin();
+        let _ = f.send(async { Err::<(), _>(api_error(504)) }).await;
+        assert!(!f.settle(Duration::from_secs(1)).await);
+
+        let f = InFlight::default();
+        f.begin();
+        // Dropped mid-flight (a client-side timeout drops the request future).
+        let r = tokio::time::timeout(
+            Duration::from_millis(10),
+            f.send(std::future::pending::<Result<(), kube::Error>>()),
+        )
+        .await;
+        assert!(r.is_err());
+        assert!(!f.settle(Duration::from_secs(1)).await);
+        // The next session (after a take-over wait) starts with a clean slate.
+        f.begin();
+        assert!(f.settle(Duration::from_secs(1)).await);
+    }
+
+    #[tokio::test]
+    async fn settling_waits_for_requests_in_flight_and_gives_up_at_its_limit() {
+        let f = std::sync::Arc::new(InFlight::default());
+        f.begin();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let sender = {
+            let f = f.clone();
+            tokio::spawn(async move {
+                f.send(async {
+                    let _ = rx.await;
+                    Ok::<_, kube::Error>(())
+                })
+                .await
+            })
+        };
+        tokio::task::yield_now().await;
+        // Still in flight at the limit: not settled.
+        assert!(!f.settle(Duration::from_millis(20)).await);
+        let _ = tx.send(());
+        assert!(sender.await.expect("sender").is_ok());
+        assert!(f.settle(Duration::from_secs(1)).await);
+    }
+}
