@@ -196,6 +196,19 @@ async fn one(
     // config. The default install always starts as a new user's does.
     common::prepare(&admin, kind, &mut settings, backlog).await?;
     let settings = &settings;
+    let log_name = format!("{}-{n}-{}-{round}.log", args.mode.name(), kind.name());
+    if kind == Kind::NodeipamUpdated {
+        let admin_kubeconfig = cp.kubeconfig_path();
+        common::predecessor(
+            &admin,
+            settings,
+            admin_kubeconfig,
+            &args.common.work,
+            &log_name,
+            true,
+        )
+        .await?;
+    }
     if args.existing > 0 {
         let load = nodes::fill(cp.kubeconfig_path(), settings.mask, args.existing, 64).await?;
         eprintln!(
@@ -203,7 +216,6 @@ async fn one(
             args.existing, load.seconds
         );
     }
-    let log_name = format!("{}-{n}-{}-{round}.log", args.mode.name(), kind.name());
     // Separate clients (and connection pools) for the observer and the loader.
     let observer_client = crate::client(cp.kubeconfig_path()).await?;
     let loader_client = crate::client(cp.kubeconfig_path()).await?;

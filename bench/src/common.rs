@@ -126,9 +126,78 @@ pub async fn prepare(
         Kind::Nodeipam => create_config(admin, finalizer, settings.mask).await,
         // Its webhook refuses every config until it answers: the config comes after the
         // start (`create_config_once_admitted`), as a user's does.
-        Kind::NodeipamDefault | Kind::NodeipamPool => install_default(admin, settings).await,
+        Kind::NodeipamDefault | Kind::NodeipamUpdated | Kind::NodeipamPool => {
+            install_default(admin, settings).await
+        }
         _ => Ok(()),
     }
+}
+
+/// The Lease of the default install (namespace and name as `nodeipam run` defaults them).
+pub const LEASE: &str = "nodeipam-controller";
+
+/// Deletes the default install's Lease: the next replica starts as on a first install.
+pub async fn delete_lease(admin: &kube::Client) -> anyhow::Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let api: Api<Lease> = Api::namespaced(admin.clone(), nodeipam_webhook::DEFAULT_NAMESPACE);
+    match api.delete(LEASE, &Default::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e).context("deleting the lease"),
+    }
+}
+
+/// For `nodeipam-updated`: the replica a rolling update replaces. It starts as installed
+/// (with the admin's identity, so that its requests are not the timed contender's), leads,
+/// gets the config ready when `config` (created as a user does, after the start), and stops
+/// on SIGTERM as a Deployment's old pod does. It must hand over settled, or the run would not
+/// measure what it says.
+pub async fn predecessor(
+    admin: &kube::Client,
+    settings: &Settings,
+    admin_kubeconfig: &std::path::Path,
+    work: &std::path::Path,
+    log_name: &str,
+    config: bool,
+) -> anyhow::Result<()> {
+    let mut s = settings.clone();
+    s.replica = Some("bench-previous".into());
+    let log = format!("previous-{log_name}");
+    let mut proc =
+        crate::contender::spawn(Kind::NodeipamDefault, &s, admin_kubeconfig, work, &log)?;
+    proc.wait_synced(std::time::Duration::from_secs(300))
+        .await?;
+    if config {
+        create_config_once_admitted(admin, s.mask).await?;
+        wait_config_ready(admin).await?;
+    }
+    let log = proc.log.clone();
+    proc.stop().await?;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    if !text.contains("every write answered") {
+        anyhow::bail!(
+            "the replica replaced in a rolling update did not hand over settled; see {}",
+            log.display()
+        );
+    }
+    Ok(())
+}
+
+/// Until the config carries our finalizer: the leader has taken it on.
+async fn wait_config_ready(client: &kube::Client) -> anyhow::Result<()> {
+    let api: Api<NodeIPAMConfig> = Api::all(client.clone());
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let config = api.get_opt(CONFIG_NAME).await?;
+        let finalizers = config
+            .and_then(|c| c.metadata.finalizers)
+            .unwrap_or_default();
+        if finalizers.iter().any(|f| f == nodeipam_crd::FINALIZER) {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("the config never got the controller's finalizer")
 }
 
 /// What a user creates right after installing: the config, or for `nodeipam-pool` the pool.

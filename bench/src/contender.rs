@@ -25,6 +25,9 @@ pub enum Kind {
     /// nodeipam as installed: webhook, publishing and leader election on, the config created
     /// without our finalizer.
     NodeipamDefault,
+    /// nodeipam as installed after a rolling update: a previous replica of the same install
+    /// led, then stopped cleanly (SIGTERM) and handed over; the timed one takes over from it.
+    NodeipamUpdated,
     /// nodeipam as installed, with a NodeIPAMPool instead of one big config: it starts with
     /// one range of 256 blocks and carves more as nodes come.
     NodeipamPool,
@@ -47,6 +50,7 @@ impl Kind {
         match self {
             Kind::Nodeipam => "nodeipam",
             Kind::NodeipamDefault => "nodeipam-default",
+            Kind::NodeipamUpdated => "nodeipam-updated",
             Kind::NodeipamPool => "nodeipam-pool",
             Kind::Kcm => "kcm",
             Kind::Floor => "floor",
@@ -63,7 +67,7 @@ impl Kind {
     /// starts; the floor's own line.
     fn synced_lines(self) -> &'static [&'static str] {
         match self {
-            Kind::Nodeipam | Kind::NodeipamDefault | Kind::NodeipamPool => {
+            Kind::Nodeipam | Kind::NodeipamDefault | Kind::NodeipamUpdated | Kind::NodeipamPool => {
                 &["allocation state rebuilt from the API"]
             }
             Kind::Kcm => &["Starting range CIDR allocator", "Caches are synced"],
@@ -128,7 +132,7 @@ pub fn command(kind: Kind, s: &Settings, kubeconfig: &Path) -> anyhow::Result<Ve
             // Any free port: several benchmarks or tests may run on one machine.
             "--metrics-addr=127.0.0.1:0".into(),
         ],
-        Kind::NodeipamDefault | Kind::NodeipamPool => vec![
+        Kind::NodeipamDefault | Kind::NodeipamUpdated | Kind::NodeipamPool => vec![
             s.nodeipam_bin.display().to_string(),
             "run".into(),
             format!("--kubeconfig={kc}"),

@@ -102,7 +102,11 @@ pub async fn run(args: StartupArgs) -> anyhow::Result<StartupReport> {
         // As a restarted nodeipam finds it: with its finalizer.
         common::create_config(&admin, true, settings.mask).await?;
         // After the config: the webhook refuses every config until a nodeipam answers.
-        if args.contenders.contains(&Kind::NodeipamDefault) {
+        if args
+            .contenders
+            .iter()
+            .any(|k| matches!(k, Kind::NodeipamDefault | Kind::NodeipamUpdated))
+        {
             common::install_default(&admin, &mut settings).await?;
         }
         for round in 1..=args.rounds {
@@ -138,6 +142,24 @@ async fn one(
     round: usize,
 ) -> anyhow::Result<StartupRun> {
     let admin = cp.client();
+    let log_name = format!("startup-{n}-{}-{round}.log", kind.name());
+    match kind {
+        // As on a first install: no Lease, so no word of a previous leader.
+        Kind::NodeipamDefault => common::delete_lease(&admin).await?,
+        Kind::NodeipamUpdated => {
+            let admin_kubeconfig = cp.kubeconfig_path();
+            common::predecessor(
+                &admin,
+                settings,
+                admin_kubeconfig,
+                &args.common.work,
+                &log_name,
+                false,
+            )
+            .await?;
+        }
+        _ => {}
+    }
     let group = format!("probe-{}-{round}", kind.name());
     let observer = Observer::start(&admin, &format!("{BENCH_LABEL}={group}")).await?;
     nodes::create_probe(&admin, &group).await?;
@@ -145,7 +167,6 @@ async fn one(
     tokio::time::sleep(Duration::from_secs(2)).await;
     let load1 = procstat::load1()?;
     let servers_before = common::server_cpu()?;
-    let log_name = format!("startup-{n}-{}-{round}.log", kind.name());
     let mut proc = contender::spawn(
         kind,
         settings,
