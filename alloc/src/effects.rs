@@ -117,6 +117,9 @@ impl ChildConfig {
                     block_owner_deletion: None,
                 }]
             }),
+            // Created held: the range is ours to drain from its first moment, and no
+            // finalizer write has to come before its first block.
+            finalizers: Some(vec![nodeipam_crd::FINALIZER.to_string()]),
             ..ObjectMeta::default()
         };
         obj

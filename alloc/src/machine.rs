@@ -7,7 +7,7 @@
 //! One machine owns the state of one leadership term; being its only owner is what makes the
 //! controller a single writer.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -28,7 +28,9 @@ use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
 use super::podnetwork::{
     ConfigMapRef, ConfigRanges, OutputContent, OutputKind, PodNetwork, covered,
 };
-use super::pool::{self as scaling, Carve, ChildView, PoolInput, PoolStatus, PoolWorld};
+use super::pool::{
+    self as scaling, Carve, ChildView, DEMAND_WINDOW, PoolInput, PoolStatus, PoolWorld,
+};
 use super::selection::{self, NodeView};
 use super::status::desired_status;
 use crate::node::IpamNode;
@@ -348,6 +350,8 @@ pub struct Machine {
     /// Each config's facts as its last status flush computed them (every change that moves
     /// them marks the config for one): what pool decisions read.
     facts: HashMap<String, super::ipam::ConfigFacts>,
+    /// When each pool's children handed out their recent blocks, oldest first.
+    handed_out: HashMap<String, VecDeque<Duration>>,
     /// Carved children not yet accepting: their pool, and when the carve was decided.
     scale_started: HashMap<String, (String, Duration)>,
     /// Inputs handled so far: orders create answers against config lists.
@@ -400,6 +404,7 @@ impl Machine {
             empty_since: HashMap::new(),
             pool_written: HashMap::new(),
             scale_started: HashMap::new(),
+            handed_out: HashMap::new(),
             facts: HashMap::new(),
             step: 0,
             configs_list_step: 0,
@@ -457,6 +462,11 @@ impl Machine {
                     self.retry_pending();
                 }
             }
+        }
+        // What consumers must learn goes out now, not at the next tick: a new range (a carve
+        // above all) hands out nothing before it is published. Only content changes are sent.
+        if self.network_dirty {
+            self.publish_network();
         }
         // Gauges that follow the state are set after every step so they are never stale.
         self.effects
@@ -873,6 +883,12 @@ impl Machine {
             Ok(a) => {
                 self.pending.remove(name);
                 self.empty_since.remove(&a.config);
+                if let Some(pool) = self.child_pool(&a.config).map(str::to_string) {
+                    self.handed_out
+                        .entry(pool)
+                        .or_default()
+                        .push_back(self.now.mono);
+                }
                 debug!(node = %name, config = %a.config, cidrs = ?a.cidrs, "allocated");
                 for c in &a.cidrs {
                     if let Some(range) = self.ipam.config_range(&a.config, c) {
@@ -1344,6 +1360,7 @@ impl Machine {
         self.carves.retain(|_, c| c.pool != name);
         self.pool_written.remove(name);
         self.scale_started.retain(|_, (pool, _)| pool != name);
+        self.handed_out.remove(name);
         self.metric(Metric::PoolGone(name.to_string()));
         if self.synced {
             // Nodes that waited for it without a warning get one now.
@@ -1434,6 +1451,18 @@ impl Machine {
         if self.configs.contains_key(name) {
             self.regate();
         }
+    }
+
+    /// Blocks `pool`'s children handed out within the last [`DEMAND_WINDOW`].
+    fn demand(&mut self, pool: &str) -> u64 {
+        let since = self.now.mono.saturating_sub(DEMAND_WINDOW);
+        let Some(times) = self.handed_out.get_mut(pool) else {
+            return 0;
+        };
+        while times.front().is_some_and(|t| *t < since) {
+            times.pop_front();
+        }
+        times.len() as u64
     }
 
     /// The pool a config is a child of: it carries the pool's label and a controller
@@ -1666,6 +1695,7 @@ impl Machine {
         occupied.extend(self.ipam.service_ranges());
         occupied.extend(self.ipam.unmanaged().into_iter().map(|(c, _)| c));
         self.retry_failed_carves(name, &input, &occupied);
+        let demand = self.demand(name);
         // A carve whose child is there counts as the child.
         let in_flight: Vec<Carve> = self
             .carves
@@ -1690,6 +1720,7 @@ impl Machine {
                 occupied: &occupied,
                 pending,
                 in_flight: &in_flight,
+                demand,
                 now,
             };
             decision = scaling::decide(&world, &previous, wall);

@@ -238,6 +238,10 @@ pub struct Retire {
     pub uid: Option<String>,
 }
 
+/// How far back a pool's demand is counted: about the time a carve takes to be published,
+/// with room to spare.
+pub const DEMAND_WINDOW: Duration = Duration::from_secs(1);
+
 /// Everything the decision looks at.
 #[derive(Clone, Debug)]
 pub struct PoolWorld<'a> {
@@ -250,6 +254,10 @@ pub struct PoolWorld<'a> {
     pub pending: u64,
     /// Carves asked for and not yet seen as child configs.
     pub in_flight: &'a [Carve],
+    /// Blocks the pool's children handed out in the last [`DEMAND_WINDOW`]: while nodes come
+    /// faster than the headroom lasts, the pool keeps that many free instead, so that a new
+    /// range is published before the free blocks run out.
+    pub demand: u64,
     /// Monotonic now.
     pub now: Duration,
 }
@@ -357,7 +365,7 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
         .map(|c| c.free)
         .sum::<u64>()
         + w.in_flight.len() as u64 * per_range;
-    let want = w.pending.saturating_add(pool.headroom);
+    let want = w.pending.saturating_add(pool.headroom.max(w.demand));
     let (min, max) = (u64::from(pool.min), u64::from(pool.max));
 
     // Carve: the lowest free range of each family, in lockstep.

@@ -161,6 +161,7 @@ async fn a_burst_outgrows_the_first_range_each_new_range_published_first_then_re
     namespace(&c, NS).await;
     let (cms, _cms_recorder) = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
     let (nodes, _nodes_recorder) = record(Api::<Node>::all(c.clone()));
+    let (configs, _configs_recorder) = record(Api::<NodeIPAMConfig>::all(c.clone()));
     // ip-masq-agent's ConfigMap exists (its owner makes it); ours is only nonMasqueradeCIDRs.
     let masq = ConfigMap {
         metadata: ObjectMeta {
@@ -256,6 +257,18 @@ async fn a_burst_outgrows_the_first_range_each_new_range_published_first_then_re
                 );
             }
         }
+    }
+    // Each child was created held: its first version already carries our finalizer, so no
+    // finalizer write stands between a carve and its first block.
+    let configs_log = configs.lock().expect("lock").clone();
+    for kid in &kids {
+        let first = configs_log
+            .iter()
+            .filter(|(_, _, c)| c.uid() == kid.uid())
+            .min_by_key(|(rv, _, _)| *rv)
+            .map(|(_, _, c)| c.finalizers().to_vec())
+            .unwrap_or_else(|| panic!("{} never recorded", kid.name_any()));
+        assert_eq!(first, [nodeipam_crd::FINALIZER], "{}", kid.name_any());
     }
     assert_invariant(&c, &[]).await;
     assert_no_duplicate_or_orphan(&c).await;

@@ -44,7 +44,18 @@ fn synced(options: Options) -> (Machine, Vec<Effect>) {
     for i in 0..outputs {
         out.extend(m.handle(at(0), Input::Output(i, Watch::ListDone)));
     }
+    // The first publication goes out once everything is read; the publisher answers it.
+    answer_publications(&mut m, &out);
     (m, out)
+}
+
+/// What the publisher does with each publication among `effects`: writes it and says so.
+fn answer_publications(m: &mut Machine, effects: &[Effect]) {
+    for e in effects {
+        if let Effect::Publish(n) = e {
+            m.handle(at(0), Input::Published(n.clone()));
+        }
+    }
 }
 
 fn writes(effects: &[Effect]) -> Vec<&WriteJob> {
@@ -155,16 +166,8 @@ fn a_config_without_our_finalizer_gets_it_before_anything_is_allocated() {
 #[test]
 fn a_range_is_allocated_from_only_once_the_published_output_holds_it() {
     let (mut m, _) = synced(options(true));
-    m.handle(at(1), Input::Config(Watch::Applied(pool(true))));
-    let out = m.handle(
-        at(1),
-        Input::Node(Watch::Applied(node("a", "u-a", &[], &[]))),
-    );
-    assert!(
-        writes(&out).is_empty(),
-        "allocated before consumers knew the range"
-    );
-    let out = m.handle(at(1), Input::Tick);
+    // Published with the step that saw the config, not at the next tick.
+    let out = m.handle(at(1), Input::Config(Watch::Applied(pool(true))));
     let network = out
         .iter()
         .find_map(|e| match e {
@@ -173,8 +176,19 @@ fn a_range_is_allocated_from_only_once_the_published_output_holds_it() {
         })
         .expect("the network is published");
     assert!(network.cidrs().contains(&net("10.0.0.0/29")));
+    let out = m.handle(
+        at(1),
+        Input::Node(Watch::Applied(node("a", "u-a", &[], &[]))),
+    );
+    assert!(
+        writes(&out).is_empty(),
+        "allocated before consumers knew the range"
+    );
     let data = network.configmap_data("now");
     let cm = configmap("nodeipam-system", "pod-network", data);
+    // Written (the publisher's answer) and read back (the watch): only then.
+    let out = m.handle(at(1), Input::Published(network));
+    assert!(writes(&out).is_empty(), "{out:?}");
     let out = m.handle(at(1), Input::Output(0, Watch::Applied(cm)));
     assert_eq!(writes(&out).len(), 1, "{out:?}");
 }
@@ -396,8 +410,7 @@ fn a_service_cidr_keeps_its_range_out_even_after_an_update() {
 #[test]
 fn an_output_edited_by_someone_else_is_published_again() {
     let (mut m, _) = synced(options(true));
-    m.handle(at(1), Input::Config(Watch::Applied(pool(true))));
-    let out = m.handle(at(1), Input::Tick);
+    let out = m.handle(at(1), Input::Config(Watch::Applied(pool(true))));
     assert!(out.iter().any(|e| matches!(e, Effect::Publish(_))));
     let out = m.handle(at(1), Input::Tick);
     assert!(
@@ -405,8 +418,7 @@ fn an_output_edited_by_someone_else_is_published_again() {
         "unchanged: not again"
     );
     let edited = configmap("nodeipam-system", "pod-network", BTreeMap::new());
-    m.handle(at(2), Input::Output(0, Watch::Applied(edited)));
-    let out = m.handle(at(2), Input::Tick);
+    let out = m.handle(at(2), Input::Output(0, Watch::Applied(edited)));
     assert!(
         out.iter().any(|e| matches!(e, Effect::Publish(_))),
         "{out:?}"
@@ -626,8 +638,7 @@ fn a_landed_status_that_says_drained_holds_allocation_until_a_later_one_lands() 
 #[test]
 fn a_publication_in_flight_that_lacks_a_range_keeps_its_gate_closed() {
     let (mut m, _) = synced(options(true));
-    m.handle(at(1), Input::Config(Watch::Applied(pool(true))));
-    let out = m.handle(at(1), Input::Tick);
+    let out = m.handle(at(1), Input::Config(Watch::Applied(pool(true))));
     let with = out
         .iter()
         .find_map(|e| match e {
@@ -637,8 +648,7 @@ fn a_publication_in_flight_that_lacks_a_range_keeps_its_gate_closed() {
         .expect("published");
     // The config goes; a network without it is sent; a same-named config comes back before
     // that network landed, and the watch still shows the older one that had the range.
-    m.handle(at(2), Input::Config(Watch::Deleted(pool(true))));
-    let out = m.handle(at(2), Input::Tick);
+    let out = m.handle(at(2), Input::Config(Watch::Deleted(pool(true))));
     assert!(out.iter().any(|e| matches!(e, Effect::Publish(_))));
     m.handle(at(3), Input::Config(Watch::Applied(pool(true))));
     let stale = configmap(
@@ -920,10 +930,16 @@ fn an_empty_child_beyond_min_retires_after_empty_for_and_hands_out_nothing_more(
         );
         jobs.extend(writes(&out).into_iter().cloned());
     }
-    let second = creates(&m.handle(at(3), Input::Tick))[0].clone();
+    // Decided once the burst is a second old: only the waiting node asks for a range.
+    let carved = creates(&m.handle(at(4), Input::Tick))
+        .into_iter()
+        .cloned()
+        .collect::<Vec<_>>();
+    assert_eq!(carved.len(), 1, "{carved:?}");
+    let second = carved[0].clone();
     assert_eq!(second.name, "pods-10-0-0-8-29");
     let out = m.handle(
-        at(3),
+        at(4),
         Input::Config(Watch::Applied(child_object(&second, "c-2"))),
     );
     jobs.extend(writes(&out).into_iter().cloned());
@@ -1051,14 +1067,11 @@ fn the_answer_for_a_publication_does_not_account_for_a_later_one_with_the_same_c
             })
             .expect("published")
     };
-    m.handle(at(1), Input::Config(Watch::Applied(pool(true))));
-    let first = published(&m.handle(at(1), Input::Tick));
+    let first = published(&m.handle(at(1), Input::Config(Watch::Applied(pool(true)))));
     // The config goes (a network without its range is sent) and comes back (the first
     // content is sent again) before anything landed.
-    m.handle(at(2), Input::Config(Watch::Deleted(pool(true))));
-    let without = published(&m.handle(at(2), Input::Tick));
-    m.handle(at(3), Input::Config(Watch::Applied(pool(true))));
-    let again = published(&m.handle(at(3), Input::Tick));
+    let without = published(&m.handle(at(2), Input::Config(Watch::Deleted(pool(true)))));
+    let again = published(&m.handle(at(3), Input::Config(Watch::Applied(pool(true)))));
     assert_eq!(first.cidrs(), again.cidrs());
     assert!(first.seq < without.seq && without.seq < again.seq);
     // Only the first is written so far: the one without the range may still land.
@@ -1080,4 +1093,88 @@ fn the_answer_for_a_publication_does_not_account_for_a_later_one_with_the_same_c
     // The last one is written (the publisher skipped the middle one): the gate opens.
     let out = m.handle(at(5), Input::Published(again));
     assert_eq!(writes(&out).len(), 1, "{out:?}");
+}
+
+fn published(effects: &[Effect]) -> Option<PodNetwork> {
+    effects.iter().find_map(|e| match e {
+        Effect::Publish(n) => Some(n.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_carved_child_is_created_held_and_published_with_the_step_that_sees_it() {
+    let mut m = Machine::new(Options {
+        pools: true,
+        ..options(true)
+    });
+    m.handle(at(0), Input::Node(Watch::ListDone));
+    m.handle(at(0), Input::Config(Watch::ListDone));
+    m.handle(at(0), Input::Output(0, Watch::ListDone));
+    m.handle(at(0), Input::Pool(Watch::Listed(small_pool(1, 4, 1))));
+    let out = m.handle(at(0), Input::Pool(Watch::ListDone));
+    answer_publications(&mut m, &out);
+    let out = m.handle(at(1), Input::Tick);
+    let child = creates(&out)[0].clone();
+    // Created with our finalizer: no finalizer write comes between the carve and its use.
+    let object = child.object();
+    assert_eq!(
+        object.metadata.finalizers,
+        Some(vec![FINALIZER.to_string()])
+    );
+    let mut seen = object.clone();
+    seen.metadata.uid = Some("c-1".into());
+    seen.metadata.generation = Some(1);
+    let out = m.handle(at(1), Input::Config(Watch::Applied(seen)));
+    assert!(config_jobs(&out).is_empty(), "{out:?}");
+    let network = published(&out).expect("published without waiting for a tick");
+    assert!(network.cidrs().contains(&net("10.0.0.0/29")));
+    // Nothing is handed out from it before that publication is read back.
+    let out = m.handle(
+        at(1),
+        Input::Node(Watch::Applied(node("n1", "u1", &[], &[]))),
+    );
+    assert!(writes(&out).is_empty(), "{out:?}");
+    let cm = configmap(
+        "nodeipam-system",
+        "pod-network",
+        network.configmap_data("now"),
+    );
+    m.handle(at(1), Input::Published(network));
+    let out = m.handle(at(1), Input::Output(0, Watch::Applied(cm)));
+    assert_eq!(writes(&out).len(), 1, "{out:?}");
+}
+
+#[test]
+fn a_pool_handing_out_blocks_fast_carves_before_its_headroom_runs_out() {
+    // Ranges of 8 /30 blocks, headroom 1.
+    let pool = crate::fixtures::pool(
+        "pods",
+        "pool-uid",
+        (Some((&["10.0.0.0/24"], 27, 30)), None),
+        (1, 8, 1),
+        60,
+        None,
+    );
+    let mut m = with_pool(pool);
+    let child = creates(&m.handle(at(1), Input::Tick))[0].clone();
+    m.handle(
+        at(1),
+        Input::Config(Watch::Applied(child_object(&child, "c-1"))),
+    );
+    for i in 0..5 {
+        let name = format!("n{i}");
+        let out = m.handle(
+            at(2),
+            Input::Node(Watch::Applied(node(&name, &name, &[], &[]))),
+        );
+        assert_eq!(writes(&out).len(), 1, "{out:?}");
+    }
+    // 3 blocks free, more than the headroom of 1; but 5 went within the last second, so
+    // the pool carves now rather than when the next nodes find it full.
+    let out = m.handle(at(2), Input::Tick);
+    assert_eq!(creates(&out).len(), 1, "{out:?}");
+    // A quiet pool keeps only its headroom: nothing more once the demand has passed.
+    let out = m.handle(at(5), Input::Tick);
+    assert!(creates(&out).is_empty(), "{out:?}");
 }

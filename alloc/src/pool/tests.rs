@@ -68,6 +68,7 @@ fn decide_now(
         occupied,
         pending,
         in_flight,
+        demand: 0,
         now,
     };
     decide(&w, &[], &wall())
@@ -140,6 +141,26 @@ fn an_empty_pool_carves_min_and_the_headroom() {
     assert_eq!(d.carves[0].name, "pods-10-0-0-0-24");
     assert!(says(&d.status, CONDITION_SCALING));
     assert_eq!(condition(&d, CONDITION_READY).reason, REASON_PENDING);
+}
+
+#[test]
+fn recent_demand_above_the_headroom_is_kept_free_instead() {
+    let p = pool(&["10.0.0.0/16"], 24, 26); // 4 blocks per range, headroom 2
+    let children = [child("10.0.0.0/24", 1, 3)];
+    let quiet = |demand| PoolWorld {
+        pool: &p,
+        children: &children,
+        occupied: &[],
+        pending: 0,
+        in_flight: &[],
+        demand,
+        now: Duration::ZERO,
+    };
+    assert!(decide(&quiet(0), &[], &wall()).carves.is_empty());
+    assert!(decide(&quiet(2), &[], &wall()).carves.is_empty());
+    // 10 blocks went in the last second: keep 10 free (3 + two new ranges of 4).
+    let d = decide(&quiet(10), &[], &wall());
+    assert_eq!(carved(&d), ["10.0.1.0/24", "10.0.2.0/24"]);
 }
 
 #[test]
@@ -334,6 +355,7 @@ fn transition_times_move_only_on_flips() {
         occupied: &[],
         pending: 0,
         in_flight: &[],
+        demand: 0,
         now: Duration::ZERO,
     };
     let first = decide(&w, &[], &wall());
