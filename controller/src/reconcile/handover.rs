@@ -101,15 +101,7 @@ pub async fn claim(client: &Client, lease: &LeaseRef) -> Result<Takeover, kube::
     let found = takeover(&current, &lease.identity);
     if current.annotations().contains_key(HANDOVER_ANNOTATION) {
         // Removed whatever we decided: a mark that did not vouch for us must not stay either.
-        let patch = json!({ "metadata": {
-            "resourceVersion": current.resource_version(),
-            "annotations": { HANDOVER_ANNOTATION: null },
-        }});
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..PatchParams::default()
-        };
-        timed(api.patch(&lease.name, &params, &Patch::Merge(&patch))).await?;
+        set_mark(&api, &current, None).await?;
     }
     Ok(found)
 }
@@ -132,16 +124,27 @@ pub async fn mark(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Error
         );
         return Ok(false);
     }
+    set_mark(&api, &current, Some(SETTLED)).await?;
+    Ok(true)
+}
+
+/// Sets (or with `None` removes) the mark on the version of the Lease `current` is, and on no
+/// later one: the API server refuses the patch (409) if anything changed in between.
+async fn set_mark(
+    api: &Api<Lease>,
+    current: &Lease,
+    mark: Option<&str>,
+) -> Result<(), kube::Error> {
     let patch = json!({ "metadata": {
         "resourceVersion": current.resource_version(),
-        "annotations": { HANDOVER_ANNOTATION: SETTLED },
+        "annotations": { HANDOVER_ANNOTATION: mark },
     }});
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
-    timed(api.patch(&lease.name, &params, &Patch::Merge(&patch))).await?;
-    Ok(true)
+    timed(api.patch(&current.name_any(), &params, &Patch::Merge(&patch))).await?;
+    Ok(())
 }
 
 async fn timed<T>(request: impl Future<Output = Result<T, kube::Error>>) -> Result<T, kube::Error> {
