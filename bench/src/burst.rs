@@ -198,16 +198,7 @@ async fn one(
     let settings = &settings;
     let log_name = format!("{}-{n}-{}-{round}.log", args.mode.name(), kind.name());
     if kind == Kind::NodeipamUpdated {
-        let admin_kubeconfig = cp.kubeconfig_path();
-        common::predecessor(
-            &admin,
-            settings,
-            admin_kubeconfig,
-            &args.common.work,
-            &log_name,
-            true,
-        )
-        .await?;
+        common::predecessor(&cp, settings, &args.common.work, &log_name, true).await?;
     }
     if args.existing > 0 {
         let load = nodes::fill(cp.kubeconfig_path(), settings.mask, args.existing, 64).await?;

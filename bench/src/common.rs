@@ -153,13 +153,13 @@ pub async fn delete_lease(admin: &kube::Client) -> anyhow::Result<()> {
 /// on SIGTERM as a Deployment's old pod does. It must hand over settled, or the run would not
 /// measure what it says.
 pub async fn predecessor(
-    admin: &kube::Client,
+    cp: &ControlPlane,
     settings: &Settings,
-    admin_kubeconfig: &std::path::Path,
     work: &std::path::Path,
     log_name: &str,
     config: bool,
 ) -> anyhow::Result<()> {
+    let (admin, admin_kubeconfig) = (&cp.client(), cp.kubeconfig_path());
     let mut s = settings.clone();
     s.replica = Some("bench-previous".into());
     let log = format!("previous-{log_name}");

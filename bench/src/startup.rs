@@ -147,16 +147,7 @@ async fn one(
         // As on a first install: no Lease, so no word of a previous leader.
         Kind::NodeipamDefault => common::delete_lease(&admin).await?,
         Kind::NodeipamUpdated => {
-            let admin_kubeconfig = cp.kubeconfig_path();
-            common::predecessor(
-                &admin,
-                settings,
-                admin_kubeconfig,
-                &args.common.work,
-                &log_name,
-                false,
-            )
-            .await?;
+            common::predecessor(cp, settings, &args.common.work, &log_name, false).await?;
         }
         _ => {}
     }
