@@ -284,7 +284,7 @@ pub struct NodeIPAMPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// The pool's children, oldest first.
+    /// The pool's children, lowest range first (the order in which they fill).
     #[serde(default)]
     pub ranges: Vec<PoolRangeStatus>,
 
