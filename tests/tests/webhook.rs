@@ -1135,7 +1135,8 @@ async fn a_webhook_started_before_the_pool_crd_catches_up() {
 /// Node cache): against the real API server, for each selector operator the label or field
 /// selector carries (In, NotIn, Exists, DoesNotExist, metadata.name), one it cannot (Gt, left
 /// to the shared matcher), and ORed terms that select the same nodes twice (counted once). It
-/// warns when the matching nodes reach the block count, and not when they are fewer.
+/// warns when the matching nodes reach the block count, and not when they are fewer, nor for
+/// a range a pool carved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exhaustion_warning_counts_nodes_on_demand() {
     let cp = control_plane().await;
@@ -1203,6 +1204,18 @@ async fn the_exhaustion_warning_counts_nodes_on_demand() {
     let w = dry_run(4, Value::Null).await;
     assert!(w.contains("already has at least 7 nodes"), "{w}");
     let w = dry_run(8, Value::Null).await;
+    assert!(!w.contains("run out"), "{w}");
+
+    // The same 4 blocks as a range a pool carved (its label): the pool carves the next range
+    // before this one runs out, so the webhook neither counts nor warns.
+    let child = json!({
+        "apiVersion": "nodeipam.io/v1alpha1",
+        "kind": "NodeIPAMConfig",
+        "metadata": {"name": "count-child", "labels": {"nodeipam.io/pool": "some-pool"}},
+        "spec": {"ipv4": {"cidr": "10.251.200.0/26", "perNodeMaskSize": 28}},
+    });
+    let (ok, w) = kubectl_apply(&cp, &child.to_string(), true).await;
+    assert!(ok, "{w}");
     assert!(!w.contains("run out"), "{w}");
 
     // (terms, matching nodes): warned with that many blocks, not with twice as many.

@@ -5,13 +5,14 @@
 use std::sync::Arc;
 
 use ipnet::IpNet;
+use kube::ResourceExt;
 use kube::core::Status;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
 use nodeipam_crd::range::{Family, Ranges};
 use nodeipam_crd::{
-    FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec, NodeIPAMPool, PoolCidr, ServiceRangeRef,
-    config_pool_conflicts, pool_conflicts,
+    FamilySpec, NodeIPAMConfig, NodeIPAMPool, PoolCidr, ServiceRangeRef, config_pool_conflicts,
+    pool_conflicts, pool_label,
 };
 
 use crate::checks::{self, Problem, describe, overlap};
@@ -194,7 +195,7 @@ pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) ->
     }
     let mut response = AdmissionResponse::from(request);
     if spec_valid {
-        let warnings = warnings(&object.spec, view.matching_nodes);
+        let warnings = warnings(object, view.matching_nodes);
         if !warnings.is_empty() {
             response.warnings = Some(warnings);
         }
@@ -334,10 +335,16 @@ fn deny<K: kube::Resource>(
     response
 }
 
-/// How many matching nodes the exhaustion warning of `spec` needs to see to decide: the block
-/// count of its largest family. `None` for a spec without valid ranges (it gets no warnings).
-pub fn nodes_worth_counting(spec: &NodeIPAMConfigSpec) -> Option<usize> {
-    let ranges = spec.ranges().ok()?;
+/// How many matching nodes the exhaustion warning of `config` needs to see to decide: the block
+/// count of its largest family. `None` when it gets no such warning: a spec without valid
+/// ranges, or a range a pool carved (its pool carves another before this one runs out, so
+/// "this range alone would run out" is true of every child and means nothing; counting would
+/// cost a paged list of the nodes per carve).
+pub fn nodes_worth_counting(config: &NodeIPAMConfig) -> Option<usize> {
+    if pool_label(config.labels()).is_some() {
+        return None;
+    }
+    let ranges = config.spec.ranges().ok()?;
     ranges
         .iter()
         .map(|(_, r)| usize::try_from(r.block_count()).unwrap_or(usize::MAX))
@@ -346,14 +353,16 @@ pub fn nodes_worth_counting(spec: &NodeIPAMConfigSpec) -> Option<usize> {
 
 /// Admission warnings for a valid spec; `node_count` is how many nodes it can serve (see
 /// [`ClusterView::matching_nodes`]; `None`: no exhaustion warning).
-fn warnings(spec: &NodeIPAMConfigSpec, node_count: Option<usize>) -> Vec<String> {
+fn warnings(config: &NodeIPAMConfig, node_count: Option<usize>) -> Vec<String> {
+    let spec = &config.spec;
     let mut out = Vec::new();
     // Only called for a valid spec; an invalid one has no block count to warn about.
     let Ok(ranges) = spec.ranges() else {
         return out;
     };
     // A count that reached what the warning needs may have stopped there.
-    let at_least = match (node_count, nodes_worth_counting(spec)) {
+    let enough = nodes_worth_counting(config);
+    let at_least = match (node_count, enough) {
         (Some(n), Some(enough)) if n >= enough => "at least ",
         _ => "",
     };
@@ -367,7 +376,7 @@ fn warnings(spec: &NodeIPAMConfigSpec, node_count: Option<usize>) -> Vec<String>
                  nodes can get a range from it"
             ));
         }
-        let Some(nodes) = node_count.map(|c| c as u128) else {
+        let Some(nodes) = node_count.filter(|_| enough.is_some()).map(|c| c as u128) else {
             continue;
         };
         if nodes > 0 && nodes >= n {

@@ -132,9 +132,11 @@ async fn count_nodes(
     if !review::needs_view(request) {
         return None;
     }
-    let spec = &request.object.as_ref()?.spec;
-    let enough = review::nodes_worth_counting(spec)?;
-    nodes.count(spec.node_selector.as_ref(), enough).await
+    let config = request.object.as_ref()?;
+    let enough = review::nodes_worth_counting(config)?;
+    nodes
+        .count(config.spec.node_selector.as_ref(), enough)
+        .await
 }
 
 /// A decoded request, by the kind it is about.

@@ -469,7 +469,7 @@ fn the_count_is_exact_below_what_the_warning_needs() {
     // count, so 3 nodes is exact and the IPv4 warning says so.
     let mut c = config("dual", family("10.0.0.0/23", 24), family("fd00::/48", 64));
     c.spec.node_selector = edge_selector();
-    assert_eq!(nodes_worth_counting(&c.spec), Some(65536));
+    assert_eq!(nodes_worth_counting(&c), Some(65536));
     let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(3));
     let w = r.warnings.expect("warnings");
     assert!(
@@ -481,7 +481,7 @@ fn the_count_is_exact_below_what_the_warning_needs() {
 
     // Single stack: a count of 2 reached the 2 blocks and may have stopped there.
     let c = config("v4", family("10.0.0.0/23", 24), None);
-    assert_eq!(nodes_worth_counting(&c.spec), Some(2));
+    assert_eq!(nodes_worth_counting(&c), Some(2));
     let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(2));
     let w = r.warnings.expect("warnings");
     assert!(
@@ -872,4 +872,32 @@ mod pools {
         );
         assert_invalid(&r, "nodeipamconfigs");
     }
+}
+
+#[test]
+fn a_range_a_pool_carved_gets_no_exhaustion_warning_and_no_count() {
+    // A child of a pool: its pool carves the next range before this one runs out, so the
+    // nodes are not counted and "this range alone would run out" is not said.
+    let mut c = config("pool-10-0-0-0-24", family("10.0.0.0/23", 24), None);
+    c.metadata.labels = Some(std::collections::BTreeMap::from([(
+        nodeipam_crd::POOL_LABEL.to_owned(),
+        "pool".to_owned(),
+    )]));
+    assert_eq!(nodes_worth_counting(&c), None);
+    let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(40));
+    assert!(r.allowed, "{r:?}");
+    assert!(
+        !r.warnings.iter().flatten().any(|w| w.contains("run out")),
+        "{:?}",
+        r.warnings
+    );
+
+    // The same range made by hand is warned about.
+    c.metadata.labels = None;
+    let r = review(&request("CREATE", Some(&c), None), &view_with_nodes(40));
+    assert!(
+        r.warnings.iter().flatten().any(|w| w.contains("run out")),
+        "{:?}",
+        r.warnings
+    );
 }
