@@ -266,17 +266,26 @@ async fn a_range_is_not_allocated_from_until_ip_masq_agent_has_it() {
     let ctl = start_controller(c.clone(), publishing(Some(MASQ), &[]));
     create_config(&c, "pods", spec(family("10.61.0.0/16", 24), None, None)).await;
     wait_published(&c, "ipv4", "10.61.0.0/16").await;
-    let cfg = wait_condition(&c, "pods", "Ready", "False", Some("Pending")).await;
-    let msg = cfg
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|x| x.type_ == "Ready"))
-        .map(|x| x.message.clone())
-        .unwrap_or_default();
-    assert!(
-        msg.contains(MASQ) && msg.contains("10.61.0.0/16"),
-        "the Ready message must name the output that is behind: {msg}"
-    );
+    // The Ready message names the first gate still shut: the finalizer may come after the
+    // pod-network write, so it can say that first; then it must name the output behind.
+    wait_for(
+        "Ready=False Pending, its message naming ip-masq-agent and the range",
+        || async {
+            let cfg = get_config(&c, "pods").await?;
+            let ready = cfg
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|x| x.type_ == "Ready")?;
+            (ready.status == "False"
+                && ready.reason == "Pending"
+                && ready.message.contains(MASQ)
+                && ready.message.contains("10.61.0.0/16"))
+            .then_some(())
+        },
+    )
+    .await;
     // A new leader reads what every output holds, not only the pod-network ConfigMap.
     stop_controller(ctl).await;
     let _ctl = start_controller(c.clone(), publishing(Some(MASQ), &[]));
