@@ -30,6 +30,11 @@ const ADMIN_GROUP: &str = "system:masters";
 const ETCD_DATA: &str = "etcd-data";
 
 /// The folder of the `config/crd/bases` manifests, relative to the workspace root.
+/// The garbage collector's process name and log file (see `start_garbage_collector`).
+const GC_NAME: &str = "kube-controller-manager (garbage collector)";
+const GC_LOG: &str = "kube-controller-manager.log";
+const GC_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
+
 const CRD_BASES: &str = "config/crd/bases";
 
 /// The root of the nodeipam workspace (`$NODEIPAM_ROOT` if set, else where this crate was built).
@@ -209,6 +214,7 @@ impl ControlPlaneBuilder {
             admin: running.admin,
             etcd: Some(running.etcd),
             apiserver: Some(running.apiserver),
+            garbage_collector: None,
             apiserver_command: running.apiserver_command,
             timings: StartupTimings {
                 etcd: running.etcd_time,
@@ -597,6 +603,8 @@ pub struct ControlPlane {
     admin: kube::Client,
     etcd: Option<Process>,
     apiserver: Option<Process>,
+    /// kube-controller-manager running only its garbage collector, once started.
+    garbage_collector: Option<Process>,
     /// How kube-apiserver was started, so that `restart_apiserver` starts it the same way.
     apiserver_command: ApiserverCommand,
     timings: StartupTimings,
@@ -742,6 +750,7 @@ impl ControlPlane {
         for (process, step) in [
             (&mut self.etcd, Step::StartEtcd),
             (&mut self.apiserver, Step::StartApiserver),
+            (&mut self.garbage_collector, Step::StartGarbageCollector),
         ] {
             if let Some(p) = process.as_mut()
                 && let Some(status) = p.exited()
@@ -812,9 +821,58 @@ impl ControlPlane {
         }
     }
 
+    /// Starts kube-controller-manager with only its garbage collector (as a cluster has it:
+    /// deleting an owner deletes what it owns), as the admin, and waits until the collector
+    /// says its resource monitors synced. Stopped with the control plane.
+    pub async fn start_garbage_collector(&mut self) -> Result<(), HarnessError> {
+        let step = Step::StartGarbageCollector;
+        let binary = self.binaries.dir.join("kube-controller-manager");
+        if !binary.is_file() {
+            return Err(HarnessError::MissingBinary {
+                step,
+                binary: "kube-controller-manager".into(),
+                dir: self.binaries.dir.clone(),
+            });
+        }
+        let args = vec![
+            format!("--kubeconfig={}", self.kubeconfig_path.display()),
+            "--controllers=garbagecollector".into(),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+        ];
+        let log = self.log_dir.join(GC_LOG);
+        let mut process = Process::spawn(GC_NAME, &binary, &args, &log, &self.log_dir, step)?;
+        let deadline = Instant::now() + GC_SYNC_TIMEOUT;
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text
+                .to_ascii_lowercase()
+                .contains("proceeding to collect garbage")
+            {
+                self.garbage_collector = Some(process);
+                return Ok(());
+            }
+            if let Some(status) = process.exited() {
+                return Err(process.error(step, format!("exited ({status})")));
+            }
+            if Instant::now() > deadline {
+                let err = process.error(
+                    step,
+                    format!("its resource monitors did not sync within {GC_SYNC_TIMEOUT:?}"),
+                );
+                process.stop(Duration::from_secs(2)).await;
+                return Err(err);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Stops kube-apiserver, then etcd, each with SIGTERM and a grace period, then removes the
     /// temp folder.
     pub async fn stop(mut self) {
+        if let Some(mut gc) = self.garbage_collector.take() {
+            gc.stop(Duration::from_secs(5)).await;
+        }
         self.stop_apiserver().await;
         if let Some(mut etcd) = self.etcd.take() {
             etcd.stop(Duration::from_secs(5)).await;
@@ -825,10 +883,14 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        let processes: Vec<Process> = [self.apiserver.take(), self.etcd.take()]
-            .into_iter()
-            .flatten()
-            .collect();
+        let processes: Vec<Process> = [
+            self.garbage_collector.take(),
+            self.apiserver.take(),
+            self.etcd.take(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         for mut process in processes {
             process.kill();
         }
@@ -844,7 +906,11 @@ impl Drop for ControlPlane {
             for (name, log) in [
                 ("etcd", self.log_dir.join("etcd.log")),
                 ("kube-apiserver", self.log_dir.join("kube-apiserver.log")),
+                (GC_NAME, self.log_dir.join(GC_LOG)),
             ] {
+                if !log.exists() {
+                    continue;
+                }
                 eprintln!(
                     "--- {name} log {} (last {TAIL_LINES} lines) ---\n{}",
                     log.display(),

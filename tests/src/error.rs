@@ -20,6 +20,8 @@ pub enum Step {
     WriteKubeconfig,
     InstallCrds,
     RegisterWebhook,
+    /// Starting kube-controller-manager with only its garbage collector.
+    StartGarbageCollector,
 }
 
 impl Step {
@@ -38,6 +40,7 @@ impl Step {
             Step::WriteKubeconfig => "write kubeconfig",
             Step::InstallCrds => "install CRDs",
             Step::RegisterWebhook => "register webhook",
+            Step::StartGarbageCollector => "start the garbage collector",
         }
     }
 }

@@ -1,12 +1,13 @@
 //! End-to-end tests of NodeIPAMPools against a real API server: a burst of nodes outgrows the
 //! first range and every podCIDR is handed out with no manual step, each carved range is
 //! published before its first block, empty ranges retire down to `ranges.min`, a used-up budget
-//! says Exhausted, dual stack beside a hand-made config and a Service range, and a controller
-//! killed mid-carve leaves no duplicate or orphan child.
+//! says Exhausted, dual stack beside a hand-made config and a Service range, a controller
+//! killed mid-carve leaves no duplicate or orphan child, and a deleted pool's children drain
+//! before they go.
 //!
-//! The controller runs in this process without its webhook (as every test here does). The test
-//! control plane has no kube-controller-manager, so no garbage collector: deleting a pool is
-//! not tested here (the simulator covers its children's deletion and drain).
+//! The controller runs in this process without its webhook (but for the webhook's own test).
+//! Deleting a pool runs kube-controller-manager's garbage collector beside the API server, as
+//! a cluster has it: it deletes the children, and each drains before it is forgotten.
 
 mod support;
 
@@ -16,7 +17,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::networking::v1::{ServiceCIDR, ServiceCIDRSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use nodeipam_controller::reconcile::Options;
 use nodeipam_crd::NodeIPAMConfig;
@@ -486,6 +487,183 @@ async fn a_controller_killed_mid_carve_leaves_no_duplicate_or_orphan_child() {
     );
     assert_invariant(&c, &[]).await;
     assert_no_duplicate_or_orphan(&c).await;
+}
+
+/// Whether the pod-network ConfigMap `cm` lists `range`.
+fn publishes(cm: &ConfigMap, range: &IpNet) -> bool {
+    let key = if range.addr().is_ipv4() {
+        "ipv4"
+    } else {
+        "ipv6"
+    };
+    cm.name_any() == CM
+        && cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .is_some_and(|v| v.split(',').any(|x| x == range.to_string()))
+}
+
+/// Deleting a pool deletes its children through kube-controller-manager's garbage collector
+/// (started for this test, as a cluster runs it), and each drains like any deleted config:
+/// held by our finalizer while a node holds a block from it, published until its last node is
+/// gone, and only then forgotten (checked by resourceVersion order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_pool_deletes_its_children_each_forgotten_only_after_it_drained() {
+    let mut cp = control_plane().await;
+    if let Err(e) = cp.start_garbage_collector().await {
+        panic!("{e}");
+    }
+    let c = cp.client();
+    namespace(&c, NS).await;
+    let (cms, _cms_recorder) = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
+    let (nodes, _nodes_recorder) = record(Api::<Node>::all(c.clone()));
+    let _ctl = start_controller(c.clone(), publishing(None, &[]));
+    // /26 ranges of /28 blocks, 4 nodes each: 6 nodes need at least 2. Nothing retires by itself.
+    let pool = create_pool(
+        &c,
+        "gone",
+        pool_spec(
+            pool_family(&["10.74.0.0/16"], 26, 28),
+            None,
+            (1, 8, 1),
+            "1h",
+        ),
+    )
+    .await;
+    for i in 0..6 {
+        create_node(&c, &format!("g{i}"), &[]).await;
+    }
+    for i in 0..6 {
+        wait_cidrs(&c, &format!("g{i}")).await;
+    }
+    let kids = children(&c, &pool).await;
+    assert!(kids.len() >= 2, "{} children for 6 nodes", kids.len());
+    let held: Vec<IpNet> = Api::<Node>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list nodes")
+        .items
+        .iter()
+        .flat_map(pod_cidrs)
+        .map(|b| b.parse().expect("podCIDR parses"))
+        .collect();
+
+    Api::<NodeIPAMPool>::all(c.clone())
+        .delete("gone", &DeleteParams::default())
+        .await
+        .expect("delete the pool");
+    // The collector deletes every child; those a node holds a block from stay, held and
+    // still published, the others go at once.
+    let left = wait_for("the garbage collector to delete the children", || async {
+        let all = Api::<NodeIPAMConfig>::all(c.clone())
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items;
+        let holding = |k: &NodeIPAMConfig| {
+            config_ranges(k)
+                .iter()
+                .any(|r| held.iter().any(|b| r.contains(b)))
+        };
+        (all.iter()
+            .all(|k| k.metadata.deletion_timestamp.is_some() && holding(k)))
+        .then_some(all)
+    })
+    .await;
+    for block in &held {
+        assert!(
+            left.iter()
+                .any(|k| config_ranges(k).iter().any(|r| r.contains(block))),
+            "{block} is held, but the child it came from is gone: {left:?}"
+        );
+    }
+    assert!(
+        Api::<NodeIPAMPool>::all(c.clone())
+            .get_opt("gone")
+            .await
+            .expect("get the pool")
+            .is_none()
+    );
+    let cm = Api::<ConfigMap>::namespaced(c.clone(), NS)
+        .get(CM)
+        .await
+        .expect("the pod-network ConfigMap");
+    for k in &left {
+        for range in config_ranges(k) {
+            assert!(
+                publishes(&cm, &range),
+                "{range} is held but not published: {cm:?}"
+            );
+        }
+    }
+    assert_invariant(&c, &[]).await;
+
+    // The nodes go: every child drains and goes, and the pool's space leaves the pod network.
+    for i in 0..6 {
+        delete_node(&c, &format!("g{i}")).await;
+    }
+    wait_for("every child to be gone", || async {
+        let all = Api::<NodeIPAMConfig>::all(c.clone())
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items;
+        all.is_empty().then_some(())
+    })
+    .await;
+    let pool_space: IpNet = "10.74.0.0/16".parse().expect("cidr");
+    wait_for("the pool's ranges to leave the pod network", || async {
+        let cm = Api::<ConfigMap>::namespaced(c.clone(), NS)
+            .get(CM)
+            .await
+            .ok()?;
+        let v4 = cm.data.as_ref()?.get("ipv4").cloned().unwrap_or_default();
+        (!v4.split(',')
+            .filter_map(|x| x.parse::<IpNet>().ok())
+            .any(|r| pool_space.contains(&r)))
+        .then_some(())
+    })
+    .await;
+    // Each range was forgotten only after the last node holding a block from it was deleted.
+    let cms = cms.lock().expect("lock").clone();
+    let nodes_log = nodes.lock().expect("lock").clone();
+    for k in &left {
+        for range in config_ranges(k) {
+            let last_holder_gone = nodes_log
+                .iter()
+                .filter(|(_, deleted, n)| {
+                    *deleted
+                        && pod_cidrs(n)
+                            .iter()
+                            .any(|b| b.parse::<IpNet>().is_ok_and(|b| range.contains(&b)))
+                })
+                .map(|(rv, _, _)| *rv)
+                .max()
+                .unwrap_or_else(|| panic!("no node held a block of {range}"));
+            let first_published = cms
+                .iter()
+                .filter(|(_, deleted, cm)| !deleted && publishes(cm, &range))
+                .map(|(rv, _, _)| *rv)
+                .min()
+                .unwrap_or_else(|| panic!("{range} never published"));
+            let forgotten = cms
+                .iter()
+                .filter(|(rv, deleted, cm)| {
+                    !deleted
+                        && cm.name_any() == CM
+                        && *rv > first_published
+                        && !publishes(cm, &range)
+                })
+                .map(|(rv, _, _)| *rv)
+                .min()
+                .unwrap_or_else(|| panic!("{range} never left the pod network"));
+            assert!(
+                forgotten > last_holder_gone,
+                "{range} left the pod network at {forgotten}, before its last node went at {last_holder_gone}"
+            );
+        }
+    }
 }
 
 /// The admission webhook, in this process, registered by URL for configs and pools (fail
