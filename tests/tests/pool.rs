@@ -32,6 +32,21 @@ const NS: &str = "nodeipam-system";
 const CM: &str = "nodeipam-pod-network";
 const MASQ: &str = "ip-masq-agent";
 
+/// Whether the pod-network ConfigMap `cm` lists `range`.
+fn publishes(cm: &ConfigMap, range: &IpNet) -> bool {
+    let key = if range.addr().is_ipv4() {
+        "ipv4"
+    } else {
+        "ipv6"
+    };
+    cm.name_any() == CM
+        && cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .is_some_and(|v| v.split(',').any(|x| x == range.to_string()))
+}
+
 /// The CIDRs of ip-masq-agent's `nonMasqueradeCIDRs`.
 fn non_masquerade(cm: &ConfigMap) -> Vec<IpNet> {
     let text = cm.data.as_ref().and_then(|d| d.get("config"));
@@ -80,11 +95,36 @@ async fn create_pool(client: &Client, name: &str, spec: NodeIPAMPoolSpec) -> Nod
         .unwrap_or_else(|e| panic!("create NodeIPAMPool {name}: {e}"))
 }
 
+/// The pool `name` of /26 ranges of /28 blocks (4 nodes a range) in `space` (min 1, max 8,
+/// headroom 1, `empty_for`), then `n` nodes `<prefix>0…`, each served.
+async fn pool_of_fours_with_nodes(
+    client: &Client,
+    (name, space, empty_for): (&str, &str, &str),
+    prefix: &str,
+    n: usize,
+) -> NodeIPAMPool {
+    let spec = pool_spec(pool_family(&[space], 26, 28), None, (1, 8, 1), empty_for);
+    let pool = create_pool(client, name, spec).await;
+    for i in 0..n {
+        create_node(client, &format!("{prefix}{i}"), &[]).await;
+    }
+    for i in 0..n {
+        wait_cidrs(client, &format!("{prefix}{i}")).await;
+    }
+    pool
+}
+
 async fn get_pool(client: &Client, name: &str) -> NodeIPAMPool {
     Api::<NodeIPAMPool>::all(client.clone())
         .get(name)
         .await
         .unwrap_or_else(|e| panic!("get pool {name}: {e}"))
+}
+
+/// Every NodeIPAMConfig, or `None` if the list fails (for `wait_for`).
+async fn all_configs(client: &Client) -> Option<Vec<NodeIPAMConfig>> {
+    let api = Api::<NodeIPAMConfig>::all(client.clone());
+    Some(api.list(&ListParams::default()).await.ok()?.items)
 }
 
 /// The pool's children that exist and are not being deleted.
@@ -181,24 +221,8 @@ async fn a_burst_outgrows_the_first_range_each_new_range_published_first_then_re
         .expect("create the ip-masq-agent ConfigMap");
     let masq_ref = format!("{NS}/{MASQ}");
     let _ctl = start_controller(c.clone(), publishing(Some(&masq_ref), &[]));
-    // /26 ranges of /28 blocks: 4 nodes per range; 10 nodes need at least 3 ranges.
-    let pool = create_pool(
-        &c,
-        "pods",
-        pool_spec(
-            pool_family(&["10.70.0.0/16"], 26, 28),
-            None,
-            (1, 8, 1),
-            "2s",
-        ),
-    )
-    .await;
-    for i in 0..10 {
-        create_node(&c, &format!("n{i}"), &[]).await;
-    }
-    for i in 0..10 {
-        wait_cidrs(&c, &format!("n{i}")).await;
-    }
+    // 10 nodes need at least 3 ranges of 4 blocks.
+    let pool = pool_of_fours_with_nodes(&c, ("pods", "10.70.0.0/16", "2s"), "n", 10).await;
     let kids = children(&c, &pool).await;
     assert!(kids.len() >= 3, "{} children for 10 nodes", kids.len());
     assert!(kids.len() <= 8);
@@ -210,15 +234,7 @@ async fn a_burst_outgrows_the_first_range_each_new_range_published_first_then_re
         for range in config_ranges(kid) {
             let published = cms
                 .iter()
-                .filter(|(_, deleted, cm)| {
-                    !deleted
-                        && cm.name_any() == CM
-                        && cm
-                            .data
-                            .as_ref()
-                            .and_then(|d| d.get("ipv4"))
-                            .is_some_and(|v| v.split(',').any(|x| x == range.to_string()))
-                })
+                .filter(|(_, deleted, cm)| !deleted && publishes(cm, &range))
                 .map(|(rv, _, _)| *rv)
                 .min();
             let first_block = nodes_log
@@ -283,11 +299,7 @@ async fn a_burst_outgrows_the_first_range_each_new_range_published_first_then_re
     .await;
     wait_event(&c, "pods", "RangeRetired").await;
     wait_for("retired children to be gone", || async {
-        let all = Api::<NodeIPAMConfig>::all(c.clone())
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items;
+        let all = all_configs(&c).await?;
         (all.len() == 1).then_some(())
     })
     .await;
@@ -489,21 +501,6 @@ async fn a_controller_killed_mid_carve_leaves_no_duplicate_or_orphan_child() {
     assert_no_duplicate_or_orphan(&c).await;
 }
 
-/// Whether the pod-network ConfigMap `cm` lists `range`.
-fn publishes(cm: &ConfigMap, range: &IpNet) -> bool {
-    let key = if range.addr().is_ipv4() {
-        "ipv4"
-    } else {
-        "ipv6"
-    };
-    cm.name_any() == CM
-        && cm
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .is_some_and(|v| v.split(',').any(|x| x == range.to_string()))
-}
-
 /// Deleting a pool deletes its children through kube-controller-manager's garbage collector
 /// (started for this test, as a cluster runs it), and each drains like any deleted config:
 /// held by our finalizer while a node holds a block from it, published until its last node is
@@ -519,24 +516,8 @@ async fn deleting_a_pool_deletes_its_children_each_forgotten_only_after_it_drain
     let (cms, _cms_recorder) = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
     let (nodes, _nodes_recorder) = record(Api::<Node>::all(c.clone()));
     let _ctl = start_controller(c.clone(), publishing(None, &[]));
-    // /26 ranges of /28 blocks, 4 nodes each: 6 nodes need at least 2. Nothing retires by itself.
-    let pool = create_pool(
-        &c,
-        "gone",
-        pool_spec(
-            pool_family(&["10.74.0.0/16"], 26, 28),
-            None,
-            (1, 8, 1),
-            "1h",
-        ),
-    )
-    .await;
-    for i in 0..6 {
-        create_node(&c, &format!("g{i}"), &[]).await;
-    }
-    for i in 0..6 {
-        wait_cidrs(&c, &format!("g{i}")).await;
-    }
+    // 6 nodes need at least 2 ranges of 4 blocks. Nothing retires by itself.
+    let pool = pool_of_fours_with_nodes(&c, ("gone", "10.74.0.0/16", "1h"), "g", 6).await;
     let kids = children(&c, &pool).await;
     assert!(kids.len() >= 2, "{} children for 6 nodes", kids.len());
     let held: Vec<IpNet> = Api::<Node>::all(c.clone())
@@ -556,11 +537,7 @@ async fn deleting_a_pool_deletes_its_children_each_forgotten_only_after_it_drain
     // The collector deletes every child; those a node holds a block from stay, held and
     // still published, the others go at once.
     let left = wait_for("the garbage collector to delete the children", || async {
-        let all = Api::<NodeIPAMConfig>::all(c.clone())
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items;
+        let all = all_configs(&c).await?;
         let holding = |k: &NodeIPAMConfig| {
             config_ranges(k)
                 .iter()
@@ -604,11 +581,7 @@ async fn deleting_a_pool_deletes_its_children_each_forgotten_only_after_it_drain
         delete_node(&c, &format!("g{i}")).await;
     }
     wait_for("every child to be gone", || async {
-        let all = Api::<NodeIPAMConfig>::all(c.clone())
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items;
+        let all = all_configs(&c).await?;
         all.is_empty().then_some(())
     })
     .await;
