@@ -29,12 +29,13 @@ const ADMIN_GROUP: &str = "system:masters";
 /// etcd's data folder inside the control plane's folder.
 const ETCD_DATA: &str = "etcd-data";
 
-/// The folder of the `config/crd/bases` manifests, relative to the workspace root.
-/// The garbage collector's process name and log file (see `start_garbage_collector`).
+/// The garbage collector's process name and log file (see `start_garbage_collector`), and how
+/// long its resource monitors get to sync.
 const GC_NAME: &str = "kube-controller-manager (garbage collector)";
 const GC_LOG: &str = "kube-controller-manager.log";
 const GC_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The folder of the `config/crd/bases` manifests, relative to the workspace root.
 const CRD_BASES: &str = "config/crd/bases";
 
 /// The root of the nodeipam workspace (`$NODEIPAM_ROOT` if set, else where this crate was built).

@@ -560,7 +560,8 @@ async fn deleting_a_pool_deletes_its_children_each_forgotten_only_after_it_drain
             .get_opt("gone")
             .await
             .expect("get the pool")
-            .is_none()
+            .is_none(),
+        "the deleted pool is still there"
     );
     let cm = Api::<ConfigMap>::namespaced(c.clone(), NS)
         .get(CM)
