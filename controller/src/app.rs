@@ -195,6 +195,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 identity: identity.clone(),
                 duration: timing.duration,
                 grace: timing.grace,
+                // As long as the allocation loop waits for its last writes when it stops.
+                settle: write_timeout(timing.grace) + Duration::from_secs(1),
             },
             Tuning {
                 retry: timing.retry,

@@ -743,6 +743,7 @@ impl Running {
                     identity: IDENTITY.into(),
                     duration: LEASE_DURATION,
                     grace: LEASE_GRACE,
+                    settle: write_timeout(LEASE_GRACE) + Duration::from_secs(1),
                 },
             )
             .await

@@ -9,7 +9,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -968,4 +968,156 @@ async fn ip_masq_agent_without_the_pod_network_configmap_is_refused() {
         !stderr.contains("/nonexistent/kubeconfig"),
         "refused before anything else:\n{stderr}"
     );
+}
+
+/// Whether the Lease exists with a deletion pending.
+async fn lease_being_deleted(client: &Client) -> bool {
+    Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+        .get_opt(LEASE)
+        .await
+        .expect("get lease")
+        .is_some_and(|l| l.metadata.deletion_timestamp.is_some())
+}
+
+/// When the Lease was last renewed, if it exists.
+async fn lease_renewed(client: &Client) -> Option<String> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    api.get_opt(LEASE)
+        .await
+        .expect("get lease")
+        .and_then(|l| l.spec)
+        .and_then(|s| s.renew_time)
+        .map(|t| format!("{:?}", t.0))
+}
+
+/// An admin deletes the Lease under a live leader, the usual way to force a failover, right
+/// after the leader renewed it: the leader would believe in its Lease for a whole renewal
+/// period (10 s) while a standby takes a new one within a second. Nodes keep coming the whole
+/// time; no two of them may ever hold the same block, and every node still gets its podCIDRs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() {
+    const FLAGS: &[&str] = &[
+        "--lease-duration=15",
+        "--lease-grace=5",
+        "--kube-api-qps=200",
+        "--kube-api-burst=200",
+    ];
+    const STREAM: Duration = Duration::from_secs(16);
+    let cp = control_plane().await;
+    let admin = cp.client();
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
+
+    let mut a = Replica::start_plain(dir.path(), &kubeconfig, "replica-a", FLAGS).await;
+    wait_holder(&admin, "replica-a").await;
+    let mut b = Replica::start_plain(dir.path(), &kubeconfig, "replica-b", FLAGS).await;
+    a.wait_leader_metric(1.0).await;
+    create_ready_config(&admin, "pool", spec(family("10.64.0.0/12", 26), None, None)).await;
+    create_node(&admin, "warm", &[]).await;
+    wait_cidrs(&admin, "warm").await;
+
+    // Just after a renewal and the read that confirms it (a second later), so that replica-a
+    // has most of a renewal period to go on believing in its Lease.
+    let renewed = lease_renewed(&admin).await;
+    wait_for("replica-a to renew the lease", || async {
+        (lease_renewed(&admin).await != renewed).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Api::<Lease>::namespaced(admin.clone(), NAMESPACE)
+        .delete(LEASE, &DeleteParams::default())
+        .await
+        .expect("delete the lease");
+    let deleted_at = Instant::now();
+    // The leader's finalizer keeps it, led by nobody, until the leader's writes are over.
+    assert!(
+        lease_being_deleted(&admin).await,
+        "the lease vanished under a live leader"
+    );
+
+    // Nodes keep coming while either replica may think it leads.
+    let mut created = 0;
+    while deleted_at.elapsed() < STREAM {
+        let names: Vec<String> = (created..created + 64)
+            .map(|i| format!("stream-{i:05}"))
+            .collect();
+        created += create_nodes(&admin, names, 8, |_| {}).await;
+    }
+    let nodes = wait_all_allocated(&admin, 1).await;
+    assert_eq!(nodes, created + 1);
+    assert_invariant(&admin, &[]).await;
+    // A fresh Lease: whoever took it had nothing to wait out.
+    assert!(!lease_being_deleted(&admin).await);
+    let holder = lease_holder(&admin)
+        .await
+        .expect("a new leader holds the lease");
+    let (leader, other) = if holder == "replica-a" {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    // replica-a's first start (no Lease yet) and the take of the fresh one.
+    let clean = takeovers(&a, "clean").await + takeovers(&b, "clean").await;
+    assert_eq!(clean, 2.0, "{}", leader.log_tail());
+    assert_eq!(takeovers(&a, "unclean").await, 0.0, "{}", a.log_tail());
+    assert_eq!(takeovers(&b, "unclean").await, 0.0, "{}", b.log_tail());
+    let released = "the lease is being deleted and our writes are over: let it go";
+    assert!(
+        a.log_text().contains(released),
+        "replica-a let the lease go: {}",
+        a.log_tail()
+    );
+    eprintln!(
+        "lease deleted under replica-a: {created} nodes created in the {}s after it, none \
+         sharing a block; {holder} leads on a fresh lease",
+        STREAM.as_secs()
+    );
+    for r in [leader, other] {
+        r.assert_never_forbidden();
+    }
+    a.signal(Signal::TERM);
+    b.signal(Signal::TERM);
+    assert!(a.wait_exit().await.success());
+    assert!(b.wait_exit().await.success());
+    cp.stop().await;
+}
+
+/// A single replica whose Lease is deleted: it stops leading, lets the Lease go once its writes
+/// are over, takes a fresh one and allocates again. The first start of all creates the Lease
+/// and allocates at once: no Lease, no earlier leader whose writes could still land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_replica_whose_lease_is_deleted_leads_again_on_a_fresh_one() {
+    let cp = control_plane().await;
+    let admin = cp.client();
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
+    let mut a = Replica::start_plain(dir.path(), &kubeconfig, "replica-a", FAST_LEASE).await;
+    a.wait_leader_metric(1.0).await;
+    assert_eq!(takeovers(&a, "clean").await, 1.0, "{}", a.log_tail());
+    assert_eq!(takeovers(&a, "unclean").await, 0.0);
+    create_ready_config(&admin, "pool", spec(family("10.72.0.0/16", 24), None, None)).await;
+    create_node(&admin, "before", &[]).await;
+    wait_cidrs(&admin, "before").await;
+
+    Api::<Lease>::namespaced(admin.clone(), NAMESPACE)
+        .delete(LEASE, &DeleteParams::default())
+        .await
+        .expect("delete the lease");
+    assert!(lease_being_deleted(&admin).await);
+    wait_for("a fresh lease held by replica-a", || async {
+        let fresh = !lease_being_deleted(&admin).await;
+        (fresh && lease_holder(&admin).await.as_deref() == Some("replica-a")).then_some(())
+    })
+    .await;
+    create_node(&admin, "after", &[]).await;
+    wait_cidrs(&admin, "after").await;
+    assert_eq!(takeovers(&a, "clean").await, 2.0, "{}", a.log_tail());
+    assert_eq!(takeovers(&a, "unclean").await, 0.0);
+    assert_invariant(&admin, &[]).await;
+    a.assert_never_forbidden();
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().await.success());
+    cp.stop().await;
 }

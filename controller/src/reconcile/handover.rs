@@ -9,15 +9,21 @@
 //! only after (1) its own session began after such a wait or such a hand-over, so nothing of
 //! an earlier leader can land, (2) it stopped sending and (3) every request it sent got a
 //! definite answer. The successor removes the mark before it writes anything, so a mark never
-//! outlives the quiet it vouches for. Deciding is pure (`takeover`, `definite`); `claim` and
-//! `mark` only read and write the Lease.
+//! outlives the quiet it vouches for.
+//!
+//! A Lease that does not exist vouches the same: a leader puts [`LEASE_FINALIZER`] on its
+//! Lease before its first write and takes it off only with the mark, or once a deletion of
+//! the Lease stopped it and its writes had time to land. So a Lease deleted under a live
+//! leader stays (terminating, led by nobody) until that leader is quiet, and a replica that
+//! finds no Lease creates it marked settled. Deciding is pure (`takeover`, `definite`,
+//! `releasable`); `claim`, `mark`, `create_settled` and `release` only read and write it.
 
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::Notify;
@@ -28,6 +34,8 @@ use tracing::debug;
 pub const HANDOVER_ANNOTATION: &str = "nodeipam.io/handover";
 /// Its only value.
 pub const SETTLED: &str = "settled";
+/// The finalizer that keeps a Lease whose leader may have writes in flight from vanishing.
+pub const LEASE_FINALIZER: &str = "nodeipam.io/leader";
 /// Field manager of the mark, apart from the lease manager's own.
 const FIELD_MANAGER: &str = "nodeipam-handover";
 /// How long one Lease request may take.
@@ -90,24 +98,48 @@ pub fn definite<T>(result: &Result<T, kube::Error>) -> bool {
     }
 }
 
-/// Reads the Lease we hold and, if our predecessor left the mark, removes it (only on the
-/// version read, so nothing else changed in between). Clean only once the mark is gone: a
-/// mark left in place would vouch for our own writes. An error means: ask again.
+/// Whether `lease` is being deleted: nobody may lead on it.
+pub fn terminating(lease: &Lease) -> bool {
+    lease.metadata.deletion_timestamp.is_some()
+}
+
+fn holds_finalizer(lease: &Lease) -> bool {
+    lease.finalizers().iter().any(|f| f == LEASE_FINALIZER)
+}
+
+/// Whether `identity` may take our finalizer off a terminating Lease (once its own session
+/// stopped and the take-over wait passed): it holds it, or nobody does.
+pub fn releasable(lease: &Lease, identity: &str) -> bool {
+    let holder = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty());
+    terminating(lease) && holds_finalizer(lease) && holder.is_none_or(|h| h == identity)
+}
+
+/// Reads the Lease we hold, removes any mark (only on the version read, so nothing else
+/// changed in between) and puts our finalizer on it. Clean only once that is done: a mark left
+/// in place would vouch for our own writes, and a Lease without the finalizer could vanish
+/// under them. An error means: ask again (a missing or terminating Lease is not ours to lead).
 pub async fn claim(client: &Client, lease: &LeaseRef) -> Result<Takeover, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
     let Some(current) = timed(api.get_opt(&lease.name)).await? else {
-        return Ok(Takeover::Unclean);
+        return Err(kube::Error::Service("the lease is gone".into()));
     };
+    if terminating(&current) {
+        return Err(kube::Error::Service("the lease is being deleted".into()));
+    }
     let found = takeover(&current, &lease.identity);
-    if current.annotations().contains_key(HANDOVER_ANNOTATION) {
+    if current.annotations().contains_key(HANDOVER_ANNOTATION) || !holds_finalizer(&current) {
         // Removed whatever we decided: a mark that did not vouch for us must not stay either.
         set_mark(&api, &current, None).await?;
     }
     Ok(found)
 }
 
-/// Marks the Lease as handed over settled, if it still names us (on the version read).
-/// Returns whether it did.
+/// Marks the Lease as handed over settled and takes our finalizer off, if it still names us
+/// (on the version read). Returns whether it did.
 pub async fn mark(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
     let Some(current) = timed(api.get_opt(&lease.name)).await? else {
@@ -128,21 +160,91 @@ pub async fn mark(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Error
     Ok(true)
 }
 
+/// Creates the Lease marked settled, unless it exists: no Lease means no leader whose writes
+/// could still land (see the module). True if this call created it.
+pub async fn create_settled(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<bool, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let mut fresh = Lease::default();
+    fresh.metadata.name = Some(name.to_string());
+    fresh
+        .annotations_mut()
+        .insert(HANDOVER_ANNOTATION.into(), SETTLED.into());
+    fresh.spec = Some(Default::default());
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
+    };
+    match timed(api.create(&params, &fresh)).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes our finalizer off a terminating Lease if it is [`releasable`] by us (on the version
+/// read), so that its deletion completes. The caller has waited out every write that could
+/// still land. Returns whether it did.
+pub async fn release(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
+    let Some(current) = timed(api.get_opt(&lease.name)).await? else {
+        return Ok(false);
+    };
+    if !releasable(&current, &lease.identity) {
+        return Ok(false);
+    }
+    set_finalizer(&api, &current, false).await?;
+    Ok(true)
+}
+
 /// Sets (or with `None` removes) the mark on the version of the Lease `current` is, and on no
-/// later one: the API server refuses the patch (409) if anything changed in between.
+/// later one: the API server refuses the patch (409) if anything changed in between. Our
+/// finalizer goes with it: on while unmarked (a leader's writes may be in flight), off with
+/// the mark.
 async fn set_mark(
     api: &Api<Lease>,
     current: &Lease,
     mark: Option<&str>,
 ) -> Result<(), kube::Error> {
-    let patch = json!({ "metadata": {
+    patch_meta(api, current, Some(mark), mark.is_none()).await
+}
+
+async fn set_finalizer(api: &Api<Lease>, current: &Lease, hold: bool) -> Result<(), kube::Error> {
+    patch_meta(api, current, None, hold).await
+}
+
+/// One conditional merge patch of the Lease's metadata: the mark (when `mark` is given) and
+/// our finalizer, on the version `current` is.
+async fn patch_meta(
+    api: &Api<Lease>,
+    current: &Lease,
+    mark: Option<Option<&str>>,
+    hold: bool,
+) -> Result<(), kube::Error> {
+    let mut finalizers: Vec<&str> = current
+        .finalizers()
+        .iter()
+        .map(String::as_str)
+        .filter(|f| *f != LEASE_FINALIZER)
+        .collect();
+    if hold {
+        finalizers.push(LEASE_FINALIZER);
+    }
+    let mut meta = json!({
         "resourceVersion": current.resource_version(),
-        "annotations": { HANDOVER_ANNOTATION: mark },
-    }});
+        "finalizers": finalizers,
+    });
+    if let Some(mark) = mark {
+        meta["annotations"] = json!({ HANDOVER_ANNOTATION: mark });
+    }
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
+    let patch = json!({ "metadata": meta });
     timed(api.patch(&current.name_any(), &params, &Patch::Merge(&patch))).await?;
     Ok(())
 }
@@ -301,6 +403,41 @@ mod tests {
             Takeover::Unclean
         );
         assert_eq!(takeover(&Lease::default(), "b"), Takeover::Unclean);
+    }
+
+    fn being_deleted(mut l: Lease, finalizer: bool) -> Lease {
+        l.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        if finalizer {
+            l.finalizers_mut().push(LEASE_FINALIZER.into());
+        }
+        l
+    }
+
+    #[test]
+    fn only_the_holder_or_anyone_of_an_unheld_lease_releases_it_and_only_while_it_is_deleted() {
+        assert!(releasable(
+            &being_deleted(lease(Some("b"), None), true),
+            "b"
+        ));
+        assert!(releasable(&being_deleted(lease(None, None), true), "b"));
+        assert!(releasable(&being_deleted(lease(Some(""), None), true), "b"));
+        // A live holder's writes are its own to wait out.
+        assert!(!releasable(
+            &being_deleted(lease(Some("a"), None), true),
+            "b"
+        ));
+        // Not being deleted: the finalizer stays for the next leader to see.
+        let mut held = lease(Some("b"), None);
+        held.finalizers_mut().push(LEASE_FINALIZER.into());
+        assert!(!terminating(&held));
+        assert!(!releasable(&held, "b"));
+        // Nothing of ours to take off.
+        assert!(!releasable(
+            &being_deleted(lease(Some("b"), None), false),
+            "b"
+        ));
     }
 
     #[test]

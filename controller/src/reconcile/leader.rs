@@ -28,6 +28,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use super::handover::{self, LeaseRef};
+
 /// How long one read of the Lease may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -64,6 +66,9 @@ pub struct LeaseOptions {
     pub duration: u64,
     /// Seconds before expiry at which the holder renews; less than `duration`.
     pub grace: u64,
+    /// How long a replica that stopped leading on a Lease being deleted waits before it takes
+    /// its finalizer off (the take-over wait: its last writes land first).
+    pub settle: Duration,
 }
 
 /// A running election; its leadership signal feeds [`super::run`].
@@ -119,11 +124,15 @@ impl Election {
     }
 }
 
-/// A lease manager for `opts`; creates the Lease if it is missing.
+/// A lease manager for `opts`; creates the Lease if it is missing, marked settled: a Lease
+/// that does not exist had no leader whose writes could still land (see [`handover`]).
 async fn build_manager(
     client: &Client,
     opts: &LeaseOptions,
 ) -> Result<LeaseManager, LeaseManagerError> {
+    if handover::create_settled(client, &opts.namespace, &opts.name).await? {
+        info!(lease = %opts.name, "created the lease: no earlier leader, nothing to wait out");
+    }
     LeaseManagerBuilder::new(client.clone(), &opts.name)
         .with_namespace(&opts.namespace)
         .with_identity(&opts.identity)
@@ -147,6 +156,8 @@ async fn elect(
     let mut manager = Arc::new(manager);
     let mut fence = Fence::new(&opts);
     let mut standby = Standby::default();
+    let mut release = Release::default();
+    let mut release_at: Option<SystemTime> = None;
     let mut read: Option<LeaseRead> = None;
     let mut next_read = SystemTime::now();
     let mut failures = 0u32;
@@ -173,6 +184,7 @@ async fn elect(
                 read.is_none().then_some(next_read),
                 // Once passed, it has been acted on; waking for it again would spin.
                 fence.step_down_at().filter(|at| *at > now),
+                release_at,
             ]
             .into_iter()
             .flatten()
@@ -209,9 +221,16 @@ async fn elect(
                     let now = SystemTime::now();
                     let poll = if fence.claimed { fence.poll } else { tuning.retry };
                     next_read = match result {
-                        Ok(Ok(lease)) if fence.claimed => fence.observe(lease.as_ref(), now),
                         Ok(Ok(lease)) => {
-                            if standby.take_now(lease.as_ref()) {
+                            release_at = release.observe(lease.as_ref(), &opts, now);
+                            // Claimed, our Lease can only vanish after a deletion completed:
+                            // take a fresh one, as a standby would.
+                            let (next, retake) = if fence.claimed {
+                                (fence.observe(lease.as_ref(), now), lease.is_none())
+                            } else {
+                                (now + poll, standby.take_now(lease.as_ref()))
+                            };
+                            if retake {
                                 info!(lease = %opts.name, "the lease is free: taking it now");
                                 match tokio::time::timeout(READ_TIMEOUT, build_manager(&client, &opts)).await {
                                     Ok(Ok(fresh)) => {
@@ -228,7 +247,7 @@ async fn elect(
                                     }
                                 }
                             }
-                            SystemTime::now() + poll
+                            next
                         }
                         Ok(Err(e)) => {
                             debug!(error = %e, "reading the lease failed");
@@ -238,6 +257,11 @@ async fn elect(
                     };
                 }
                 () = timer => {
+                    let now = SystemTime::now();
+                    if release_at.is_some_and(|at| at <= now) && !fence.holds(now) {
+                        release_at = None;
+                        finish_deletion(&client, &opts).await;
+                    }
                     if read.is_none() && SystemTime::now() >= next_read {
                         let (leases, name) = (leases.clone(), opts.name.clone());
                         read = Some(Box::pin(async move {
@@ -407,6 +431,50 @@ impl Standby {
     }
 }
 
+/// When a replica may take its finalizer off a Lease being deleted: `settle` after it first
+/// read it so, while it may (see [`handover::releasable`]). It is not leading by then (a
+/// terminating Lease is held by nobody), so its last writes had the take-over wait to land.
+#[derive(Debug, Default)]
+struct Release {
+    since: Option<SystemTime>,
+}
+
+impl Release {
+    /// A Lease just read; returns when to release it, if this replica may.
+    fn observe(
+        &mut self,
+        lease: Option<&Lease>,
+        opts: &LeaseOptions,
+        now: SystemTime,
+    ) -> Option<SystemTime> {
+        if !lease.is_some_and(|l| handover::releasable(l, &opts.identity)) {
+            self.since = None;
+            return None;
+        }
+        Some(*self.since.get_or_insert(now) + opts.settle)
+    }
+}
+
+/// Takes our finalizer off the Lease being deleted, so that the deletion completes and a fresh
+/// Lease can be created (marked settled: nothing of ours can still land).
+async fn finish_deletion(client: &Client, opts: &LeaseOptions) {
+    let lease = LeaseRef {
+        namespace: opts.namespace.clone(),
+        name: opts.name.clone(),
+        identity: opts.identity.clone(),
+    };
+    match handover::release(client, &lease).await {
+        Ok(true) => {
+            info!(lease = %opts.name, "the lease is being deleted and our writes are over: let it go")
+        }
+        Ok(false) => debug!("the lease is no longer ours to let go"),
+        // The next read that finds it so schedules another try.
+        Err(e) => {
+            warn!(error = %e, "taking the finalizer off the lease being deleted failed; retrying")
+        }
+    }
+}
+
 /// The version of `lease` when nobody holds it (empty for a missing Lease).
 fn free_version(lease: Option<&Lease>) -> Option<String> {
     let Some(lease) = lease else {
@@ -422,8 +490,12 @@ fn free_version(lease: Option<&Lease>) -> Option<String> {
     Some(lease.metadata.resource_version.clone().unwrap_or_default())
 }
 
-/// When `lease` expires, if `identity` holds it.
+/// When `lease` expires, if `identity` holds it; never for a Lease being deleted, which nobody
+/// may lead on.
 fn expiry(lease: &Lease, identity: &str) -> Option<SystemTime> {
+    if handover::terminating(lease) {
+        return None;
+    }
     let spec = lease.spec.as_ref()?;
     if spec.holder_identity.as_deref() != Some(identity) {
         return None;
@@ -446,7 +518,54 @@ mod tests {
             identity: "me".into(),
             duration: 4,
             grace: 2,
+            settle: Duration::from_secs(3),
         }
+    }
+
+    fn deleted(mut l: Lease) -> Lease {
+        l.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        l.metadata.finalizers = Some(vec![handover::LEASE_FINALIZER.into()]);
+        l
+    }
+
+    #[test]
+    fn nobody_leads_on_a_lease_being_deleted() {
+        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+        let mut f = Fence::new(&opts());
+        f.claim(true);
+        f.observe(Some(&lease("me", t0, 4)), t0);
+        assert!(f.holds(t0));
+        // Renewed and ours, but being deleted: step down now, and read again soon.
+        let next = f.observe(Some(&deleted(lease("me", t0, 4))), t0);
+        assert!(!f.holds(t0));
+        assert_eq!(next, t0 + f.poll);
+    }
+
+    #[test]
+    fn a_lease_being_deleted_is_let_go_a_settle_after_it_was_first_seen_so() {
+        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+        let o = opts();
+        let mut r = Release::default();
+        assert_eq!(r.observe(Some(&lease("me", t0, 4)), &o, t0), None);
+        let ours = deleted(lease("me", t0, 4));
+        assert_eq!(r.observe(Some(&ours), &o, t0), Some(t0 + secs(3.0)));
+        // Later reads do not push it back.
+        assert_eq!(
+            r.observe(Some(&ours), &o, t0 + secs(2.0)),
+            Some(t0 + secs(3.0))
+        );
+        // Another live holder's to let go; gone: nothing to do; seen again: a fresh wait.
+        assert_eq!(
+            r.observe(Some(&deleted(lease("other", t0, 4))), &o, t0 + secs(2.5)),
+            None
+        );
+        assert_eq!(r.observe(None, &o, t0 + secs(2.6)), None);
+        assert_eq!(
+            r.observe(Some(&ours), &o, t0 + secs(4.0)),
+            Some(t0 + secs(7.0))
+        );
     }
 
     fn lease(holder: &str, renewed: SystemTime, duration: i32) -> Lease {
