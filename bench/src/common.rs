@@ -136,15 +136,31 @@ pub async fn prepare(
 /// The Lease of the default install (namespace and name as `nodeipam run` defaults them).
 pub const LEASE: &str = "nodeipam-controller";
 
-/// Deletes the default install's Lease: the next replica starts as on a first install.
+/// Deletes the default install's Lease and waits until it is gone: the next replica starts as
+/// on a first install. (A leader killed with writes in flight leaves its finalizer on the
+/// Lease; then it never goes, and the run stops saying so.)
 pub async fn delete_lease(admin: &kube::Client) -> anyhow::Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
     let api: Api<Lease> = Api::namespaced(admin.clone(), nodeipam_webhook::DEFAULT_NAMESPACE);
     match api.delete(LEASE, &Default::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e).context("deleting the lease"),
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(e) => return Err(e).context("deleting the lease"),
     }
+    for _ in 0..100 {
+        match api.get_opt(LEASE).await.context("reading the lease")? {
+            None => return Ok(()),
+            Some(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+    anyhow::bail!(
+        "the lease {LEASE} was deleted but is still there after 10 s (a finalizer: {:?})",
+        api.get_opt(LEASE)
+            .await
+            .ok()
+            .flatten()
+            .map(|l| l.metadata.finalizers)
+    )
 }
 
 /// For `nodeipam-updated`: the replica a rolling update replaces. It starts as installed
