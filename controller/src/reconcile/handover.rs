@@ -71,10 +71,7 @@ impl Takeover {
 /// How a leader took over, from the Lease it holds: clean only when the Lease names `identity`
 /// as its holder (the mark was left for whoever took it next: us) and carries the mark.
 pub fn takeover(lease: &Lease, identity: &str) -> Takeover {
-    let holder = lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref());
+    let holder = holder(lease);
     let marked = lease
         .annotations()
         .get(HANDOVER_ANNOTATION)
@@ -103,6 +100,13 @@ pub fn terminating(lease: &Lease) -> bool {
     lease.metadata.deletion_timestamp.is_some()
 }
 
+fn holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+}
+
 fn holds_finalizer(lease: &Lease) -> bool {
     lease.finalizers().iter().any(|f| f == LEASE_FINALIZER)
 }
@@ -110,12 +114,21 @@ fn holds_finalizer(lease: &Lease) -> bool {
 /// Whether `identity` may take our finalizer off a terminating Lease (once its own session
 /// stopped and the take-over wait passed): it holds it, or nobody does.
 pub fn releasable(lease: &Lease, identity: &str) -> bool {
-    let holder = lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref())
-        .filter(|h| !h.is_empty());
+    let holder = holder(lease).filter(|h| !h.is_empty());
     terminating(lease) && holds_finalizer(lease) && holder.is_none_or(|h| h == identity)
+}
+
+/// Why `identity` may not lead on `lease`, if it may not: it is being deleted, or another
+/// replica took it since our last read (two replicas can both lock a free Lease), whatever
+/// that read said.
+pub fn unclaimable(lease: &Lease, identity: &str) -> Option<&'static str> {
+    if terminating(lease) {
+        Some("the lease is being deleted")
+    } else if holder(lease) != Some(identity) {
+        Some("the lease names another holder")
+    } else {
+        None
+    }
 }
 
 /// Reads the Lease we hold, removes any mark (only on the version read, so nothing else
@@ -127,8 +140,8 @@ pub async fn claim(client: &Client, lease: &LeaseRef) -> Result<Takeover, kube::
     let Some(current) = timed(api.get_opt(&lease.name)).await? else {
         return Err(kube::Error::Service("the lease is gone".into()));
     };
-    if terminating(&current) {
-        return Err(kube::Error::Service("the lease is being deleted".into()));
+    if let Some(why) = unclaimable(&current, &lease.identity) {
+        return Err(kube::Error::Service(why.into()));
     }
     let found = takeover(&current, &lease.identity);
     if current.annotations().contains_key(HANDOVER_ANNOTATION) || !holds_finalizer(&current) {
@@ -145,10 +158,7 @@ pub async fn mark(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Error
     let Some(current) = timed(api.get_opt(&lease.name)).await? else {
         return Ok(false);
     };
-    let holder = current
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref());
+    let holder = holder(&current);
     if holder != Some(lease.identity.as_str()) {
         debug!(
             ?holder,
@@ -438,6 +448,19 @@ mod tests {
             &being_deleted(lease(Some("b"), None), false),
             "b"
         ));
+    }
+
+    #[test]
+    fn a_lease_is_claimed_only_by_its_holder_and_not_while_it_is_deleted() {
+        assert_eq!(unclaimable(&lease(Some("b"), None), "b"), None);
+        assert_eq!(unclaimable(&lease(Some("b"), Some(SETTLED)), "b"), None);
+        let taken = Some("the lease names another holder");
+        assert_eq!(unclaimable(&lease(Some("a"), None), "b"), taken);
+        assert_eq!(unclaimable(&lease(None, Some(SETTLED)), "b"), taken);
+        assert_eq!(
+            unclaimable(&being_deleted(lease(Some("b"), None), true), "b"),
+            Some("the lease is being deleted")
+        );
     }
 
     #[test]
