@@ -1003,16 +1003,14 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
         "--kube-api-burst=200",
     ];
     const STREAM: Duration = Duration::from_secs(16);
-    let cp = control_plane().await;
-    let admin = cp.client();
-    let dir = tempfile::tempdir().expect("temp dir");
-    install_rbac(&cp).await;
-    let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
-
-    let mut a = Replica::start_plain(dir.path(), &kubeconfig, "replica-a", FLAGS).await;
-    wait_holder(&admin, "replica-a").await;
+    let Solo {
+        cp,
+        admin,
+        dir,
+        kubeconfig,
+        mut a,
+    } = Solo::start_with(FLAGS).await;
     let mut b = Replica::start_plain(dir.path(), &kubeconfig, "replica-b", FLAGS).await;
-    a.wait_leader_metric(1.0).await;
     create_ready_config(&admin, "pool", spec(family("10.64.0.0/12", 26), None, None)).await;
     create_node(&admin, "warm", &[]).await;
     wait_cidrs(&admin, "warm").await;
@@ -1083,18 +1081,57 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
     cp.stop().await;
 }
 
+/// One replica of the installed identity, leading, on a fresh control plane.
+struct Solo {
+    cp: ControlPlane,
+    admin: Client,
+    dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+    a: Replica,
+}
+
+impl Solo {
+    async fn start() -> Solo {
+        Solo::start_with(FAST_LEASE).await
+    }
+
+    async fn start_with(flags: &[&str]) -> Solo {
+        let cp = control_plane().await;
+        let admin = cp.client();
+        let dir = tempfile::tempdir().expect("temp dir");
+        install_rbac(&cp).await;
+        let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
+        let a = Replica::start_plain(dir.path(), &kubeconfig, "replica-a", flags).await;
+        a.wait_leader_metric(1.0).await;
+        Solo {
+            cp,
+            admin,
+            dir,
+            kubeconfig,
+            a,
+        }
+    }
+}
+
+/// SIGTERM, a clean exit, and the control plane stopped.
+async fn stop(replica: &mut Replica, cp: ControlPlane) {
+    replica.signal(Signal::TERM);
+    assert!(replica.wait_exit().await.success());
+    cp.stop().await;
+}
+
 /// A single replica whose Lease is deleted: it stops leading, lets the Lease go once its writes
 /// are over, takes a fresh one and allocates again. The first start of all creates the Lease
 /// and allocates at once: no Lease, no earlier leader whose writes could still land.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_replica_whose_lease_is_deleted_leads_again_on_a_fresh_one() {
-    let cp = control_plane().await;
-    let admin = cp.client();
-    let dir = tempfile::tempdir().expect("temp dir");
-    install_rbac(&cp).await;
-    let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
-    let mut a = Replica::start_plain(dir.path(), &kubeconfig, "replica-a", FAST_LEASE).await;
-    a.wait_leader_metric(1.0).await;
+    let Solo {
+        cp,
+        admin,
+        dir: _dir,
+        kubeconfig: _,
+        mut a,
+    } = Solo::start().await;
     assert_eq!(takeovers(&a, "clean").await, 1.0, "{}", a.log_tail());
     assert_eq!(takeovers(&a, "unclean").await, 0.0);
     create_ready_config(&admin, "pool", spec(family("10.72.0.0/16", 24), None, None)).await;
@@ -1117,7 +1154,58 @@ async fn a_lone_replica_whose_lease_is_deleted_leads_again_on_a_fresh_one() {
     assert_eq!(takeovers(&a, "unclean").await, 0.0);
     assert_invariant(&admin, &[]).await;
     a.assert_never_forbidden();
-    a.signal(Signal::TERM);
-    assert!(a.wait_exit().await.success());
-    cp.stop().await;
+    stop(&mut a, cp).await;
+}
+
+/// Two replicas that both found the Lease free both lock it; the lock of a free Lease is a
+/// server-side apply of the holder, and only a field manager of its own per replica makes the
+/// API server refuse the second one (409) instead of letting it overwrite the first: else both
+/// would lead. Here the second lock is sent by hand, exactly as replica-b's lease manager sends
+/// it, while replica-a holds the Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_found_the_lease_free_cannot_lock_it_over_the_one_that_took_it() {
+    let Solo {
+        cp,
+        admin,
+        dir: _dir,
+        kubeconfig,
+        mut a,
+    } = Solo::start().await;
+
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let lock = json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "spec": {
+            "acquireTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
+            "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
+            "holderIdentity": "replica-b",
+            "leaseDurationSeconds": 4,
+        },
+    });
+    let params = PatchParams {
+        field_manager: Some(nodeipam_controller::reconcile::leader::field_manager(
+            "replica-b",
+        )),
+        ..PatchParams::default()
+    };
+    let sa = Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig).expect("read the kubeconfig"),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .expect("kubeconfig"),
+    )
+    .expect("client");
+    let result = Api::<Lease>::namespaced(sa, NAMESPACE)
+        .patch(LEASE, &params, &Patch::Apply(&lock))
+        .await;
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        other => panic!("replica-b's lock of a Lease replica-a holds was not refused: {other:?}"),
+    }
+    assert_eq!(lease_holder(&admin).await.as_deref(), Some("replica-a"));
+    a.assert_never_forbidden();
+    stop(&mut a, cp).await;
 }

@@ -138,9 +138,26 @@ async fn build_manager(
         .with_identity(&opts.identity)
         .with_duration(opts.duration)
         .with_grace(opts.grace)
-        .with_field_manager("nodeipam")
+        .with_field_manager(field_manager(&opts.identity))
         .build()
         .await
+}
+
+/// The field manager of `identity`'s Lease writes: one per replica. The lease manager locks
+/// a free Lease with a server-side apply of the holder, which the API server refuses (409)
+/// when another field manager applied a different holder; under one shared name a replica
+/// that found the Lease free a moment ago would overwrite the one that took it, and both
+/// would lead. At most 128 characters, as the API server allows.
+pub fn field_manager(identity: &str) -> String {
+    let mut name = format!("nodeipam-{identity}");
+    if name.len() > 128 {
+        let cut = (0..=128)
+            .rev()
+            .find(|i| name.is_char_boundary(*i))
+            .unwrap_or(0);
+        name.truncate(cut);
+    }
+    name
 }
 
 /// Drives the manager and reports leadership while the fence allows it, until `stop`.
@@ -528,6 +545,18 @@ mod tests {
         ));
         l.metadata.finalizers = Some(vec![handover::LEASE_FINALIZER.into()]);
         l
+    }
+
+    #[test]
+    fn every_replica_writes_the_lease_as_its_own_field_manager() {
+        assert_eq!(field_manager("pod-a"), "nodeipam-pod-a");
+        assert_ne!(field_manager("pod-a"), field_manager("pod-b"));
+        let long = "é".repeat(100);
+        let name = field_manager(&long);
+        assert!(
+            name.len() <= 128 && name.starts_with("nodeipam-é"),
+            "{name}"
+        );
     }
 
     #[test]
