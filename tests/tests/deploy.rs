@@ -51,21 +51,25 @@ fn find_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} in the rendered manifests"))
 }
 
-async fn lease_holder(client: &Client) -> Option<String> {
-    let api: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
-    api.get_opt(LEASE)
+/// The controller's Lease, if it exists.
+async fn lease(client: &Client) -> Option<Lease> {
+    Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+        .get_opt(LEASE)
         .await
         .expect("get lease")
+}
+
+async fn lease_holder(client: &Client) -> Option<String> {
+    lease(client)
+        .await
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
 }
 
 /// The hand-over mark a leader that stopped cleanly leaves on the Lease.
 async fn lease_handover(client: &Client) -> Option<String> {
-    let api: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
-    api.get_opt(LEASE)
+    lease(client)
         .await
-        .expect("get lease")
         .and_then(|l| l.annotations().get(HANDOVER_ANNOTATION).cloned())
 }
 
@@ -981,19 +985,15 @@ async fn ip_masq_agent_without_the_pod_network_configmap_is_refused() {
 
 /// Whether the Lease exists with a deletion pending.
 async fn lease_being_deleted(client: &Client) -> bool {
-    Api::<Lease>::namespaced(client.clone(), NAMESPACE)
-        .get_opt(LEASE)
+    lease(client)
         .await
-        .expect("get lease")
         .is_some_and(|l| l.metadata.deletion_timestamp.is_some())
 }
 
 /// When the Lease was last renewed, if it exists.
 async fn lease_renewed(client: &Client) -> Option<String> {
-    let api: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
-    api.get_opt(LEASE)
+    lease(client)
         .await
-        .expect("get lease")
         .and_then(|l| l.spec)
         .and_then(|s| s.renew_time)
         .map(|t| format!("{:?}", t.0))
@@ -1223,4 +1223,66 @@ async fn a_replica_that_found_the_lease_free_cannot_lock_it_over_the_one_that_to
     assert_eq!(lease_holder(&admin).await.as_deref(), Some("replica-a"));
     a.assert_never_forbidden();
     stop(&mut a, cp).await;
+}
+
+/// A replica that took an expired Lease waits out the dead leader's writes; a third replica
+/// that woke at the same expiry can displace it meanwhile (the lease manager releases an
+/// expired Lease unconditionally, then locks it). The one that waited must not allocate on
+/// a Lease that no longer names it: it reads the Lease again before its first write. Here the
+/// displacement is made by hand, the moment replica-b begins its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_displaced_during_its_take_over_wait_does_not_allocate() {
+    const FLAGS: &[&str] = &["--lease-duration=15", "--lease-grace=5"];
+    let Solo {
+        cp,
+        admin,
+        dir,
+        kubeconfig,
+        mut a,
+    } = Solo::start_with(FLAGS).await;
+    let mut b = Replica::start_plain(dir.path(), &kubeconfig, "replica-b", FLAGS).await;
+    create_ready_config(&admin, "pool", spec(family("10.76.0.0/16", 24), None, None)).await;
+    create_node(&admin, "before", &[]).await;
+    wait_cidrs(&admin, "before").await;
+
+    a.signal(Signal::KILL);
+    assert!(!a.wait_exit().await.success());
+    let waiting = "leadership gained: letting writes of a previous leader settle";
+    wait_for(
+        "replica-b to take the expired lease and begin its wait",
+        || async { b.log_text().contains(waiting).then_some(()) },
+    )
+    .await;
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let displaced = json!({ "spec": {
+        "holderIdentity": "replica-c",
+        "acquireTime": now,
+        "renewTime": now,
+        "leaseDurationSeconds": 15,
+    }});
+    Api::<Lease>::namespaced(admin.clone(), NAMESPACE)
+        .patch(LEASE, &PatchParams::default(), &Patch::Merge(&displaced))
+        .await
+        .expect("displace replica-b");
+    create_node(&admin, "after", &[]).await;
+
+    // Past the end of replica-b's wait (4.5 s), before its next read of the Lease (10 s).
+    let displaced_at = Instant::now();
+    while displaced_at.elapsed() < Duration::from_secs(8) {
+        let node = get_node(&admin, "after").await.expect("node after");
+        assert!(
+            pod_cidrs(&node).is_empty(),
+            "replica-b allocated on a Lease that names replica-c: {}",
+            b.log_tail()
+        );
+        assert_eq!(b.gauge("nodeipam_leader", &[]).await, Some(0.0));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // replica-c never renews: once its Lease expires, replica-b takes it and allocates.
+    wait_cidrs(&admin, "after").await;
+    assert_invariant(&admin, &[]).await;
+    b.assert_never_forbidden();
+    stop(&mut b, cp).await;
 }

@@ -231,23 +231,17 @@ async fn turns(signal: &mut watch::Receiver<bool>, value: bool) -> bool {
 }
 
 /// Before a session writes anything: after a clean hand-over it starts at once; otherwise it
-/// waits out writes of a previous leader (or of an earlier session of ours) still landing.
+/// waits out writes of a previous leader (or of an earlier session of ours) still landing,
+/// then claims again: another replica may have displaced us meanwhile (the lease manager
+/// takes an expired Lease by an unconditional release), and our last read of the Lease would
+/// not say so before the next renewal.
 async fn take_over(ctx: &Context) {
     let delay = ctx.options.takeover_delay;
     let Some(lease) = &ctx.options.lease else {
         tokio::time::sleep(delay).await;
         return;
     };
-    let took = loop {
-        match handover::claim(&ctx.client, lease).await {
-            Ok(took) => break took,
-            // The mark must be gone before we write: ask until the API server answers.
-            Err(e) => {
-                warn!(error = %e, "reading the lease for a hand-over failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    };
+    let took = claim(ctx, lease).await;
     ctx.metrics.took_over(took.label());
     match took {
         handover::Takeover::Clean => {
@@ -263,6 +257,21 @@ async fn take_over(ctx: &Context) {
                 "leadership gained: letting writes of a previous leader settle"
             );
             tokio::time::sleep(delay).await;
+            claim(ctx, lease).await;
+        }
+    }
+}
+
+/// [`handover::claim`] until it succeeds: the mark must be gone and the Lease still ours
+/// before we write. Only a change of leadership ends the asking.
+async fn claim(ctx: &Context, lease: &handover::LeaseRef) -> handover::Takeover {
+    loop {
+        match handover::claim(&ctx.client, lease).await {
+            Ok(took) => return took,
+            Err(e) => {
+                warn!(error = %e, "claiming the lease failed; asking again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
         }
     }
 }
