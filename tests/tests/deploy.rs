@@ -1013,17 +1013,16 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
         "--kube-api-burst=200",
     ];
     const STREAM: Duration = Duration::from_secs(11);
-    let Solo {
-        cp,
-        admin,
-        dir,
-        kubeconfig,
-        mut a,
-    } = Solo::start_with(FLAGS).await;
-    let mut b = Replica::start_plain(dir.path(), &kubeconfig, "replica-b", FLAGS).await;
-    create_ready_config(&admin, "pool", spec(family("10.64.0.0/12", 26), None, None)).await;
-    create_node(&admin, "warm", &[]).await;
-    wait_cidrs(&admin, "warm").await;
+    let (
+        Solo {
+            cp,
+            admin,
+            mut a,
+            dir: _dir,
+            ..
+        },
+        mut b,
+    ) = Solo::serving_with_standby(FLAGS, "10.64.0.0/12", 26, "warm").await;
 
     // Just after a renewal and the read that confirms it (a second later), so that replica-a
     // has most of a renewal period to go on believing in its Lease.
@@ -1125,6 +1124,22 @@ impl Solo {
             kubeconfig,
             a,
         }
+    }
+
+    /// [`Solo::start_with`], a standby `replica-b`, and one config of `cidr` and `mask` whose
+    /// first node, `node`, holds a block.
+    async fn serving_with_standby(
+        flags: &[&str],
+        cidr: &str,
+        mask: u8,
+        node: &str,
+    ) -> (Solo, Replica) {
+        let solo = Solo::start_with(flags).await;
+        let b = Replica::start_plain(solo.dir.path(), &solo.kubeconfig, "replica-b", flags).await;
+        create_ready_config(&solo.admin, "pool", spec(family(cidr, mask), None, None)).await;
+        create_node(&solo.admin, node, &[]).await;
+        wait_cidrs(&solo.admin, node).await;
+        (solo, b)
     }
 }
 
@@ -1233,17 +1248,16 @@ async fn a_replica_that_found_the_lease_free_cannot_lock_it_over_the_one_that_to
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_displaced_during_its_take_over_wait_does_not_allocate() {
     const FLAGS: &[&str] = &["--lease-duration=15", "--lease-grace=5"];
-    let Solo {
-        cp,
-        admin,
-        dir,
-        kubeconfig,
-        mut a,
-    } = Solo::start_with(FLAGS).await;
-    let mut b = Replica::start_plain(dir.path(), &kubeconfig, "replica-b", FLAGS).await;
-    create_ready_config(&admin, "pool", spec(family("10.76.0.0/16", 24), None, None)).await;
-    create_node(&admin, "before", &[]).await;
-    wait_cidrs(&admin, "before").await;
+    let (
+        Solo {
+            cp,
+            admin,
+            mut a,
+            dir: _dir,
+            ..
+        },
+        mut b,
+    ) = Solo::serving_with_standby(FLAGS, "10.76.0.0/16", 24, "before").await;
 
     a.signal(Signal::KILL);
     assert!(!a.wait_exit().await.success());
