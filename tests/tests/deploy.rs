@@ -2,7 +2,8 @@
 //! API server's schema, and the `nodeipam` binary run as child processes with exactly the
 //! ServiceAccount identity of `config/rbac`. Every feature works with those rights and nothing
 //! more is allowed; a leader SIGKILLed during a burst of node creations is replaced with no
-//! duplicate podCIDRs; the metrics match the cluster; SIGTERM releases the lease.
+//! duplicate podCIDRs; the metrics match the cluster; SIGTERM releases the lease; a Lease
+//! deleted, locked twice or displaced under a leader never lets two replicas allocate at once.
 
 mod support;
 
