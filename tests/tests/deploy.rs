@@ -1014,16 +1014,11 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
         "--kube-api-burst=200",
     ];
     const STREAM: Duration = Duration::from_secs(11);
-    let (
-        Solo {
-            cp,
-            admin,
-            mut a,
-            dir: _dir,
-            ..
-        },
-        mut b,
-    ) = Solo::serving_with_standby(FLAGS, "10.64.0.0/12", 26, "warm").await;
+    // `solo` keeps the rest (the temporary folder) alive to the end.
+    let (solo, mut b) = Solo::serving_with_standby(FLAGS, "10.64.0.0/12", 26, "warm").await;
+    let Solo {
+        cp, admin, mut a, ..
+    } = solo;
 
     // Just after a renewal and the read that confirms it (a second later), so that replica-a
     // has most of a renewal period to go on believing in its Lease.
@@ -1249,16 +1244,11 @@ async fn a_replica_that_found_the_lease_free_cannot_lock_it_over_the_one_that_to
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_displaced_during_its_take_over_wait_does_not_allocate() {
     const FLAGS: &[&str] = &["--lease-duration=15", "--lease-grace=5"];
-    let (
-        Solo {
-            cp,
-            admin,
-            mut a,
-            dir: _dir,
-            ..
-        },
-        mut b,
-    ) = Solo::serving_with_standby(FLAGS, "10.76.0.0/16", 24, "before").await;
+    // `solo` keeps the rest (the temporary folder) alive to the end.
+    let (solo, mut b) = Solo::serving_with_standby(FLAGS, "10.76.0.0/16", 24, "before").await;
+    let Solo {
+        cp, admin, mut a, ..
+    } = solo;
 
     a.signal(Signal::KILL);
     assert!(!a.wait_exit().await.success());

@@ -206,7 +206,7 @@ pub async fn release(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Er
     if !releasable(&current, &lease.identity) {
         return Ok(false);
     }
-    set_finalizer(&api, &current, false).await?;
+    patch_meta(&api, &current, None, false).await?;
     Ok(true)
 }
 
@@ -220,10 +220,6 @@ async fn set_mark(
     mark: Option<&str>,
 ) -> Result<(), kube::Error> {
     patch_meta(api, current, Some(mark), mark.is_none()).await
-}
-
-async fn set_finalizer(api: &Api<Lease>, current: &Lease, hold: bool) -> Result<(), kube::Error> {
-    patch_meta(api, current, None, hold).await
 }
 
 /// One conditional merge patch of the Lease's metadata: the mark (when `mark` is given) and
