@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_core::ClusterResourceScope;
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+pub mod protobuf;
 
 /// The parts of a `core/v1` Node that allocation looks at. Usable with `Api`, watchers and
 /// reflectors like any resource; it is only ever read, never written back whole.
@@ -83,6 +85,51 @@ impl<'de> Deserialize<'de> for IpamNode {
     }
 }
 
+/// The same slim shape back as JSON (for a list read as protobuf and handed to a JSON
+/// reader); absent fields stay absent.
+impl Serialize for IpamNode {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meta<'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            name: &'a Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            uid: &'a Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            resource_version: &'a Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            labels: &'a Option<BTreeMap<String, String>>,
+        }
+        #[derive(Serialize)]
+        struct Spec<'a> {
+            #[serde(rename = "podCIDR", skip_serializing_if = "Option::is_none")]
+            pod_cidr: &'a Option<String>,
+            #[serde(rename = "podCIDRs", skip_serializing_if = "Option::is_none")]
+            pod_cidrs: &'a Option<Vec<String>>,
+        }
+        #[derive(Serialize)]
+        struct Out<'a> {
+            metadata: Meta<'a>,
+            spec: Spec<'a>,
+        }
+        let m = &self.metadata;
+        Out {
+            metadata: Meta {
+                name: &m.name,
+                uid: &m.uid,
+                resource_version: &m.resource_version,
+                labels: &m.labels,
+            },
+            spec: Spec {
+                pod_cidr: &self.pod_cidr,
+                pod_cidrs: &self.pod_cidrs,
+            },
+        }
+        .serialize(s)
+    }
+}
+
 impl kube_core::Resource for IpamNode {
     type DynamicType = ();
     type Scope = ClusterResourceScope;
@@ -149,6 +196,20 @@ mod tests {
         );
         assert_eq!(IpamNode::plural(&()), "nodes");
         assert_eq!(IpamNode::api_version(&()), "v1");
+    }
+
+    #[test]
+    fn the_slim_json_reads_back_as_the_same_node() {
+        let full = parse(
+            r#"{"metadata":{"name":"a","uid":"u","resourceVersion":"9","labels":{"k":"v"},
+                "annotations":{"x":"y"}},"spec":{"podCIDR":"10.0.0.0/24",
+                "podCIDRs":["10.0.0.0/24","fd00::/64"]}}"#,
+        );
+        let empty = parse(r#"{"metadata":{}}"#);
+        for node in [full, empty] {
+            let json = serde_json::to_string(&node).expect("to json");
+            assert_eq!(parse(&json), node, "{json}");
+        }
     }
 
     #[test]
