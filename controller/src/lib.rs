@@ -10,6 +10,7 @@ pub mod health;
 pub mod logging;
 pub mod metrics;
 pub mod metrics_server;
+pub mod node_lists;
 pub mod ranges;
 pub mod ratelimit;
 pub mod reconcile;

@@ -65,7 +65,8 @@ pub async fn read(client: &Client) -> Result<PodNetwork, RangesError> {
         }
         Err(e) => return Err(RangesError::Unreachable(e)),
     };
-    let nodes = Api::<IpamNode>::all(client.clone())
+    // One list, read as protobuf: `ranges` may run against a cluster of many thousand Nodes.
+    let nodes = Api::<IpamNode>::all(crate::node_lists::client(client.clone()))
         .list(&ListParams::default())
         .await
         .map_err(|source| RangesError::List {

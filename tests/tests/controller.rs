@@ -1,7 +1,7 @@
 //! End-to-end tests of the allocation loop against a real kube-apiserver and etcd: families,
 //! pending nodes, release and reuse, drain, disable, restart, migration, Service CIDRs,
 //! status, and an API server that goes away for a while, each ending with the global
-//! no-overlap invariant.
+//! no-overlap invariant; and Node lists read as protobuf.
 
 mod support;
 
@@ -889,4 +889,72 @@ async fn an_api_server_outage_with_leader_election() {
 #[tokio::test]
 async fn an_api_server_outage_without_leader_election() {
     api_server_goes_away_for_a_while(false).await;
+}
+
+/// Nodes listed as protobuf (how the node watch lists them) are the Nodes a JSON list reads,
+/// on the API server's own bytes and page by page through the controller's client; a failed
+/// list still carries the API server's Status.
+#[tokio::test]
+async fn node_lists_read_as_protobuf_match_json() {
+    use kube::api::ListParams;
+    use nodeipam_controller::node::{IpamNode, protobuf};
+    let cp = control_plane().await;
+    let c = cp.client();
+    let dual = node(
+        "dual",
+        &[("zone", "a"), ("rack", "r1")],
+        &["10.9.0.0/24", "fd00:9::/64"],
+    );
+    create_node_obj(&c, dual).await;
+    create_node_obj(&c, node("v4", &[("zone", "b")], &["10.9.1.0/24"])).await;
+    for i in 0..5 {
+        create_node(&c, &format!("plain-{i}"), &[]).await;
+    }
+    let json = Api::<IpamNode>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("json list");
+    assert_eq!(json.items.len(), 7);
+    assert!(
+        json.items
+            .iter()
+            .any(|n| n.cidrs().map(|c| c.len()) == Ok(2))
+    );
+
+    let req = http::Request::get("/api/v1/nodes")
+        .header(http::header::ACCEPT, "application/vnd.kubernetes.protobuf")
+        .body(kube::client::Body::empty())
+        .expect("request");
+    let res = c.send(req).await.expect("protobuf list");
+    let content_type = res.headers()[http::header::CONTENT_TYPE].clone();
+    assert_eq!(content_type, "application/vnd.kubernetes.protobuf");
+    let bytes = res.into_body().collect_bytes().await.expect("body");
+    let raw = protobuf::node_list(&bytes).expect("the API server's bytes decode");
+    assert_eq!(raw.items, json.items);
+    assert!(raw.resource_version.is_some());
+
+    let pb = Api::<IpamNode>::all(nodeipam_controller::node_lists::client(c.clone()));
+    let (mut items, mut pages, mut token) = (Vec::new(), 0, None);
+    loop {
+        let mut params = ListParams::default().limit(2);
+        params.continue_token = token;
+        let page = pb.list(&params).await.expect("a page");
+        items.extend(page.items);
+        pages += 1;
+        token = page.metadata.continue_;
+        if token.is_none() {
+            break;
+        }
+    }
+    assert_eq!(pages, 4);
+    assert_eq!(items, json.items);
+
+    let bad = ListParams::default().limit(2).continue_token("not-a-token");
+    match pb.list(&bad).await {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 400, "{status:?}");
+            assert!(status.message.contains("continue"), "{status:?}");
+        }
+        other => panic!("expected the API server's Status, got {other:?}"),
+    }
 }
