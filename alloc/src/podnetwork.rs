@@ -86,6 +86,29 @@ fn join(cidrs: impl IntoIterator<Item = IpNet>) -> String {
         .join(",")
 }
 
+/// The unmanaged podCIDRs merged into the fewest ranges that hold exactly their addresses,
+/// each with the nodes holding blocks in it. One by one they can pass the API server's 1 MiB
+/// limit on the ConfigMap: a cluster from kcm has a block per node, and kcm hands them out
+/// side by side, so they merge into a few ranges.
+fn unmanaged_ranges(unmanaged: &[(IpNet, String)]) -> BTreeMap<IpNet, BTreeSet<&str>> {
+    let blocks: Vec<IpNet> = unmanaged.iter().map(|(c, _)| *c).collect();
+    let mut ranges: BTreeMap<IpNet, BTreeSet<&str>> = IpNet::aggregate(&blocks)
+        .into_iter()
+        .map(|r| (r, BTreeSet::new()))
+        .collect();
+    for (cidr, node) in unmanaged {
+        // The merged ranges do not overlap: the one holding this block starts at or before it.
+        let holder = ranges
+            .range_mut(..=*cidr)
+            .next_back()
+            .filter(|(r, _)| r.contains(cidr));
+        if let Some((_, nodes)) = holder {
+            nodes.insert(node);
+        }
+    }
+    ranges
+}
+
 impl PodNetwork {
     /// Builds the network from the configs (drained ones leave it) and the unmanaged podCIDRs
     /// with the nodes holding them.
@@ -111,11 +134,7 @@ impl PodNetwork {
                 });
             }
         }
-        let mut by_cidr: BTreeMap<IpNet, BTreeSet<&str>> = BTreeMap::new();
-        for (cidr, node) in unmanaged {
-            by_cidr.entry(*cidr).or_default().insert(node);
-        }
-        for (cidr, nodes) in by_cidr {
+        for (cidr, nodes) in unmanaged_ranges(unmanaged) {
             entries.push(Entry {
                 cidr,
                 family: family(&cidr),
@@ -448,6 +467,69 @@ mod tests {
                 (n("192.168.1.0/24"), "old-2".into()),
             ],
         )
+    }
+
+    #[test]
+    fn unmanaged_blocks_side_by_side_merge_and_count_their_nodes() {
+        let unmanaged: Vec<(IpNet, String)> = (0..4096u32)
+            .map(|i| {
+                let net = std::net::Ipv4Addr::from(0x0a00_0000 + i * 256);
+                (
+                    IpNet::V4(ipnet::Ipv4Net::new(net, 24).expect("net")),
+                    format!("n{i}"),
+                )
+            })
+            .chain([
+                (n("192.168.7.0/24"), "far".into()),
+                (n("192.168.7.128/25"), "inside-far".into()),
+            ])
+            .collect();
+        let net = PodNetwork::new(&[], &unmanaged);
+        let got: Vec<(String, u64)> = net
+            .entries
+            .iter()
+            .map(|e| (e.cidr.to_string(), e.nodes))
+            .collect();
+        assert_eq!(
+            got,
+            vec![("10.0.0.0/12".into(), 4096), ("192.168.7.0/24".into(), 2)]
+        );
+        let data = net.configmap_data("t");
+        assert_eq!(data["unmanaged"], "10.0.0.0/12,192.168.7.0/24");
+        assert_eq!(data["ipv4"], data["unmanaged"]);
+    }
+
+    proptest::proptest! {
+        /// Merged, the unmanaged ranges hold exactly the addresses of the blocks, and each
+        /// counts the nodes whose blocks it holds.
+        #[test]
+        fn merged_unmanaged_ranges_hold_exactly_the_blocks(
+            blocks in proptest::collection::vec((0u32..64, 22u8..=26, 0u8..4), 0..40)
+        ) {
+            let unmanaged: Vec<(IpNet, String)> = blocks
+                .iter()
+                .map(|(at, len, node)| {
+                    let addr = std::net::Ipv4Addr::from(0x0a00_0000 + at * 64);
+                    let net = ipnet::Ipv4Net::new(addr, *len).expect("net").trunc();
+                    (IpNet::V4(net), format!("n{node}"))
+                })
+                .collect();
+            let cidrs: Vec<IpNet> = unmanaged.iter().map(|(c, _)| *c).collect();
+            let net = PodNetwork::new(&[], &unmanaged);
+            let ranges: Vec<IpNet> = net.entries.iter().map(|e| e.cidr).collect();
+            for c in &cidrs {
+                proptest::prop_assert!(covered(c, &ranges), "{c} lost");
+            }
+            for e in &net.entries {
+                proptest::prop_assert!(covered(&e.cidr, &cidrs), "{} added", e.cidr);
+                let nodes: BTreeSet<&String> = unmanaged
+                    .iter()
+                    .filter(|(c, _)| e.cidr.contains(c))
+                    .map(|(_, n)| n)
+                    .collect();
+                proptest::prop_assert_eq!(e.nodes, nodes.len() as u64);
+            }
+        }
     }
 
     #[test]

@@ -553,3 +553,67 @@ async fn the_pod_network_configmap_is_written_only_when_its_content_changes() {
     );
     assert_invariant(&c, &[]).await;
 }
+
+/// A cluster moving from kcm: tens of thousands of nodes hold podCIDRs that no config covers
+/// yet. Each is part of the pod network, but listed one by one they pass the API server's
+/// 1 MiB limit on a ConfigMap, and the pod network could not be published at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_unmanaged_pod_cidrs_still_fit_the_published_configmap() {
+    use futures::StreamExt;
+    use ipnet::IpNet;
+    const NODES: u32 = 17_000;
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    // Dual-stack blocks, adjacent as kcm hands them out: a /28 of 10.0.0.0/12 and a /64 of
+    // fd00:77::/48 each, 64 bytes of ConfigMap per node when listed one by one.
+    let blocks = |i: u32| {
+        let v4 = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 0, 0, 0)) + i * 16);
+        [format!("{v4}/28"), format!("fd00:77:0:{i:x}::/64")]
+    };
+    futures::stream::iter(0..NODES)
+        .map(|i| {
+            let c = c.clone();
+            let [v4, v6] = blocks(i);
+            async move {
+                let n = node(&format!("kcm-{i:05}"), &[], &[&v4, &v6]);
+                Api::<Node>::all(c)
+                    .create(&PostParams::default(), &n)
+                    .await
+                    .expect("create node")
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+    let _ctl = start_controller(c.clone(), publishing(None, &[]));
+    let held: Vec<IpNet> = (0..NODES)
+        .flat_map(blocks)
+        .map(|b| b.parse().expect("cidr"))
+        .collect();
+    let cms = Api::<ConfigMap>::namespaced(c.clone(), NS);
+    let data = wait_for("the pod network published with every held block", || {
+        let cms = cms.clone();
+        let held = held.clone();
+        async move {
+            let data = cms.get_opt(CM).await.ok()??.data?;
+            let listed = |key: &str| -> Vec<IpNet> {
+                data.get(key)
+                    .into_iter()
+                    .flat_map(|v| v.split(',').filter_map(|c| c.parse().ok()))
+                    .collect()
+            };
+            let all: Vec<IpNet> = listed("ipv4").into_iter().chain(listed("ipv6")).collect();
+            let unmanaged = listed("unmanaged");
+            let covers =
+                |list: &[IpNet]| held.iter().all(|b| nodeipam_crd::range::covered(b, list));
+            (covers(&all) && covers(&unmanaged)).then_some(data)
+        }
+    })
+    .await;
+    let size: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
+    assert!(
+        size < 4096,
+        "the held blocks merge into a few ranges: {data:?}"
+    );
+}
