@@ -156,6 +156,7 @@ mod tests {
     use super::*;
     use crate::node::IpamNode;
     use kube::api::ObjectList;
+    use std::sync::{Arc, Mutex};
 
     #[test]
     fn only_collection_lists_of_nodes_are_read_as_protobuf() {
@@ -195,6 +196,105 @@ mod tests {
         assert_eq!(list.metadata.resource_version.as_deref(), Some("7"));
         assert_eq!(list.metadata.continue_.as_deref(), Some("next"));
         assert_eq!(list.items, vec![node, IpamNode::default()]);
+    }
+
+    /// A client over a fake API server that answers every request with `answer`, and the
+    /// requests it was sent.
+    fn fake(
+        answer: fn(&Request<Body>) -> Response<Body>,
+    ) -> (Client, Arc<Mutex<Vec<Request<Body>>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            let res = answer(&req);
+            log.lock().expect("lock").push(req);
+            async move { Ok::<_, std::convert::Infallible>(res) }
+        });
+        (client(Client::new(svc, "default")), seen)
+    }
+
+    fn answer(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Body> {
+        Response::builder()
+            .status(status)
+            .header(CONTENT_TYPE, content_type)
+            .body(Body::from(body))
+            .expect("response")
+    }
+
+    #[tokio::test]
+    async fn a_server_that_answers_json_is_read_as_before() {
+        let (c, seen) = fake(|_| {
+            let json = br#"{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"5"},
+                "items":[{"metadata":{"name":"a"},"spec":{"podCIDR":"10.0.0.0/24"}}]}"#;
+            answer(StatusCode::OK, "application/json", json.to_vec())
+        });
+        let list = kube::Api::<IpamNode>::all(c)
+            .list(&Default::default())
+            .await
+            .expect("list");
+        assert_eq!(list.items[0].metadata.name.as_deref(), Some("a"));
+        let accept = seen.lock().expect("lock")[0].headers()[ACCEPT].clone();
+        assert_eq!(
+            accept,
+            "application/vnd.kubernetes.protobuf, application/json"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_protobuf_status_becomes_kubes_api_error() {
+        let (c, _) = fake(|_| {
+            // k8s\0 + Unknown{typeMeta{kind: Status}, raw: Status{reason, message, code 410}}
+            let mut raw = vec![0x22, 7];
+            raw.extend_from_slice(b"Expired");
+            raw.extend_from_slice(&[0x1a, 4]);
+            raw.extend_from_slice(b"gone");
+            raw.extend_from_slice(&[0x30, 0x9a, 0x03]);
+            let mut body = b"k8s\0".to_vec();
+            body.extend_from_slice(&[0x0a, 8, 0x12, 6]);
+            body.extend_from_slice(b"Status");
+            body.extend_from_slice(&[0x12, raw.len() as u8]);
+            body.extend_from_slice(&raw);
+            answer(StatusCode::GONE, PROTOBUF, body)
+        });
+        match kube::Api::<IpamNode>::all(c)
+            .list(&Default::default())
+            .await
+        {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(
+                    (s.code, s.reason.as_str(), s.message.as_str()),
+                    (410, "Expired", "gone")
+                );
+            }
+            other => panic!("expected the API error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_garbled_protobuf_list_is_an_error_not_a_panic() {
+        let (c, _) = fake(|_| answer(StatusCode::OK, PROTOBUF, b"k8s\0\x12\xff".to_vec()));
+        let err = kube::Api::<IpamNode>::all(c)
+            .list(&Default::default())
+            .await
+            .expect_err("garbage");
+        assert!(err.to_string().contains("protobuf"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn watches_and_single_nodes_pass_through_untouched() {
+        let (c, seen) = fake(|_| answer(StatusCode::OK, "application/json", b"{}".to_vec()));
+        let api = kube::Api::<IpamNode>::all(c);
+        let _ = api.get("a").await;
+        let _ = api.watch(&Default::default(), "0").await;
+        let seen = seen.lock().expect("lock");
+        assert_eq!(seen.len(), 2);
+        for req in seen.iter() {
+            let accept = req
+                .headers()
+                .get(ACCEPT)
+                .map(|v| v.to_str().expect("ascii"));
+            assert!(!accept.unwrap_or_default().contains("protobuf"), "{req:?}");
+        }
     }
 
     #[test]
