@@ -919,14 +919,16 @@ impl Machine {
     }
 
     /// A node that got no block is warned once, unless it only waits behind gates that
-    /// usually open within moments, or for a pool that is growing (`growing`): then only once
-    /// it has waited `GATE_GRACE`.
+    /// usually open within moments, for a pool that is growing (`growing`), or for the first
+    /// config (a first install applies the controller and its configs together): then only
+    /// once it has waited `GATE_GRACE`.
     fn not_allocated(&mut self, name: &str, uid: Option<&str>, e: &AllocateError, growing: bool) {
         let now = self.now.mono;
+        let first_config_due = self.configs.is_empty() && *e == AllocateError::NoMatchingConfig;
         let Some(p) = self.pending.get_mut(name) else {
             return;
         };
-        if growing || matches!(e, AllocateError::Waiting { .. }) {
+        if growing || first_config_due || matches!(e, AllocateError::Waiting { .. }) {
             let since = *p.waiting_since.get_or_insert(now);
             if now.saturating_sub(since) < GATE_GRACE {
                 debug!(node = %name, reason = %e, "node waits behind a gate");

@@ -116,6 +116,7 @@ async fn nodes_waiting_for_a_config_get_blocks_once_it_exists() {
     for i in 0..5 {
         create_node(&c, &format!("early-{i}"), &[]).await;
     }
+    // Warned once it has waited the start-up grace (30 s) with no config at all.
     wait_event(&c, "early-0", "CIDRNotAvailable").await;
     assert!(pod_cidrs(&get_node(&c, "early-0").await.expect("node")).is_empty());
     create_config(&c, "late", spec(family("10.50.0.0/16", 24), None, None)).await;

@@ -489,6 +489,31 @@ async fn nodes_that_wait_only_behind_start_up_gates_get_no_warning() {
     assert_invariant(&c, &[]).await;
 }
 
+/// A first install as `kubectl apply` makes it: the controller is up and has read the nodes a
+/// moment before the config that selects them is created. They wait for no reason an operator
+/// must act on, and a Warning must mean that something is wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_whose_config_comes_moments_after_them_get_no_warning() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    for i in 0..60 {
+        create_node(&c, &format!("n{i}"), &[]).await;
+    }
+    let ctl = start_controller(c.clone(), publishing(None, &[]));
+    wait_for("the controller to hold the 60 nodes as pending", || {
+        let metrics = ctl.metrics.encode();
+        async move { metrics.contains("nodeipam_pending_nodes 60").then_some(()) }
+    })
+    .await;
+    create_config(&c, "pods", spec(family("10.63.0.0/16", 24), None, None)).await;
+    for i in 0..60 {
+        wait_cidrs(&c, &format!("n{i}")).await;
+    }
+    assert_no_cidr_warnings(&c).await;
+    assert_invariant(&c, &[]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_onto_new_and_overlapping_configs_warns_nobody() {
     let cp = control_plane().await;

@@ -689,12 +689,35 @@ fn a_node_waiting_behind_a_gate_is_warned_only_after_the_grace() {
 }
 
 #[test]
-fn a_node_no_config_can_serve_is_warned_at_once() {
+fn a_node_no_config_selects_is_warned_at_once() {
+    let (mut m, _) = synced(options(false));
+    // A config exists, for other nodes: a node none selects is misconfigured, not early.
+    let other = config(
+        "other",
+        "c2",
+        1,
+        (Some(("10.8.0.0/16", 24)), None),
+        Some(crate::fixtures::selecting("zone", "elsewhere")),
+        true,
+    );
+    m.handle(at(0), Input::Config(Watch::Applied(other)));
+    let out = m.handle(
+        at(1),
+        Input::Node(Watch::Applied(node("a", "u-a", &[], &[]))),
+    );
+    assert_eq!(reasons(&out), vec![effects::CIDR_NOT_AVAILABLE]);
+}
+
+#[test]
+fn before_the_first_config_nodes_are_warned_only_after_the_grace() {
     let (mut m, _) = synced(options(false));
     let out = m.handle(
         at(1),
         Input::Node(Watch::Applied(node("a", "u-a", &[], &[]))),
     );
+    assert!(reasons(&out).is_empty(), "warned at once: {out:?}");
+    let grace = GATE_GRACE.as_secs();
+    let out = m.handle(at(1 + grace), Input::Tick);
     assert_eq!(reasons(&out), vec![effects::CIDR_NOT_AVAILABLE]);
 }
 
