@@ -1042,14 +1042,23 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
     // Nodes keep coming, faster than a leader at 200 requests a second writes them, while
     // either replica may think it leads (without the finalizer: replica-b from about 5.5 s
     // after the deletion, replica-a until its next read, about 9 s; both then work through a
-    // backlog, which is how they come to pick the same blocks); then they stop.
+    // backlog, which is how they come to pick the same blocks); then they stop. At a fixed
+    // pace, at most 64 every 100 ms (3.2 times the leader's rate): unpaced, a quiet machine
+    // created 17,000 in the 11 s, more than the 16,384 blocks of the range.
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut created = 0;
     while deleted_at.elapsed() < STREAM {
+        pace.tick().await;
         let names: Vec<String> = (created..created + 64)
             .map(|i| format!("stream-{i:05}"))
             .collect();
         created += create_nodes(&admin, names, 8, |_| {}).await;
     }
+    assert!(
+        created < 1 << (26 - 12),
+        "{created} nodes outgrow the range"
+    );
     // The next leader starts once replica-a let the Lease go, with thousands of nodes to
     // catch up on at 200 requests a second: give it minutes on a busy machine.
     let nodes = wait_all_allocated_for(&admin, 1, Duration::from_secs(240)).await;
