@@ -32,7 +32,7 @@ use super::pool::{
     self as scaling, Carve, ChildView, DEMAND_WINDOW, PoolInput, PoolStatus, PoolWorld,
 };
 use super::selection::{self, NodeView};
-use super::status::desired_status;
+use super::status::{counts_only, desired_status};
 use crate::node::IpamNode;
 
 /// How long a failed re-read of a node missing from a relist waits before it is tried again.
@@ -42,6 +42,12 @@ const REREAD_RETRY: Duration = Duration::from_secs(5);
 /// range) or for a pool to carve before it is warned about: at start-up and in a burst every
 /// node waits a moment, and a Warning must mean that something is wrong.
 pub const GATE_GRACE: Duration = Duration::from_secs(30);
+
+/// How often a config's status is written while only its counts move (blocks allocated,
+/// nodes, how many still hold blocks): a status patch of a NodeIPAMConfig costs the API server
+/// about three node patches (a CRD is validated and stored as JSON), and in a burst the counts
+/// move at every tick. A flipped condition, a new generation or capacity go out at once.
+pub const STATUS_COUNTS_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a created child may take to show in the config watch before its create is sent
 /// again (the same range under the same name: AlreadyExists if it is there after all).
@@ -337,6 +343,8 @@ pub struct Machine {
     status_in_flight: HashMap<String, Vec<NodeIPAMConfigStatus>>,
     /// The status last reported written per config.
     status_landed: HashMap<String, NodeIPAMConfigStatus>,
+    /// When each config's status was last sent: counts wait for `STATUS_COUNTS_EVERY`.
+    status_sent_at: HashMap<String, Duration>,
     network_dirty: bool,
     pools: BTreeMap<String, PoolSeen>,
     /// Carves in flight, by child name.
@@ -397,6 +405,7 @@ impl Machine {
             rereads_due: BTreeMap::new(),
             status_in_flight: HashMap::new(),
             status_landed: HashMap::new(),
+            status_sent_at: HashMap::new(),
             network_dirty: true,
             pools: BTreeMap::new(),
             carves: BTreeMap::new(),
@@ -1280,6 +1289,7 @@ impl Machine {
         self.written.remove(name);
         self.status_in_flight.remove(name);
         self.status_landed.remove(name);
+        self.status_sent_at.remove(name);
     }
 
     fn on_config_gone(&mut self, name: &str) {
@@ -1966,8 +1976,15 @@ impl Machine {
         let undrain = says_drained(self.status_landed.get(name))
             && !says_drained(Some(&status))
             && self.status_in_flight.get(name).and_then(|l| l.last()) != Some(&status);
-        let unchanged =
-            !undrain && self.written.get(name).or(seen.status.as_ref()) == Some(&status);
+        let current = self.written.get(name).or(seen.status.as_ref());
+        let unchanged = !undrain && current == Some(&status);
+        // Counts alone wait for their time; the config stays dirty until then.
+        let counts_wait = !undrain
+            && current.is_some_and(|c| counts_only(c, &status))
+            && self
+                .status_sent_at
+                .get(name)
+                .is_some_and(|at| self.now.mono.saturating_sub(*at) < STATUS_COUNTS_EVERY);
         let (uid, deleting, has_finalizer) = (seen.uid.clone(), seen.deleting, seen.has_finalizer);
         for m in metrics {
             self.metric(m);
@@ -1982,7 +1999,10 @@ impl Machine {
             let note = Note::config(name, uid.as_deref(), warning, reason, t.message.clone());
             self.note(note);
         }
-        if !unchanged {
+        if !unchanged && counts_wait {
+            self.dirty.insert(name.to_string());
+        } else if !unchanged {
+            self.status_sent_at.insert(name.to_string(), self.now.mono);
             self.push(Effect::Config(ConfigJob::Status {
                 name: name.to_string(),
                 uid: uid.clone(),

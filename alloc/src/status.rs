@@ -70,6 +70,45 @@ pub fn desired_status(
     (status, transitions)
 }
 
+/// Whether `desired` differs from `written` in counts only: blocks allocated, nodes, and the
+/// message of a condition that kept its status and reason (how many nodes still hold blocks,
+/// what a gate waits for). Counts move at every step of a burst and may wait a moment; a
+/// flipped condition, a new generation or a new capacity may not.
+pub fn counts_only(written: &NodeIPAMConfigStatus, desired: &NodeIPAMConfigStatus) -> bool {
+    let capacity = |s: &NodeIPAMConfigStatus| {
+        (
+            s.ipv4.map(|f| f.capacity),
+            s.ipv6.map(|f| f.capacity),
+            s.observed_generation,
+        )
+    };
+    capacity(written) == capacity(desired) && flips(written) == flips(desired)
+}
+
+/// What of each condition only a flip, a new reason or a new generation changes.
+fn flips(s: &NodeIPAMConfigStatus) -> Vec<(&str, &str, &str, Option<i64>, &Time)> {
+    s.conditions
+        .iter()
+        .map(|c| {
+            let Condition {
+                type_,
+                status,
+                reason,
+                observed_generation,
+                last_transition_time,
+                message: _,
+            } = c;
+            (
+                type_.as_str(),
+                status.as_str(),
+                reason.as_str(),
+                *observed_generation,
+                last_transition_time,
+            )
+        })
+        .collect()
+}
+
 /// `Ready=False` while a gate (our finalizer, the published pod network) is not yet in place.
 pub const REASON_PENDING: &str = "Pending";
 
@@ -317,5 +356,66 @@ mod tests {
         let (s, _) = desired_status(&f, None, &[], &t("2026-01-01T00:00:00Z"));
         assert_eq!(cond(&s, "Ready").reason, REASON_INVALID);
         assert_eq!(cond(&s, "Exhausted").status, "Unknown");
+    }
+
+    #[test]
+    fn counts_and_messages_are_counts_only_flips_generations_and_capacity_are_not() {
+        let now = t("2026-01-01T00:00:00Z");
+        let mut f = facts();
+        (f.enabled, f.accepting) = (false, false);
+        let (written, _) = desired_status(&f, Some(1), &[], &now);
+        let later = t("2026-01-01T00:00:05Z");
+        let want = |f: &ConfigFacts, generation| {
+            desired_status(f, generation, &written.conditions, &later).0
+        };
+
+        let mut more = f.clone();
+        more.nodes = 7;
+        more.ipv4 = Some(FamilyFacts {
+            capacity: 4,
+            allocated: 3,
+            free: 1,
+        });
+        let moved = want(&more, Some(1));
+        assert_ne!(
+            moved, written,
+            "the counts and the NodesRemaining message moved"
+        );
+        assert!(counts_only(&written, &moved));
+        assert!(counts_only(&written, &written));
+
+        assert!(
+            !counts_only(&written, &want(&f, Some(2))),
+            "a new generation"
+        );
+        let mut full = more.clone();
+        full.ipv4 = Some(FamilyFacts {
+            capacity: 4,
+            allocated: 4,
+            free: 0,
+        });
+        assert!(
+            !counts_only(&written, &want(&full, Some(1))),
+            "Exhausted flipped"
+        );
+        let mut gone = f.clone();
+        gone.nodes = 0;
+        assert!(
+            !counts_only(&written, &want(&gone, Some(1))),
+            "Drained flipped"
+        );
+        let mut resized = f.clone();
+        resized.ipv4 = Some(FamilyFacts {
+            capacity: 8,
+            allocated: 1,
+            free: 7,
+        });
+        assert!(
+            !counts_only(&written, &want(&resized, Some(1))),
+            "a new capacity"
+        );
+        let mut v6 = f;
+        v6.ipv6 = v6.ipv4;
+        assert!(!counts_only(&written, &want(&v6, Some(1))), "a new family");
     }
 }

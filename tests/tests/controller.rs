@@ -498,6 +498,60 @@ async fn disabled_config_stops_and_resumes() {
     assert_invariant(&c, &[]).await;
 }
 
+/// A status patch of a NodeIPAMConfig costs the API server about three node patches. Nodes
+/// arriving every 100 ms move the counts at every status tick (200 ms); the counts reach the
+/// status at most once a second, and the last of them lands, with the flip of Exhausted when
+/// the stream takes the last block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_nodes_moves_the_status_counts_at_most_once_a_second() {
+    use nodeipam_controller::alloc::status::counts_only;
+    const NODES: usize = 64;
+    let cp = control_plane().await;
+    let c = cp.client();
+    let _ctl = start_controller(c.clone(), Options::default());
+    // 64 blocks of /27: the stream takes every one.
+    create_ready_config(&c, "stream", spec(family("10.30.0.0/21", 27), None, None)).await;
+    let (log, _recorder) =
+        support::record::record(Api::<nodeipam_crd::NodeIPAMConfig>::all(c.clone()));
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    let started = Instant::now();
+    for i in 0..NODES {
+        pace.tick().await;
+        create_node(&c, &format!("s{i:02}"), &[]).await;
+    }
+    for i in 0..NODES {
+        wait_cidrs(&c, &format!("s{i:02}")).await;
+    }
+    assert_status_matches(&c, "stream").await;
+    let seconds = started.elapsed().as_secs();
+
+    let mut statuses: Vec<nodeipam_crd::NodeIPAMConfigStatus> = log
+        .lock()
+        .expect("log")
+        .iter()
+        .filter_map(|(_, _, cfg)| cfg.status.clone())
+        .collect();
+    statuses.dedup();
+    let counts_writes = statuses
+        .windows(2)
+        .filter(|w| counts_only(&w[0], &w[1]))
+        .count();
+    assert!(
+        counts_writes as u64 <= seconds + 2,
+        "{counts_writes} writes of counts alone in {seconds} s: {:#?}",
+        statuses.iter().map(|s| s.nodes).collect::<Vec<_>>()
+    );
+    let last = statuses.last().expect("a status");
+    assert_eq!(last.nodes, Some(NODES as u64));
+    assert!(
+        last.conditions
+            .iter()
+            .any(|c| c.type_ == "Exhausted" && c.status == "True"),
+        "{last:?}"
+    );
+    assert_invariant(&c, &[]).await;
+}
+
 #[tokio::test]
 async fn restart_rebuilds_state_without_duplicates() {
     let cp = control_plane().await;

@@ -453,6 +453,96 @@ fn a_status_edited_by_someone_else_is_written_back() {
     );
 }
 
+fn at_ms(ms: u64) -> Now {
+    Now {
+        mono: Duration::from_millis(ms),
+        wall_seconds: 1_800_000_000 + i64::try_from(ms / 1000).unwrap_or(0),
+    }
+}
+
+fn statuses(effects: &[Effect]) -> Vec<&NodeIPAMConfigStatus> {
+    config_jobs(effects)
+        .into_iter()
+        .filter_map(|j| match j {
+            ConfigJob::Status { status, .. } => Some(status),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A node every 200 ms (a tick each), all served: the counts go out once a second, not at
+/// every tick, and the last of them is not lost; the tick at which the range runs out writes
+/// at once.
+#[test]
+fn counts_are_written_once_a_second_and_a_flipped_condition_at_once() {
+    let (mut m, _) = synced(options(false));
+    // 8 blocks of /30 in a /27.
+    let small = config(
+        "small",
+        "c1",
+        1,
+        (Some(("10.0.0.0/27", 30)), None),
+        None,
+        true,
+    );
+    m.handle(at_ms(1000), Input::Config(Watch::Applied(small)));
+    let first = m.handle(at_ms(1000), Input::Tick);
+    assert_eq!(statuses(&first).len(), 1, "{first:?}");
+    let mut written = Vec::new();
+    for i in 0..8u64 {
+        let t = at_ms(1200 + 200 * i);
+        let out = m.handle(
+            t,
+            Input::Node(Watch::Applied(node(
+                &format!("n{i}"),
+                &format!("u{i}"),
+                &[],
+                &[],
+            ))),
+        );
+        let job = writes(&out)[0].clone();
+        m.handle(t, applied(&job));
+        let out = m.handle(t, Input::Tick);
+        written.extend(
+            statuses(&out)
+                .into_iter()
+                .map(|s| (1200 + 200 * i, s.clone())),
+        );
+    }
+    let nodes: Vec<(u64, Option<u64>)> = written.iter().map(|(t, s)| (*t, s.nodes)).collect();
+    // At 2.0 s (a second after the first write) with 5 nodes; at 2.6 s the eighth node took
+    // the last block: Exhausted flipped, written at once.
+    assert_eq!(nodes, vec![(2000, Some(5)), (2600, Some(8))], "{written:?}");
+    let exhausted = |s: &NodeIPAMConfigStatus| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Exhausted" && c.status == "True")
+    };
+    assert!(!exhausted(&written[0].1) && exhausted(&written[1].1));
+
+    // A node leaves: the flip back goes out at once too; then counts wait again.
+    let gone = node("n0", "u0", &[], &["10.0.0.0/30"]);
+    m.handle(at_ms(2800), Input::Node(Watch::Deleted(gone)));
+    let out = m.handle(at_ms(2800), Input::Tick);
+    assert!(
+        matches!(statuses(&out)[..], [s] if s.nodes == Some(7) && !exhausted(s)),
+        "{out:?}"
+    );
+    let gone = node("n1", "u1", &[], &["10.0.0.4/30"]);
+    m.handle(at_ms(3000), Input::Node(Watch::Deleted(gone)));
+    assert!(statuses(&m.handle(at_ms(3000), Input::Tick)).is_empty());
+    assert!(statuses(&m.handle(at_ms(3600), Input::Tick)).is_empty());
+    let out = m.handle(at_ms(3800), Input::Tick);
+    assert!(
+        matches!(statuses(&out)[..], [s] if s.nodes == Some(6)),
+        "the last count: {out:?}"
+    );
+    assert!(
+        statuses(&m.handle(at_ms(4800), Input::Tick)).is_empty(),
+        "nothing moved"
+    );
+}
+
 #[test]
 fn the_pending_gauge_follows_every_step() {
     let (mut m, _) = synced(options(false));
