@@ -1300,3 +1300,61 @@ async fn a_replica_displaced_during_its_take_over_wait_does_not_allocate() {
     b.assert_never_forbidden();
     stop(&mut b, cp).await;
 }
+
+/// A leader whose Lease comes to name another replica, just after it renewed it, stops at
+/// its next read of the Lease, not at its next renewal (10 s later): the other replica may be
+/// one that took the Lease from under it (a lease manager whose release of an expired Lease
+/// lands late), and it allocates after its take-over wait (4.5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_names_another_stops_at_its_next_read() {
+    const FLAGS: &[&str] = &["--lease-duration=15", "--lease-grace=5"];
+    let solo = Solo::start_with(FLAGS).await;
+    let Solo {
+        cp, admin, mut a, ..
+    } = solo;
+    create_ready_config(&admin, "pool", spec(family("10.78.0.0/16", 24), None, None)).await;
+    create_node(&admin, "before", &[]).await;
+    wait_cidrs(&admin, "before").await;
+
+    // After a renewal and the read that confirms it (a second later).
+    let renewed = lease_renewed(&admin).await;
+    wait_for("replica-a to renew the lease", || async {
+        (lease_renewed(&admin).await != renewed).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let displaced = json!({ "spec": {
+        "holderIdentity": "replica-c",
+        "acquireTime": now,
+        "renewTime": now,
+        "leaseDurationSeconds": 15,
+    }});
+    Api::<Lease>::namespaced(admin.clone(), NAMESPACE)
+        .patch(LEASE, &PatchParams::default(), &Patch::Merge(&displaced))
+        .await
+        .expect("displace replica-a");
+    let displaced_at = Instant::now();
+
+    // Reads of the Lease come every second; a node created 3 s after the displacement must
+    // wait for a leader, until 7 s after it (replica-a's next renewal is due at about 8 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    create_node(&admin, "after", &[]).await;
+    while displaced_at.elapsed() < Duration::from_secs(7) {
+        let node = get_node(&admin, "after").await.expect("node after");
+        assert!(
+            pod_cidrs(&node).is_empty(),
+            "replica-a allocated on a Lease that names replica-c: {}",
+            a.log_tail()
+        );
+        assert_eq!(a.gauge("nodeipam_leader", &[]).await, Some(0.0));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // replica-c never renews: once its Lease expires, replica-a takes it back and allocates.
+    wait_cidrs(&admin, "after").await;
+    assert_invariant(&admin, &[]).await;
+    a.assert_never_forbidden();
+    stop(&mut a, cp).await;
+}

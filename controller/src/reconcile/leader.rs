@@ -349,11 +349,10 @@ fn until(at: Option<SystemTime>) -> tokio::time::Instant {
 #[derive(Debug)]
 struct Fence {
     identity: String,
-    /// How long before the expected renewal is checked again when it has not landed yet.
+    /// How often the Lease is read while the manager claims it.
     poll: Duration,
     /// How long before expiry leadership is given up.
     margin: Duration,
-    grace: Duration,
     /// What the lease manager says.
     claimed: bool,
     /// When our Lease expires, as last read.
@@ -368,7 +367,6 @@ impl Fence {
             identity: opts.identity.clone(),
             poll: quarter,
             margin: quarter,
-            grace,
             claimed: false,
             expires: None,
         }
@@ -379,15 +377,14 @@ impl Fence {
         self.expires = None;
     }
 
-    /// A Lease just read (`None`: it does not exist). Returns when to read it next: just after
-    /// the manager's next renewal is due, or soon if that is already overdue.
+    /// A Lease just read (`None`: it does not exist). Returns when to read it next: a poll
+    /// later. Not only after the manager's next renewal: a Lease taken from under us (another
+    /// replica's release of it expired, landing late, then its lock) names the other replica
+    /// at once, and that one allocates after its take-over wait, well before our renewal
+    /// would fail. One read a poll (a second at most) is what that costs.
     fn observe(&mut self, lease: Option<&Lease>, now: SystemTime) -> SystemTime {
         self.expires = lease.and_then(|l| expiry(l, &self.identity));
-        let soon = now + self.poll;
-        self.expires
-            .and_then(|e| e.checked_sub(self.grace))
-            .and_then(|renewal| renewal.checked_add(self.poll))
-            .map_or(soon, |after_renewal| after_renewal.max(soon))
+        now + self.poll
     }
 
     fn holds(&self, now: SystemTime) -> bool {
@@ -634,8 +631,8 @@ mod tests {
             "steps down a margin before expiry"
         );
         assert_eq!(f.step_down_at(), Some(t0 + secs(3.5)));
-        // The next read comes just after the renewal is due (expiry - grace).
-        assert_eq!(next, t0 + secs(2.5));
+        // The next read comes a poll later, not only after the renewal (expiry - grace).
+        assert_eq!(next, t0 + f.poll);
         // Losing the claim ends it at once.
         f.claim(false);
         assert!(!f.holds(t0));
@@ -655,7 +652,7 @@ mod tests {
         let back = t0 + secs(12.0);
         let next = f.observe(Some(&lease("me", back, 4)), back);
         assert!(f.holds(back + secs(1.0)));
-        assert_eq!(next, back + secs(2.5));
+        assert_eq!(next, back + f.poll);
         // A read that still shows the expired renewal asks again soon.
         let next = f.observe(Some(&lease("me", t0, 4)), back);
         assert!(!f.holds(back));
