@@ -946,6 +946,84 @@ async fn an_api_server_outage_without_leader_election() {
     api_server_goes_away_for_a_while(false).await;
 }
 
+/// Two replicas read the Lease when its holder had let it expire; one takes it, then the
+/// other acts on its stale read. Its write is refused (the version it read is gone) and the
+/// Lease still names the first: a lock that wrote the holder without that precondition would
+/// have displaced it, and both would allocate until one of them read the Lease again.
+#[tokio::test]
+async fn a_lock_acting_on_a_stale_read_of_the_lease_displaces_nobody() {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use kube::api::PostParams;
+    use nodeipam_controller::reconcile::leader::field_manager;
+    use nodeipam_controller::reconcile::lease_lock::Lock;
+    const NAME: &str = "stale-read";
+    let cp = control_plane().await;
+    let c = cp.client();
+    let api: Api<Lease> = Api::namespaced(c.clone(), "default");
+    let long_ago =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60);
+    let mut expired = Lease::default();
+    expired.metadata.name = Some(NAME.into());
+    expired.spec = Some(LeaseSpec {
+        holder_identity: Some("replica-a".into()),
+        renew_time: Some(MicroTime(long_ago)),
+        lease_duration_seconds: Some(15),
+        ..LeaseSpec::default()
+    });
+    api.create(&PostParams::default(), &expired)
+        .await
+        .expect("create the expired lease");
+    let lock = |id: &str| {
+        Lock::new(
+            api.clone(),
+            NAME,
+            id,
+            field_manager(id),
+            (15, 5),
+            Duration::from_secs(1),
+        )
+    };
+    let (b, c2) = (lock("replica-b"), lock("replica-c"));
+    let holder = || async {
+        api.get(NAME)
+            .await
+            .expect("read the lease")
+            .spec
+            .and_then(|s| s.holder_identity)
+    };
+
+    let stale = api.get(NAME).await.expect("replica-b's read");
+    assert!(c2.attempt().await.expect("replica-c's attempt").leader);
+    assert_eq!(
+        b.act(Some(&stale))
+            .await
+            .expect("replica-b acts on its read"),
+        None,
+        "a write on a version that is gone must be refused"
+    );
+    assert_eq!(holder().await.as_deref(), Some("replica-c"));
+    // Its next attempt reads the Lease again: held, so it waits for the expiry.
+    let next = b.attempt().await.expect("replica-b's next attempt");
+    assert!(!next.leader);
+    assert!(next.next > std::time::SystemTime::now() + Duration::from_secs(10));
+
+    // Other writes to the Lease (the hand-over mark, the leader's finalizer) cost the holder
+    // nothing: its renewal reads again and writes on the new version.
+    let mark = serde_json::json!({ "metadata": { "annotations": { "x": "y" } } });
+    api.patch(NAME, &PatchParams::default(), &Patch::Merge(&mark))
+        .await
+        .expect("annotate");
+    assert!(c2.attempt().await.expect("replica-c renews").leader);
+    // Let go, it is free for replica-b at once.
+    c2.release().await.expect("replica-c lets go");
+    assert_eq!(holder().await, None);
+    assert!(b.attempt().await.expect("replica-b takes it").leader);
+    assert_eq!(holder().await.as_deref(), Some("replica-b"));
+    let spec = api.get(NAME).await.expect("lease").spec.expect("spec");
+    assert_eq!(spec.lease_transitions, Some(2), "replica-c, then replica-b");
+}
+
 /// Nodes listed as protobuf (how the node watch lists them) are the Nodes a JSON list reads,
 /// on the API server's own bytes and page by page through the controller's client; a failed
 /// list still carries the API server's Status.

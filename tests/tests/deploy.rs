@@ -1245,11 +1245,11 @@ async fn a_replica_that_found_the_lease_free_cannot_lock_it_over_the_one_that_to
     stop(&mut a, cp).await;
 }
 
-/// A replica that took an expired Lease waits out the dead leader's writes; a third replica
-/// that woke at the same expiry can displace it meanwhile (the lease manager releases an
-/// expired Lease unconditionally, then locks it). The one that waited must not allocate on
-/// a Lease that no longer names it: it reads the Lease again before its first write. Here the
-/// displacement is made by hand, the moment replica-b begins its wait.
+/// A replica that took an expired Lease waits out the dead leader's writes; the Lease may come
+/// to name another replica meanwhile (our lock writes only on the version it read, but a hand
+/// edit or another lock need not). The one that waited must not allocate on a Lease that no
+/// longer names it: it reads the Lease again before its first write. Here the displacement is
+/// made by hand, the moment replica-b begins its wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_displaced_during_its_take_over_wait_does_not_allocate() {
     const FLAGS: &[&str] = &["--lease-duration=15", "--lease-grace=5"];

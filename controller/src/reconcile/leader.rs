@@ -1,19 +1,16 @@
 //! Leader election that steps down on time.
 //!
-//! kube-lease-manager takes and renews the Lease, but its `watch()` keeps reporting leadership
-//! while it cannot reach the API server, even after the Lease has expired and another replica
-//! may have taken it; and it retries with a backoff that grows to 30 s and is reset only when
-//! leadership changes, so after an outage it can take that long to renew. Here the manager is
-//! driven with a short fixed retry, and leadership is reported only while a Lease read back
-//! from the API names us and is valid for longer than a margin: when renewals fail, the leader
-//! stops allocating before its lease runs out, and resumes (with a fresh rebuild) once a
-//! renewal lands.
+//! The lock ([`lease_lock`](super::lease_lock)) takes and renews the Lease with
+//! compare-and-swap writes and says when it gained or lost it. It is driven with a short fixed
+//! retry, and leadership is reported only while a Lease read back from the API names us and is
+//! valid for longer than a margin: when renewals fail, the leader stops allocating before its
+//! lease runs out, and resumes (with a fresh rebuild) once a renewal lands.
 //!
-//! A standby's lease manager sleeps until the expiry it cached from its last read, so it would
-//! notice a Lease released by a leader that stopped cleanly (a rolling update) only up to a
-//! lease duration later. A standby therefore reads the Lease every second, and when it finds it
-//! released (no holder) or missing, replaces its lease manager with a fresh one, whose first
-//! step is to read the Lease and take it.
+//! A standby's lock sleeps until the expiry of the holder it last read, so it would notice a
+//! Lease released by a leader that stopped cleanly (a rolling update) only up to a lease
+//! duration later. A standby therefore reads the Lease every second, and when it finds it
+//! released (no holder) or missing, replaces its lock with a fresh one, whose first step is to
+//! read the Lease and take it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,12 +20,12 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
-use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::handover::{self, LeaseRef};
+use super::lease_lock::Lock;
 
 /// How long one read of the Lease may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -36,7 +33,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// How the election runs beyond the Lease itself.
 #[derive(Clone, Debug)]
 pub struct Tuning {
-    /// How long to wait before asking the lease manager again after it failed, and how often
+    /// How long to wait before asking the lock again after it failed, and how often
     /// a standby reads the Lease to notice that it was released (`--leader-elect-retry-period`).
     pub retry: Duration,
     /// Set to the time (Unix seconds) of every turn of the election loop, for liveness: a loop
@@ -75,12 +72,12 @@ pub struct LeaseOptions {
 pub struct Election {
     leadership: watch::Receiver<bool>,
     stop: oneshot::Sender<()>,
-    task: JoinHandle<Arc<LeaseManager>>,
+    task: JoinHandle<Arc<Lock>>,
 }
 
 impl Election {
     /// Sets up the Lease (created if missing) and starts electing.
-    pub async fn start(client: Client, opts: LeaseOptions) -> Result<Election, LeaseManagerError> {
+    pub async fn start(client: Client, opts: LeaseOptions) -> Result<Election, kube::Error> {
         Self::start_tuned(client, opts, Tuning::default()).await
     }
 
@@ -89,11 +86,11 @@ impl Election {
         client: Client,
         opts: LeaseOptions,
         tuning: Tuning,
-    ) -> Result<Election, LeaseManagerError> {
-        let manager = build_manager(&client, &opts).await?;
+    ) -> Result<Election, kube::Error> {
+        let lock = build_lock(&client, &opts, tuning.retry).await?;
         let (tx, leadership) = watch::channel(false);
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(elect(manager, client, opts, tuning, tx, stopped));
+        let task = tokio::spawn(elect(lock, client, opts, tuning, tx, stopped));
         Ok(Election {
             leadership,
             stop,
@@ -112,10 +109,10 @@ impl Election {
     }
 
     /// Stops electing and releases the Lease if we hold it, so another replica can take over.
-    pub async fn release(self) -> Result<(), LeaseManagerError> {
+    pub async fn release(self) -> Result<(), kube::Error> {
         let _ = self.stop.send(());
         match self.task.await {
-            Ok(manager) => manager.release().await,
+            Ok(lock) => lock.release().await,
             Err(e) => {
                 warn!(error = %e, "the leader election task failed; the lease is left to expire");
                 Ok(())
@@ -124,30 +121,29 @@ impl Election {
     }
 }
 
-/// A lease manager for `opts`; creates the Lease if it is missing, marked settled: a Lease
-/// that does not exist had no leader whose writes could still land (see [`handover`]).
-async fn build_manager(
+/// A lock for `opts`; creates the Lease if it is missing, marked settled: a Lease that does
+/// not exist had no leader whose writes could still land (see [`handover`]).
+async fn build_lock(
     client: &Client,
     opts: &LeaseOptions,
-) -> Result<LeaseManager, LeaseManagerError> {
+    retry: Duration,
+) -> Result<Lock, kube::Error> {
     if handover::create_settled(client, &opts.namespace, &opts.name).await? {
         info!(lease = %opts.name, "created the lease: no earlier leader, nothing to wait out");
     }
-    LeaseManagerBuilder::new(client.clone(), &opts.name)
-        .with_namespace(&opts.namespace)
-        .with_identity(&opts.identity)
-        .with_duration(opts.duration)
-        .with_grace(opts.grace)
-        .with_field_manager(field_manager(&opts.identity))
-        .build()
-        .await
+    Ok(Lock::new(
+        Api::namespaced(client.clone(), &opts.namespace),
+        &opts.name,
+        &opts.identity,
+        field_manager(&opts.identity),
+        (opts.duration, opts.grace),
+        retry,
+    ))
 }
 
-/// The field manager of `identity`'s Lease writes: one per replica. The lease manager locks
-/// a free Lease with a server-side apply of the holder, which the API server refuses (409)
-/// when another field manager applied a different holder; under one shared name a replica
-/// that found the Lease free a moment ago would overwrite the one that took it, and both
-/// would lead. At most 128 characters, as the API server allows.
+/// The field manager of `identity`'s Lease writes: one per replica, so that the Lease's
+/// managed fields say which replica wrote what. At most 128 characters, as the API server
+/// allows.
 pub fn field_manager(identity: &str) -> String {
     let mut name = format!("nodeipam-{identity}");
     if name.len() > 128 {
@@ -160,17 +156,17 @@ pub fn field_manager(identity: &str) -> String {
     name
 }
 
-/// Drives the manager and reports leadership while the fence allows it, until `stop`.
+/// Drives the lock and reports leadership while the fence allows it, until `stop`.
 async fn elect(
-    manager: LeaseManager,
+    lock: Lock,
     client: Client,
     opts: LeaseOptions,
     tuning: Tuning,
     leadership: watch::Sender<bool>,
     mut stop: oneshot::Receiver<()>,
-) -> Arc<LeaseManager> {
+) -> Arc<Lock> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), &opts.namespace);
-    let mut manager = Arc::new(manager);
+    let mut lock = Arc::new(lock);
     let mut fence = Fence::new(&opts);
     let mut standby = Standby::default();
     let mut release = Release::default();
@@ -181,9 +177,9 @@ async fn elect(
     {
         // `changed` is never cancelled while it may be inside a Lease update, only replaced
         // once it has finished; or, on a standby that found the Lease free, dropped together
-        // with its manager (a fresh manager reads the Lease before it acts, so it sees
+        // with its lock (a fresh lock reads the Lease before it acts, so it sees
         // whatever the dropped one may have written).
-        let changed = changed_after(manager.clone(), Duration::ZERO);
+        let changed = changed_after(lock.clone(), Duration::ZERO);
         tokio::pin!(changed);
         loop {
             let now = SystemTime::now();
@@ -213,7 +209,7 @@ async fn elect(
                     let delay = match result {
                         Ok(claimed) => {
                             failures = 0;
-                            info!(claimed, "lease manager: leadership changed");
+                            info!(claimed, "lease lock: leadership changed");
                             fence.claim(claimed);
                             standby = Standby::default();
                             read = None;
@@ -231,7 +227,7 @@ async fn elect(
                             tuning.retry
                         }
                     };
-                    changed.set(changed_after(manager.clone(), delay));
+                    changed.set(changed_after(lock.clone(), delay));
                 }
                 result = wait_read(&mut read) => {
                     read = None;
@@ -249,17 +245,17 @@ async fn elect(
                             };
                             if retake {
                                 info!(lease = %opts.name, "the lease is free: taking it now");
-                                match tokio::time::timeout(READ_TIMEOUT, build_manager(&client, &opts)).await {
+                                match tokio::time::timeout(READ_TIMEOUT, build_lock(&client, &opts, tuning.retry)).await {
                                     Ok(Ok(fresh)) => {
-                                        manager = Arc::new(fresh);
-                                        changed.set(changed_after(manager.clone(), Duration::ZERO));
+                                        lock = Arc::new(fresh);
+                                        changed.set(changed_after(lock.clone(), Duration::ZERO));
                                     }
                                     Ok(Err(e)) => {
-                                        debug!(error = %e, "a fresh lease manager could not be set up");
+                                        debug!(error = %e, "a fresh lease lock could not be set up");
                                         standby.retry();
                                     }
                                     Err(_) => {
-                                        debug!("setting up a fresh lease manager timed out");
+                                        debug!("setting up a fresh lease lock timed out");
                                         standby.retry();
                                     }
                                 }
@@ -303,7 +299,7 @@ async fn elect(
         }
     }
     let _ = leadership.send_replace(false);
-    manager
+    lock
 }
 
 type LeaseRead = Pin<
@@ -313,14 +309,11 @@ type LeaseRead = Pin<
     >,
 >;
 
-async fn changed_after(
-    manager: Arc<LeaseManager>,
-    delay: Duration,
-) -> Result<bool, LeaseManagerError> {
+async fn changed_after(lock: Arc<Lock>, delay: Duration) -> Result<bool, kube::Error> {
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    manager.changed().await
+    lock.changed().await
 }
 
 /// The outcome of the read in flight; never ready while there is none.
@@ -342,18 +335,18 @@ fn until(at: Option<SystemTime>) -> tokio::time::Instant {
     }
 }
 
-/// Decides leadership from the manager's claim and the last Lease read: held only while the
+/// Decides leadership from the lock's claim and the last Lease read: held only while the
 /// Lease names us and is valid for longer than `margin`. Other replicas judge expiry from the
 /// same `renewTime + leaseDurationSeconds`, so stepping down before it means no two replicas
 /// ever allocate at once (a new leader also waits out our last writes; see `takeover_delay`).
 #[derive(Debug)]
 struct Fence {
     identity: String,
-    /// How often the Lease is read while the manager claims it.
+    /// How often the Lease is read while the lock claims it.
     poll: Duration,
     /// How long before expiry leadership is given up.
     margin: Duration,
-    /// What the lease manager says.
+    /// What the lock says.
     claimed: bool,
     /// When our Lease expires, as last read.
     expires: Option<SystemTime>,
@@ -378,10 +371,10 @@ impl Fence {
     }
 
     /// A Lease just read (`None`: it does not exist). Returns when to read it next: a poll
-    /// later. Not only after the manager's next renewal: a Lease taken from under us (another
-    /// replica's release of it expired, landing late, then its lock) names the other replica
-    /// at once, and that one allocates after its take-over wait, well before our renewal
-    /// would fail. One read a poll (a second at most) is what that costs.
+    /// later. Not only after the lock's next renewal: a Lease that comes to name another
+    /// replica (written by hand, or by a lock that does not write on the version it read)
+    /// lets that one allocate after its take-over wait, well before our renewal would fail.
+    /// One read a poll (a second at most) is what that costs.
     fn observe(&mut self, lease: Option<&Lease>, now: SystemTime) -> SystemTime {
         self.expires = lease.and_then(|l| expiry(l, &self.identity));
         now + self.poll
@@ -400,13 +393,13 @@ impl Fence {
     }
 }
 
-/// What a standby makes of the Lease it reads: whether its lease manager, possibly asleep until
+/// What a standby makes of the Lease it reads: whether its lock, possibly asleep until
 /// the expiry it cached, must be replaced so that a free Lease is taken now.
 #[derive(Debug, Default)]
 struct Standby {
     /// The previous read: `None` before any, `Some(None)` held, `Some(Some(version))` free.
     last: Option<Option<String>>,
-    /// The free version a fresh manager was set up for: it acts on that, so it is not
+    /// The free version a fresh lock was set up for: it acts on that, so it is not
     /// replaced again until the Lease changes.
     acted_on: Option<String>,
 }
@@ -414,10 +407,10 @@ struct Standby {
 impl Standby {
     /// A Lease just read while not claiming it (`None`: it does not exist). True when it is
     /// free (released: no holder; or missing) and either the previous read showed it held
-    /// (the manager may be asleep on that) or showed this same free version (the manager had
-    /// a whole poll to take it and did not); a free Lease seen first is left to a manager
+    /// (the lock may be asleep on that) or showed this same free version (the lock had
+    /// a whole poll to take it and did not); a free Lease seen first is left to a lock
     /// that may be taking it. An expired Lease that still names a holder is left to the
-    /// manager too: it wakes at that expiry anyway.
+    /// lock too: it wakes at that expiry anyway.
     fn take_now(&mut self, lease: Option<&Lease>) -> bool {
         let seen = free_version(lease);
         let take = match &seen {
@@ -438,7 +431,7 @@ impl Standby {
         take
     }
 
-    /// Setting up the fresh manager failed: try again on the next read that finds it free.
+    /// Setting up the fresh lock failed: try again on the next read that finds it free.
     fn retry(&mut self) {
         self.acted_on = None;
         self.last = Some(None);
@@ -617,7 +610,7 @@ mod tests {
         let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
         let mut f = Fence::new(&opts());
         assert_eq!((f.poll, f.margin), (secs(0.5), secs(0.5)));
-        // The manager has not claimed anything: a valid lease of ours is not enough.
+        // The lock has not claimed anything: a valid lease of ours is not enough.
         f.observe(Some(&lease("me", t0, 4)), t0);
         assert!(!f.holds(t0));
         // Claimed, but nothing read since: not yet.
@@ -646,9 +639,9 @@ mod tests {
         f.claim(true);
         f.observe(Some(&lease("me", t0, 4)), t0);
         // The API server is away: nothing is observed; time alone ends leadership, while the
-        // manager still claims it.
+        // lock still claims it.
         assert!(!f.holds(t0 + secs(10.0)));
-        // The manager renews once it is back.
+        // The lock renews once it is back.
         let back = t0 + secs(12.0);
         let next = f.observe(Some(&lease("me", back, 4)), back);
         assert!(f.holds(back + secs(1.0)));
@@ -681,7 +674,7 @@ mod tests {
         lease
     }
 
-    /// What kube-lease-manager's `release()` leaves: no holder, no times.
+    /// What the lock's `release()` leaves: no holder, no times.
     fn released(version: &str) -> Lease {
         versioned(
             Lease {
@@ -701,7 +694,7 @@ mod tests {
         assert_eq!(free_version(Some(&no_spec)), Some("8".into()));
         let empty_holder = versioned(lease("", t0, 15), "9");
         assert_eq!(free_version(Some(&empty_holder)), Some("9".into()));
-        // Held, even long expired: expiry is the manager's business.
+        // Held, even long expired: expiry is the lock's business.
         assert_eq!(
             free_version(Some(&versioned(lease("a", t0, 15), "3"))),
             None
@@ -720,7 +713,7 @@ mod tests {
         assert!(!s.take_now(Some(&versioned(lease("a", t0, 15), "2"))));
         // The leader stopped cleanly and released it.
         assert!(s.take_now(Some(&released("3"))));
-        // The fresh manager is acting on it: not replaced again for the same version.
+        // The fresh lock is acting on it: not replaced again for the same version.
         assert!(!s.take_now(Some(&released("3"))));
         assert!(!s.take_now(Some(&released("3"))));
         // Someone else took it and released it again.
@@ -730,10 +723,10 @@ mod tests {
 
     #[test]
     fn a_free_lease_seen_first_is_left_to_the_manager_for_one_poll() {
-        // At start, or after losing the claim, the manager may be taking it right now.
+        // At start, or after losing the claim, the lock may be taking it right now.
         let mut s = Standby::default();
         assert!(!s.take_now(Some(&released("3"))));
-        // A poll later it is still free in the same version: the manager is asleep.
+        // A poll later it is still free in the same version: the lock is asleep.
         assert!(s.take_now(Some(&released("3"))));
         assert!(!s.take_now(Some(&released("3"))));
         // A new free version seen first: one poll again.

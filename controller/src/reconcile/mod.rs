@@ -6,6 +6,7 @@ pub mod driver;
 pub mod events;
 pub mod handover;
 pub mod leader;
+pub mod lease_lock;
 pub mod node_writer;
 pub mod pool_writer;
 pub mod publisher;
