@@ -362,4 +362,69 @@ mod tests {
             "a released Lease is free at once"
         );
     }
+
+    /// Three replicas read and write one Lease in any order, with reads that go stale before
+    /// their write and time that passes in between, against a store that refuses a write on
+    /// a version that is gone (the API server's replace). At no moment do two replicas hold
+    /// it: a holder counts from its write until its renewal plus the duration.
+    mod protocol {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            Read(usize),
+            Write(usize),
+            Wait(u64),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                (0..3usize).prop_map(Op::Read),
+                (0..3usize).prop_map(Op::Write),
+                (0..20u64).prop_map(Op::Wait),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn no_two_replicas_ever_hold_the_lease(ops in proptest::collection::vec(op(), 1..80)) {
+                const DURATION: u64 = 15;
+                let ids = ["a", "b", "c"];
+                let mut store = lease(None, None, None);
+                store.metadata.resource_version = Some("1".into());
+                let mut reads: [Option<Lease>; 3] = Default::default();
+                let mut holds_until: [Option<SystemTime>; 3] = [None; 3];
+                let mut now = at(0);
+                for op in ops {
+                    match op {
+                        Op::Read(r) => reads[r] = Some(store.clone()),
+                        Op::Wait(s) => now += Duration::from_secs(s),
+                        Op::Write(r) => {
+                            let Some(read) = reads[r].take() else { continue };
+                            let write = match decide(Some(&read), ids[r], now) {
+                                Step::Renew => renewed(&read, DURATION, now),
+                                Step::Take => taken(&read, ids[r], DURATION, now),
+                                Step::Wait(_) | Step::Missing => continue,
+                            };
+                            if write.metadata.resource_version != store.metadata.resource_version {
+                                holds_until[r] = None;
+                                continue;
+                            }
+                            let version: u64 = store.metadata.resource_version.as_deref()
+                                .and_then(|v| v.parse().ok()).unwrap_or(0);
+                            store = write;
+                            store.metadata.resource_version = Some((version + 1).to_string());
+                            holds_until[r] = Some(now + Duration::from_secs(DURATION));
+                        }
+                    }
+                    let holding: Vec<&str> = (0..3)
+                        .filter(|r| holds_until[*r].is_some_and(|u| u > now))
+                        .map(|r| ids[r])
+                        .collect();
+                    prop_assert!(holding.len() <= 1, "{holding:?} hold the Lease at once");
+                }
+            }
+        }
+    }
 }
