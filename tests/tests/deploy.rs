@@ -1100,6 +1100,39 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
     cp.stop().await;
 }
 
+/// Makes the Lease name `holder`, renewed now for 15 s, as a hand edit (or a lock that does
+/// not write on the version it read) would; returns when.
+async fn displace(admin: &Client, holder: &str) -> Instant {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let displaced = json!({ "spec": {
+        "holderIdentity": holder,
+        "acquireTime": now,
+        "renewTime": now,
+        "leaseDurationSeconds": 15,
+    }});
+    Api::<Lease>::namespaced(admin.clone(), NAMESPACE)
+        .patch(LEASE, &PatchParams::default(), &Patch::Merge(&displaced))
+        .await
+        .expect("displace the leader");
+    Instant::now()
+}
+
+/// Until `until`, `node` has no podCIDRs and `replica` does not lead: the Lease names another.
+async fn assert_unserved(admin: &Client, replica: &Replica, node: &str, until: Instant) {
+    while Instant::now() < until {
+        let got = get_node(admin, node).await.expect("the node");
+        assert!(
+            pod_cidrs(&got).is_empty(),
+            "{node} was served on a Lease that names another replica: {}",
+            replica.log_tail()
+        );
+        assert_eq!(replica.gauge("nodeipam_leader", &[]).await, Some(0.0));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// One replica of the installed identity, leading, on a fresh control plane.
 struct Solo {
     cp: ControlPlane,
@@ -1192,11 +1225,11 @@ async fn a_lone_replica_whose_lease_is_deleted_leads_again_on_a_fresh_one() {
     stop(&mut a, cp).await;
 }
 
-/// Two replicas that both found the Lease free both lock it; the lock of a free Lease is a
-/// server-side apply of the holder, and only a field manager of its own per replica makes the
-/// API server refuse the second one (409) instead of letting it overwrite the first: else both
-/// would lead. Here the second lock is sent by hand, exactly as replica-b's lease manager sends
-/// it, while replica-a holds the Lease.
+/// Two replicas that both found the Lease free both lock it; a lock is a replace of the
+/// version its replica read, so the API server refuses (409) the one that comes second,
+/// however late, instead of letting it overwrite the first: else both would lead. Here the
+/// second lock is sent by hand, with the service account and exactly as replica-b's lock
+/// writes it, on a version of the Lease read before replica-a renewed it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_found_the_lease_free_cannot_lock_it_over_the_one_that_took_it() {
     let Solo {
@@ -1207,22 +1240,29 @@ async fn a_replica_that_found_the_lease_free_cannot_lock_it_over_the_one_that_to
         mut a,
     } = Solo::start().await;
 
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let lock = json!({
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "spec": {
-            "acquireTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
-            "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
-            "holderIdentity": "replica-b",
-            "leaseDurationSeconds": 4,
-        },
-    });
-    let params = PatchParams {
+    let leases = Api::<Lease>::namespaced(admin.clone(), NAMESPACE);
+    let mut seen = leases.get(LEASE).await.expect("replica-b's read");
+    let version = seen.metadata.resource_version.clone();
+    wait_for("replica-a to renew the lease", || async {
+        let now = leases.get(LEASE).await.ok()?;
+        (now.metadata.resource_version != version).then_some(())
+    })
+    .await;
+    // What replica-b saw: free.
+    if let Some(spec) = seen.spec.as_mut() {
+        spec.holder_identity = None;
+    }
+    let lock = nodeipam_controller::reconcile::lease_lock::taken(
+        &seen,
+        "replica-b",
+        4,
+        std::time::SystemTime::now(),
+    );
+    let params = kube::api::PostParams {
         field_manager: Some(nodeipam_controller::reconcile::leader::field_manager(
             "replica-b",
         )),
-        ..PatchParams::default()
+        ..kube::api::PostParams::default()
     };
     let sa = Client::try_from(
         kube::Config::from_custom_kubeconfig(
@@ -1234,7 +1274,7 @@ async fn a_replica_that_found_the_lease_free_cannot_lock_it_over_the_one_that_to
     )
     .expect("client");
     let result = Api::<Lease>::namespaced(sa, NAMESPACE)
-        .patch(LEASE, &params, &Patch::Apply(&lock))
+        .replace(LEASE, &params, &lock)
         .await;
     match result {
         Err(kube::Error::Api(s)) if s.code == 409 => {}
@@ -1267,33 +1307,10 @@ async fn a_replica_displaced_during_its_take_over_wait_does_not_allocate() {
         || async { b.log_text().contains(waiting).then_some(()) },
     )
     .await;
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-        k8s_openapi::jiff::Timestamp::now(),
-    );
-    let displaced = json!({ "spec": {
-        "holderIdentity": "replica-c",
-        "acquireTime": now,
-        "renewTime": now,
-        "leaseDurationSeconds": 15,
-    }});
-    Api::<Lease>::namespaced(admin.clone(), NAMESPACE)
-        .patch(LEASE, &PatchParams::default(), &Patch::Merge(&displaced))
-        .await
-        .expect("displace replica-b");
+    let displaced_at = displace(&admin, "replica-c").await;
     create_node(&admin, "after", &[]).await;
-
     // Past the end of replica-b's wait (4.5 s), before its next read of the Lease (10 s).
-    let displaced_at = Instant::now();
-    while displaced_at.elapsed() < Duration::from_secs(8) {
-        let node = get_node(&admin, "after").await.expect("node after");
-        assert!(
-            pod_cidrs(&node).is_empty(),
-            "replica-b allocated on a Lease that names replica-c: {}",
-            b.log_tail()
-        );
-        assert_eq!(b.gauge("nodeipam_leader", &[]).await, Some(0.0));
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    assert_unserved(&admin, &b, "after", displaced_at + Duration::from_secs(8)).await;
     // replica-c never renews: once its Lease expires, replica-b takes it and allocates.
     wait_cidrs(&admin, "after").await;
     assert_invariant(&admin, &[]).await;
@@ -1323,35 +1340,12 @@ async fn a_leader_whose_lease_names_another_stops_at_its_next_read() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-        k8s_openapi::jiff::Timestamp::now(),
-    );
-    let displaced = json!({ "spec": {
-        "holderIdentity": "replica-c",
-        "acquireTime": now,
-        "renewTime": now,
-        "leaseDurationSeconds": 15,
-    }});
-    Api::<Lease>::namespaced(admin.clone(), NAMESPACE)
-        .patch(LEASE, &PatchParams::default(), &Patch::Merge(&displaced))
-        .await
-        .expect("displace replica-a");
-    let displaced_at = Instant::now();
-
+    let displaced_at = displace(&admin, "replica-c").await;
     // Reads of the Lease come every second; a node created 3 s after the displacement must
     // wait for a leader, until 7 s after it (replica-a's next renewal is due at about 8 s).
     tokio::time::sleep(Duration::from_secs(3)).await;
     create_node(&admin, "after", &[]).await;
-    while displaced_at.elapsed() < Duration::from_secs(7) {
-        let node = get_node(&admin, "after").await.expect("node after");
-        assert!(
-            pod_cidrs(&node).is_empty(),
-            "replica-a allocated on a Lease that names replica-c: {}",
-            a.log_tail()
-        );
-        assert_eq!(a.gauge("nodeipam_leader", &[]).await, Some(0.0));
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    assert_unserved(&admin, &a, "after", displaced_at + Duration::from_secs(7)).await;
     // replica-c never renews: once its Lease expires, replica-a takes it back and allocates.
     wait_cidrs(&admin, "after").await;
     assert_invariant(&admin, &[]).await;
