@@ -78,6 +78,9 @@ fn family(c: &IpNet) -> &'static str {
     }
 }
 
+/// The most a ConfigMap's data may hold: the API server refuses a larger one.
+pub const CONFIGMAP_LIMIT: usize = 1024 * 1024;
+
 fn join(cidrs: impl IntoIterator<Item = IpNet>) -> String {
     cidrs
         .into_iter()
@@ -191,6 +194,12 @@ impl PodNetwork {
         data.insert("aggregated".into(), join(self.aggregated()));
         data.insert("observedAt".into(), observed_at.into());
         data
+    }
+
+    /// What the API server counts of a ConfigMap holding `data` against its 1 MiB limit
+    /// ([`CONFIGMAP_LIMIT`]): every key and value.
+    pub fn configmap_bytes(data: &BTreeMap<String, String>) -> usize {
+        data.iter().map(|(k, v)| k.len() + v.len()).sum()
     }
 
     /// A `--cluster-cidr` value for kube-proxy: one range per family at most. Otherwise an
@@ -420,6 +429,16 @@ impl std::fmt::Display for ConfigMapRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_configmap_size_counts_every_key_and_value() {
+        let data = BTreeMap::from([
+            ("ipv4".to_string(), "10.0.0.0/8".to_string()),
+            ("observedAt".to_string(), String::new()),
+        ]);
+        assert_eq!(PodNetwork::configmap_bytes(&data), 4 + 10 + 10);
+        assert_eq!(PodNetwork::configmap_bytes(&BTreeMap::new()), 0);
+    }
 
     fn n(s: &str) -> IpNet {
         s.parse().expect("test CIDR")

@@ -74,6 +74,7 @@ pub struct Metrics {
     pub draining: Family<ConfigName, Gauge>,
     pub pending_nodes: Gauge,
     pub unmanaged_pod_cidrs: Gauge,
+    pub pod_network_bytes: Gauge,
     pub leaked_blocks: Gauge,
     pub assignment_failures: Counter,
     pub reconcile_errors: Family<Kind, Counter>,
@@ -128,6 +129,7 @@ impl Metrics {
             draining: Family::default(),
             pending_nodes: Gauge::default(),
             unmanaged_pod_cidrs: Gauge::default(),
+            pod_network_bytes: Gauge::default(),
             leaked_blocks: Gauge::default(),
             assignment_failures: Counter::default(),
             reconcile_errors: Family::default(),
@@ -211,6 +213,11 @@ impl Metrics {
             "unmanaged_pod_cidrs",
             "podCIDRs held by nodes that lie in no config",
             m.unmanaged_pod_cidrs.clone(),
+        );
+        own.register(
+            "pod_network_configmap_bytes",
+            "Bytes of data in the pod-network ConfigMap as last written or tried, against the API server's limit of 1048576",
+            m.pod_network_bytes.clone(),
         );
         own.register(
             "leaked_blocks",

@@ -235,6 +235,7 @@ fn the_alerts_the_operators_need_are_there() {
         "NodeIPAMNoLeader",
         "NodeIPAMWebhookDenialsSpike",
         "NodeIPAMRangeDraining",
+        "NodeIPAMPodNetworkNearConfigMapLimit",
     ] {
         assert!(names.contains(want), "{want} missing: {names:?}");
     }

@@ -541,7 +541,7 @@ async fn the_pod_network_configmap_is_written_only_when_its_content_changes() {
     let c = cp.client();
     namespace(&c, NS).await;
     let (cms, _recorder) = record(Api::<ConfigMap>::namespaced(c.clone(), NS));
-    let _ctl = start_controller(c.clone(), publishing(None, &[]));
+    let ctl = start_controller(c.clone(), publishing(None, &[]));
     create_config(&c, "pods", spec(family("10.63.0.0/16", 24), None, None)).await;
     let creates = (0..120).map(|i| {
         let c = c.clone();
@@ -576,6 +576,17 @@ async fn the_pod_network_configmap_is_written_only_when_its_content_changes() {
         versions.len(),
         unchanged.first()
     );
+    // The size gauge tells what the ConfigMap holds, against the API server's limit.
+    let written = Api::<ConfigMap>::namespaced(c.clone(), NS)
+        .get(CM)
+        .await
+        .expect("the pod network")
+        .data
+        .unwrap_or_default();
+    let bytes: usize = written.iter().map(|(k, v)| k.len() + v.len()).sum();
+    assert!(bytes > 0);
+    let gauge = format!("nodeipam_pod_network_configmap_bytes {bytes}\n");
+    assert!(ctl.metrics.encode().contains(&gauge), "{gauge}");
     assert_invariant(&c, &[]).await;
 }
 

@@ -80,7 +80,13 @@ async fn publish(
     network: &PodNetwork,
 ) -> Result<(), String> {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    apply_data(ctx, target, json!(network.configmap_data(&now))).await?;
+    let data = network.configmap_data(&now);
+    // Before the write: a network too large to be written shows in the gauge too.
+    let bytes = PodNetwork::configmap_bytes(&data);
+    ctx.metrics
+        .pod_network_bytes
+        .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    apply_data(ctx, target, json!(data)).await?;
     if let Some(masq) = &options.ip_masq_agent {
         let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &masq.namespace);
         ctx.limiter.acquire().await;
