@@ -100,7 +100,8 @@ pub fn terminating(lease: &Lease) -> bool {
     lease.metadata.deletion_timestamp.is_some()
 }
 
-fn holder(lease: &Lease) -> Option<&str> {
+/// Who the Lease names, if anyone.
+pub(super) fn holder(lease: &Lease) -> Option<&str> {
     lease
         .spec
         .as_ref()
@@ -255,7 +256,10 @@ async fn patch_meta(
     Ok(())
 }
 
-async fn timed<T>(request: impl Future<Output = Result<T, kube::Error>>) -> Result<T, kube::Error> {
+/// A request to the Lease, bounded by [`REQUEST_TIMEOUT`].
+pub(super) async fn timed<T>(
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
     match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
         Ok(result) => result,
         Err(_) => Err(kube::Error::Service("the lease request timed out".into())),

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::handover::{self, LeaseRef};
-use super::lease_lock::Lock;
+use super::lease_lock::{self, Lock};
 
 /// How long one read of the Lease may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -503,13 +503,10 @@ fn expiry(lease: &Lease, identity: &str) -> Option<SystemTime> {
     if handover::terminating(lease) {
         return None;
     }
-    let spec = lease.spec.as_ref()?;
-    if spec.holder_identity.as_deref() != Some(identity) {
+    if handover::holder(lease) != Some(identity) {
         return None;
     }
-    let renewed = SystemTime::from(spec.renew_time.as_ref()?.0);
-    let seconds = u64::try_from(spec.lease_duration_seconds?).ok()?;
-    renewed.checked_add(Duration::from_secs(seconds))
+    lease_lock::expiry(lease.spec.as_ref()?)
 }
 
 #[cfg(test)]

@@ -18,8 +18,7 @@ use kube::api::PostParams;
 use tokio::sync::Mutex;
 use tracing::debug;
 
-/// How long one request to the Lease may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+use super::handover::{holder, timed};
 
 /// Reads and conflicting writes in one attempt before it gives up until the next.
 const TRIES: usize = 3;
@@ -42,10 +41,9 @@ pub fn decide(lease: Option<&Lease>, identity: &str, now: SystemTime) -> Step {
     let Some(lease) = lease else {
         return Step::Missing;
     };
-    let spec = lease.spec.as_ref();
-    match spec.and_then(|s| s.holder_identity.as_deref()) {
+    match holder(lease) {
         Some(holder) if holder == identity => Step::Renew,
-        Some(holder) if !holder.is_empty() => match spec.and_then(expiry) {
+        Some(holder) if !holder.is_empty() => match lease.spec.as_ref().and_then(expiry) {
             Some(at) if at > now => Step::Wait(at),
             _ => Step::Take,
         },
@@ -54,7 +52,7 @@ pub fn decide(lease: Option<&Lease>, identity: &str, now: SystemTime) -> Step {
 }
 
 /// When a Lease's holder stops holding it, if its times say.
-fn expiry(spec: &LeaseSpec) -> Option<SystemTime> {
+pub(super) fn expiry(spec: &LeaseSpec) -> Option<SystemTime> {
     let renewed = SystemTime::from(spec.renew_time.as_ref()?.0);
     let seconds = u64::try_from(spec.lease_duration_seconds?).ok()?;
     renewed.checked_add(Duration::from_secs(seconds))
@@ -250,17 +248,6 @@ impl Lock {
             }
             Err(e) => Err(e),
         }
-    }
-}
-
-async fn timed<T>(
-    request: impl std::future::Future<Output = Result<T, kube::Error>>,
-) -> Result<T, kube::Error> {
-    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
-        Ok(result) => result,
-        Err(_) => Err(kube::Error::Service(
-            format!("no answer from the API server within {REQUEST_TIMEOUT:?}").into(),
-        )),
     }
 }
 
