@@ -19,11 +19,47 @@ pub enum WriteOutcome {
     Missing,
     /// The server refused the patch (a 4xx such as 409 or 422): nothing was written.
     Rejected { reason: String, now: NodeNow },
-    /// Not throttled but not answered either (timeout, 5xx, connection lost): the write may
-    /// or may not have landed.
+    /// Not answered in a way that rules it out (timeout, any 5xx, connection lost: see
+    /// [`may_still_land`]): the write may or may not have landed.
     Ambiguous { reason: String, now: NodeNow },
     /// The server throttled the request (429) before doing anything.
     Throttled,
+}
+
+/// Whether a mutating request answered with `status` (`None`: no answer at all, as a timeout
+/// or a lost connection) may still change the object later. The one rule for "this write can
+/// no longer land", shared by the writers and the leader's hand-over.
+///
+/// Any 5xx may: a 500 can carry an etcd timeout whose proposal still commits, and a 502, 503
+/// or 504 can come from a proxy or the API server's own timeout filter while the handler
+/// behind it runs on. A 2xx landed; a 4xx was refused before storage was touched (a 429 by
+/// API Priority and Fairness before the request was handled at all).
+pub fn may_still_land(status: Option<u16>) -> bool {
+    match status {
+        None => true,
+        Some(code) => !(200..500).contains(&code),
+    }
+}
+
+/// What a node write's answer means (`None`: none came).
+pub fn classify(status: Option<u16>) -> Answer {
+    match status {
+        Some(code) if (200..300).contains(&code) => Answer::Applied,
+        Some(404) => Answer::Missing,
+        Some(429) => Answer::Throttled,
+        s if may_still_land(s) => Answer::Ambiguous,
+        _ => Answer::Rejected,
+    }
+}
+
+/// The kinds of answer a podCIDR write can get, by [`classify`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Applied,
+    Missing,
+    Throttled,
+    Rejected,
+    Ambiguous,
 }
 
 /// A fresh GET of the Node after a failed patch.
@@ -108,6 +144,25 @@ fn from_node(ours: &[IpNet], uid: Option<String>, cidrs: &[IpNet]) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_answer_that_rules_it_out_ends_a_write() {
+        for code in [500, 502, 503, 504, 599] {
+            assert!(may_still_land(Some(code)), "{code}");
+            assert_eq!(classify(Some(code)), Answer::Ambiguous, "{code}");
+        }
+        assert!(may_still_land(None), "no answer");
+        assert_eq!(classify(None), Answer::Ambiguous);
+        for code in [200, 201, 400, 403, 404, 409, 422, 429] {
+            assert!(!may_still_land(Some(code)), "{code}");
+        }
+        assert_eq!(classify(Some(200)), Answer::Applied);
+        assert_eq!(classify(Some(404)), Answer::Missing);
+        assert_eq!(classify(Some(429)), Answer::Throttled);
+        for code in [400, 403, 409, 422] {
+            assert_eq!(classify(Some(code)), Answer::Rejected, "{code}");
+        }
+    }
 
     fn n(s: &str) -> IpNet {
         s.parse().expect("test CIDR")

@@ -51,18 +51,25 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // leader election its own: a backlog of node writes must not delay a lease renewal, nor
     // the checks of a scrape.
     let config = crate::client::config(&args.client).await?;
-    let client = crate::client::build(config.clone(), &args.client)?;
-    let election_client = crate::client::build(config.clone(), &args.client)?;
+    let writes = Some(write_timeout(timing.grace));
+    let client = crate::client::build_with_deadline(config.clone(), &args.client, writes)?;
+    let election_client = crate::client::build_with_deadline(
+        config.clone(),
+        &args.client,
+        Some(crate::reconcile::handover::REQUEST_TIMEOUT),
+    )?;
     let auth_client = crate::client::build(config, &args.client)?;
     let metrics = Arc::new(Metrics::new());
-    let identity = args
-        .identity
-        .clone()
-        .unwrap_or_else(|| format!("nodeipam-{}", std::process::id()));
+    let identity = identity(args.identity.as_deref());
+    let took = crate::reconcile::leader::TookCell::default();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Tasks::default();
     let failure = Arc::new(std::sync::Mutex::new(None));
     let fault = args.inject_fault.clone();
+    if let Some(Fault::ClockOffset(secs)) = fault {
+        warn!(secs, "fault injected: this process's wall clock reads off");
+        crate::reconcile::lease_lock::offset_wall_clock(secs);
+    }
 
     // The webhook serves in every replica, leader or not.
     let (readiness, webhook_progress) = if args.disable_webhook {
@@ -168,6 +175,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             namespace: args.namespace.clone(),
             name: args.lease_name.clone(),
             identity: identity.clone(),
+            took: took.clone(),
+            term: Duration::from_secs(timing.duration),
         }),
         // The client limits every request (--kube-api-qps); the writer adds no second limit.
         qps: 0.0,
@@ -197,6 +206,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 grace: timing.grace,
                 // As long as the allocation loop waits for its last writes when it stops.
                 settle: write_timeout(timing.grace) + Duration::from_secs(1),
+                took: took.clone(),
             },
             Tuning {
                 retry: timing.retry,
@@ -206,7 +216,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         )
         .await
         .context("setting up leader election")?;
-        info!(lease = %args.lease_name, namespace = %args.namespace, %identity, "leader election started");
+        info!(lease = %args.lease_name, namespace = %args.namespace, %identity, "leader election started (the identity is the pod name, or the host name, with a random suffix: no two processes share one)");
         let (leadership, stop) = (election.leadership(), stop_rx.clone());
         tasks.spawn("allocation", async move {
             let settled = reconcile::run_until(ctx, leadership, stop).await;
@@ -256,7 +266,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             .unwrap_or(false);
     tasks.stop().await;
     if let Some(election) = lease {
-        hand_over(&client, &args, &identity, settled).await;
+        hand_over(&client, &args, &identity, &took, settled).await;
         match election.release().await {
             Ok(()) => info!("lease released"),
             Err(e) => warn!(error = %e, "releasing the lease failed"),
@@ -268,8 +278,53 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 }
 
+/// This process's identity in the Lease: `name` (the pod name) or the host name, with a random
+/// suffix, as kube-controller-manager makes its own. Two processes never share one, even with
+/// the same pod name (a copied manifest, a pod restarted in place, no `POD_NAME` at all):
+/// two replicas that each took the other's renewals for their own would both lead.
+pub fn identity(name: Option<&str>) -> String {
+    let host = || {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+    };
+    let name = name
+        .map(str::to_string)
+        .filter(|n| !n.is_empty())
+        .or_else(host)
+        .unwrap_or_else(|| "nodeipam".to_string());
+    format!("{name}_{}", suffix())
+}
+
+/// The name part of an [`identity`]: the pod (or host) name, without the random suffix.
+pub fn holder_name(identity: &str) -> &str {
+    identity.rsplit_once('_').map_or(identity, |(name, _)| name)
+}
+
+/// Eight random hex digits (from the kernel's generator; the time and the pid where it has
+/// none, still distinct between processes).
+fn suffix() -> String {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 4];
+    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if random.is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        bytes = (nanos ^ std::process::id().rotate_left(16)).to_be_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Tells the next leader, on the Lease, whether it need not wait out our writes.
-async fn hand_over(client: &Client, args: &RunArgs, identity: &str, settled: bool) {
+async fn hand_over(
+    client: &Client,
+    args: &RunArgs,
+    identity: &str,
+    took: &crate::reconcile::leader::TookCell,
+    settled: bool,
+) {
     if !settled {
         info!(
             "not every write was answered (or none was sent as leader): the next leader waits them out"
@@ -280,6 +335,8 @@ async fn hand_over(client: &Client, args: &RunArgs, identity: &str, settled: boo
         namespace: args.namespace.clone(),
         name: args.lease_name.clone(),
         identity: identity.to_string(),
+        took: took.clone(),
+        term: args.lease_duration(),
     };
     match handover::mark(client, &lease).await {
         Ok(true) => info!("every write answered: the lease tells the next leader it need not wait"),

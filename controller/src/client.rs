@@ -9,6 +9,12 @@ use kube::Client;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use std::time::Duration;
+
+use http::{Method, Request};
+use kube::client::Body;
+use tower::util::MapRequestLayer;
+
 use crate::cli::ClientArgs;
 use crate::ratelimit::{RateLimitLayer, RateLimiter};
 
@@ -62,10 +68,64 @@ pub async fn config(args: &ClientArgs) -> anyhow::Result<kube::Config> {
 
 /// A client whose every request waits for the rate limiter (`--kube-api-qps` 0: unlimited).
 /// Each call builds a client with its own limiter, as client-go gives each client its own.
+///
+/// Without kube's own retries: they retry 429, 503 and 504 up to 15 times with a backoff of
+/// up to minutes (honouring any Retry-After), inside one call, so under API Priority and
+/// Fairness throttling a single write would block its writer for minutes with nothing said,
+/// and a write retried inside the client would be sent again behind the back of the code
+/// that accounts for what may land. Every caller bounds its requests and retries with its own
+/// backoff, logged and counted.
 pub fn build(config: kube::Config, args: &ClientArgs) -> anyhow::Result<Client> {
+    build_with_deadline(config, args, None)
+}
+
+/// [`build`], and every mutating request asks the API server to give up on it after
+/// `deadline` (its `timeout` parameter), so that the server stops working on a write about
+/// when we stop waiting for it (see docs/single-writer.md).
+pub fn build_with_deadline(
+    mut config: kube::Config,
+    args: &ClientArgs,
+    deadline: Option<Duration>,
+) -> anyhow::Result<Client> {
+    config.default_retry = false;
     let limiter = Arc::new(RateLimiter::new(args.kube_api_qps, args.kube_api_burst));
     let builder = ClientBuilder::try_from(config).context("building the Kubernetes client")?;
-    Ok(builder.with_layer(&RateLimitLayer::new(limiter)).build())
+    let builder = builder.with_layer(&RateLimitLayer::new(limiter));
+    Ok(builder
+        .with_layer(&MapRequestLayer::new(move |req| {
+            with_deadline(req, deadline)
+        }))
+        .build())
+}
+
+/// `req` with `timeout=` added when it is a mutating request without one.
+fn with_deadline(mut req: Request<Body>, deadline: Option<Duration>) -> Request<Body> {
+    let Some(deadline) = deadline else {
+        return req;
+    };
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        return req;
+    }
+    let uri = req.uri();
+    let query = uri.query().unwrap_or_default();
+    if query.split('&').any(|p| p.starts_with("timeout=")) {
+        return req;
+    }
+    let param = format!("timeout={}ms", deadline.as_millis());
+    let path = uri.path();
+    let with = if query.is_empty() {
+        format!("{path}?{param}")
+    } else {
+        format!("{path}?{query}&{param}")
+    };
+    let mut parts = uri.clone().into_parts();
+    if let Ok(pq) = with.parse() {
+        parts.path_and_query = Some(pq);
+        if let Ok(new) = http::Uri::from_parts(parts) {
+            *req.uri_mut() = new;
+        }
+    }
+    req
 }
 
 /// The client the flags name, rate limited.
@@ -84,6 +144,28 @@ mod tests {
             kube_api_qps: 0.0,
             kube_api_burst: 1,
         }
+    }
+
+    #[test]
+    fn a_mutating_request_asks_the_api_server_to_give_up_when_we_do() {
+        let req = |method: Method, uri: &str| {
+            Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(Body::empty())
+                .expect("request")
+        };
+        let limit = Some(Duration::from_millis(4500));
+        let patch = with_deadline(req(Method::PATCH, "/api/v1/nodes/n1"), limit);
+        assert_eq!(patch.uri(), "/api/v1/nodes/n1?timeout=4500ms");
+        let apply = with_deadline(req(Method::PATCH, "/api/v1/x?fieldManager=m"), limit);
+        assert_eq!(apply.uri(), "/api/v1/x?fieldManager=m&timeout=4500ms");
+        let get = with_deadline(req(Method::GET, "/api/v1/nodes"), limit);
+        assert_eq!(get.uri(), "/api/v1/nodes");
+        let asked = with_deadline(req(Method::PUT, "/api/v1/x?timeout=1s"), limit);
+        assert_eq!(asked.uri(), "/api/v1/x?timeout=1s");
+        let none = with_deadline(req(Method::PATCH, "/api/v1/nodes/n1"), None);
+        assert_eq!(none.uri(), "/api/v1/nodes/n1");
     }
 
     #[test]

@@ -246,7 +246,7 @@ impl Metrics {
         );
         own.register(
             "leader_takeovers",
-            "Times this replica became the allocating leader, by hand-over: clean (the previous leader vouched that none of its writes can still land) or unclean (it waited them out)",
+            "Times this replica became the allocating leader, by what it waited for: clean (nothing: the previous leader vouched that none of its writes can still land, or nothing was ever allocated), unclean (the previous leader's writes in flight) or unknown (its whole term, then its writes: the Lease was missing or freed by hand)",
             m.takeovers.clone(),
         );
         own.register(
@@ -287,7 +287,7 @@ impl Metrics {
         self.leader.set(i64::from(leader));
     }
 
-    /// This replica became the allocating leader; `handover` is clean or unclean.
+    /// This replica became the allocating leader; `handover` is clean, unclean or unknown.
     pub fn took_over(&self, handover: &str) {
         self.takeovers
             .get_or_create(&Handover {

@@ -345,6 +345,7 @@ async fn lease_holder(client: &Client) -> Option<String> {
         .flatten()
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
+        .map(|h| nodeipam_controller::app::holder_name(&h).to_string())
 }
 
 async fn pod_network(client: &Client) -> BTreeMap<String, String> {

@@ -798,6 +798,7 @@ impl Running {
                     identity: IDENTITY.into(),
                     duration: LEASE_DURATION,
                     grace: LEASE_GRACE,
+                    took: Default::default(),
                     settle: write_timeout(LEASE_GRACE) + Duration::from_secs(1),
                 },
             )
@@ -946,14 +947,13 @@ async fn an_api_server_outage_without_leader_election() {
     api_server_goes_away_for_a_while(false).await;
 }
 
-/// Two replicas read the Lease when its holder had let it expire; one takes it, then the
+/// Two replicas read the Lease when its holder had let it go; one takes it, then the
 /// other acts on its stale read. Its write is refused (the version it read is gone) and the
 /// Lease still names the first: a lock that wrote the holder without that precondition would
 /// have displaced it, and both would allocate until one of them read the Lease again.
 #[tokio::test]
 async fn a_lock_acting_on_a_stale_read_of_the_lease_displaces_nobody() {
     use k8s_openapi::api::coordination::v1::LeaseSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
     use kube::api::PostParams;
     use nodeipam_controller::reconcile::leader::field_manager;
     use nodeipam_controller::reconcile::lease_lock::Lock;
@@ -961,19 +961,16 @@ async fn a_lock_acting_on_a_stale_read_of_the_lease_displaces_nobody() {
     let cp = control_plane().await;
     let c = cp.client();
     let api: Api<Lease> = Api::namespaced(c.clone(), "default");
-    let long_ago =
-        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60);
-    let mut expired = Lease::default();
-    expired.metadata.name = Some(NAME.into());
-    expired.spec = Some(LeaseSpec {
-        holder_identity: Some("replica-a".into()),
-        renew_time: Some(MicroTime(long_ago)),
-        lease_duration_seconds: Some(15),
+    // Let go by its last holder: free to whoever locks it first.
+    let mut free = Lease::default();
+    free.metadata.name = Some(NAME.into());
+    free.spec = Some(LeaseSpec {
+        lease_transitions: Some(0),
         ..LeaseSpec::default()
     });
-    api.create(&PostParams::default(), &expired)
+    api.create(&PostParams::default(), &free)
         .await
-        .expect("create the expired lease");
+        .expect("create the free lease");
     let lock = |id: &str| {
         Lock::new(
             api.clone(),
@@ -1003,10 +1000,10 @@ async fn a_lock_acting_on_a_stale_read_of_the_lease_displaces_nobody() {
         "a write on a version that is gone must be refused"
     );
     assert_eq!(holder().await.as_deref(), Some("replica-c"));
-    // Its next attempt reads the Lease again: held, so it waits for the expiry.
+    // Its next attempt reads the Lease again: held, so it waits to see it unchanged for a term.
     let next = b.attempt().await.expect("replica-b's next attempt");
     assert!(!next.leader);
-    assert!(next.next > std::time::SystemTime::now() + Duration::from_secs(10));
+    assert!(next.next > std::time::Instant::now() + Duration::from_secs(10));
 
     // Other writes to the Lease (the hand-over mark, the leader's finalizer) cost the holder
     // nothing: its renewal reads again and writes on the new version.

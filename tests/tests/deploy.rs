@@ -60,11 +60,13 @@ async fn lease(client: &Client) -> Option<Lease> {
         .expect("get lease")
 }
 
+/// The replica the Lease names: its holder identity without the random suffix.
 async fn lease_holder(client: &Client) -> Option<String> {
     lease(client)
         .await
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
+        .map(|h| nodeipam_controller::app::holder_name(&h).to_string())
 }
 
 /// The hand-over mark a leader that stopped cleanly leaves on the Lease.
@@ -1076,7 +1078,13 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
     };
     // replica-a's first start (no Lease yet) and the take of the fresh one.
     let clean = takeovers(&a, "clean").await + takeovers(&b, "clean").await;
-    assert_eq!(clean, 2.0, "{}", leader.log_tail());
+    assert_eq!(
+        clean,
+        2.0,
+        "replica-a:\n{}\nreplica-b:\n{}",
+        a.metrics().await,
+        b.metrics().await
+    );
     assert_eq!(takeovers(&a, "unclean").await, 0.0, "{}", a.log_tail());
     assert_eq!(takeovers(&b, "unclean").await, 0.0, "{}", b.log_tail());
     let released = "the lease is being deleted and our writes are over: let it go";
@@ -1350,5 +1358,120 @@ async fn a_leader_whose_lease_names_another_stops_at_its_next_read() {
     wait_cidrs(&admin, "after").await;
     assert_invariant(&admin, &[]).await;
     a.assert_never_forbidden();
+    stop(&mut a, cp).await;
+}
+
+/// Every replica in the cluster, by its metrics: how many say they lead right now.
+async fn leaders(replicas: &[&Replica]) -> usize {
+    let mut n = 0;
+    for r in replicas {
+        if r.gauge("nodeipam_leader", &[]).await == Some(1.0) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Two processes given the same pod name (a copied manifest, `POD_NAME` unset in both) each
+/// take the Lease's renewals for their own unless their identities differ: both would lead
+/// and hand out the same blocks. Every process adds a random suffix to its name, so the
+/// second one is a standby, and the nodes streamed meanwhile never share a block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_given_the_same_pod_name_never_both_lead() {
+    let (solo, twin) = {
+        let solo = Solo::start_with(FAST_LEASE).await;
+        let other = tempfile::tempdir().expect("temp dir");
+        let twin =
+            Replica::start_plain(other.path(), &solo.kubeconfig, "replica-a", FAST_LEASE).await;
+        (solo, (twin, other))
+    };
+    let (mut twin, _other) = twin;
+    let Solo {
+        cp, admin, mut a, ..
+    } = solo;
+    create_ready_config(&admin, "pool", spec(family("10.80.0.0/16", 26), None, None)).await;
+    // Longer than a lease duration (4 s) and its renewals, with nodes coming all the while.
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut created = 0;
+    while Instant::now() < until {
+        let names: Vec<String> = (created..created + 16)
+            .map(|i| format!("twin-{i:04}"))
+            .collect();
+        created += create_nodes(&admin, names, 8, |_| {}).await;
+        assert!(
+            leaders(&[&a, &twin]).await <= 1,
+            "two processes named replica-a both lead:\n{}\n---\n{}",
+            a.log_tail(),
+            twin.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let nodes = wait_all_allocated(&admin, 1).await;
+    assert_eq!(nodes, created);
+    assert_invariant(&admin, &[]).await;
+    assert_eq!(leaders(&[&a, &twin]).await, 1, "one of them leads");
+    let holder = lease(&admin)
+        .await
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .expect("a holder");
+    assert!(
+        holder.starts_with("replica-a_"),
+        "the pod name with a random suffix: {holder}"
+    );
+    for r in [&a, &twin] {
+        r.assert_never_forbidden();
+    }
+    twin.signal(Signal::TERM);
+    assert!(twin.wait_exit().await.success());
+    stop(&mut a, cp).await;
+}
+
+/// A leader whose wall clock runs an hour behind (an NTP step, a VM resumed) writes renewal
+/// times that read as long expired to every other replica. Expiry is judged by how long a
+/// replica has seen the Lease unchanged on its own monotonic clock, so the standby never takes
+/// the Lease of a live leader that renews it, and only one of them ever allocates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_clock_runs_behind_keeps_its_lease_from_a_standby() {
+    let behind: Vec<&str> = FAST_LEASE
+        .iter()
+        .copied()
+        .chain(["--inject-fault=clock-offset:-3600"])
+        .collect();
+    let solo = Solo::start_with(&behind).await;
+    let Solo {
+        cp,
+        admin,
+        dir,
+        kubeconfig,
+        mut a,
+    } = solo;
+    let mut b = Replica::start_plain(dir.path(), &kubeconfig, "replica-b", FAST_LEASE).await;
+    create_ready_config(&admin, "pool", spec(family("10.81.0.0/16", 26), None, None)).await;
+    // Three lease durations (4 s), nodes coming all the while.
+    let until = Instant::now() + Duration::from_secs(12);
+    let mut created = 0;
+    while Instant::now() < until {
+        let names: Vec<String> = (created..created + 16)
+            .map(|i| format!("skew-{i:04}"))
+            .collect();
+        created += create_nodes(&admin, names, 8, |_| {}).await;
+        assert_eq!(
+            lease_holder(&admin).await.as_deref(),
+            Some("replica-a"),
+            "the standby took a live leader's Lease:\n{}",
+            b.log_tail()
+        );
+        assert_eq!(b.gauge("nodeipam_leader", &[]).await, Some(0.0));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let nodes = wait_all_allocated(&admin, 1).await;
+    assert_eq!(nodes, created);
+    assert_invariant(&admin, &[]).await;
+    for kind in ["clean", "unclean", "unknown"] {
+        assert_eq!(takeovers(&b, kind).await, 0.0, "{}", b.log_tail());
+    }
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().await.success());
     stop(&mut a, cp).await;
 }

@@ -584,6 +584,109 @@ async fn the_pending_gauge_counts_every_waiting_node() {
     assert_invariant(&c, &[]).await;
 }
 
+/// The writers' context, as the allocation loop has it, for calling a writer directly.
+fn writer_context(client: &kube::Client) -> nodeipam_controller::reconcile::Context {
+    nodeipam_controller::reconcile::Context::new(
+        client.clone(),
+        nodeipam_controller::reconcile::Options::default(),
+        std::sync::Arc::new(nodeipam_controller::metrics::Metrics::new()),
+    )
+}
+
+/// A ValidatingAdmissionPolicy refusing every status write of NodeIPAMConfigs with a 422
+/// (reason Invalid), as a site's policy or a schema would; returns once it exists (the API
+/// server enforces it a moment later).
+async fn refuse_config_status_writes(client: &Client) {
+    let policy = ValidatingAdmissionPolicy {
+        metadata: ObjectMeta {
+            name: Some("refuse-config-status".into()),
+            ..Default::default()
+        },
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec!["nodeipam.io".into()]),
+                    api_versions: Some(vec!["*".into()]),
+                    operations: Some(vec!["UPDATE".into()]),
+                    resources: Some(vec!["nodeipamconfigs/status".into()]),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            validations: Some(vec![Validation {
+                expression: "false".into(),
+                message: Some("status writes are refused by site policy".into()),
+                reason: Some("Invalid".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("create ValidatingAdmissionPolicy");
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: ObjectMeta {
+            name: Some("refuse-config-status".into()),
+            ..Default::default()
+        },
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            policy_name: "refuse-config-status".into(),
+            validation_actions: vec!["Deny".into()],
+            ..Default::default()
+        },
+    };
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create ValidatingAdmissionPolicyBinding");
+}
+
+/// A 422 on a status write to the very object the status was computed for (a site policy, a
+/// schema) is a refusal, not "the config was created again": it is an error, retried and
+/// counted, never dropped as done (else the status stays wrong until something else changes).
+#[tokio::test]
+async fn a_status_refused_with_a_422_for_the_same_config_is_an_error() {
+    let cp = control_plane().await;
+    let c = cp.client();
+    let api: Api<nodeipam_crd::NodeIPAMConfig> = Api::all(c.clone());
+    let cfg =
+        nodeipam_crd::NodeIPAMConfig::new("refused", spec(family("10.69.0.0/16", 24), None, None));
+    api.create(&PostParams::default(), &cfg)
+        .await
+        .expect("create");
+    let uid = get_config(&c, "refused")
+        .await
+        .and_then(|c| c.metadata.uid)
+        .expect("uid");
+    refuse_config_status_writes(&c).await;
+    let ctx = writer_context(&c);
+    let status = nodeipam_crd::NodeIPAMConfigStatus {
+        nodes: Some(7),
+        ..Default::default()
+    };
+    // Until the API server enforces the policy, the write lands.
+    let refused = wait_for("the policy to refuse status writes", || async {
+        let written = nodeipam_controller::reconcile::config_writer::write_status(
+            &ctx,
+            &api,
+            "refused",
+            Some(&uid),
+            &status,
+        )
+        .await;
+        (!matches!(written, Ok(true))).then_some(written)
+    })
+    .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 422),
+        "a refusal on the same object must be an error, not 'created again': {refused:?}"
+    );
+}
+
 // ----- Suspected: the finalizer removal is guarded by the UID -----
 
 /// The finalizer is removed with a JSON patch that tests the UID the decision was made for:
@@ -601,7 +704,9 @@ async fn a_finalizer_removal_for_a_recreated_config_is_refused() {
     api.create(&PostParams::default(), &cfg)
         .await
         .expect("create");
+    let ctx = writer_context(&c);
     let removed = nodeipam_controller::reconcile::config_writer::remove_finalizer(
+        &ctx,
         &api,
         "same-name",
         "00000000-0000-0000-0000-000000000000",
@@ -639,7 +744,9 @@ async fn a_status_for_a_recreated_config_is_not_written() {
         nodes: Some(7),
         ..Default::default()
     };
+    let ctx = writer_context(&c);
     let written = nodeipam_controller::reconcile::config_writer::write_status(
+        &ctx,
         &api,
         "same-name",
         Some("00000000-0000-0000-0000-000000000000"),
@@ -660,6 +767,7 @@ async fn a_status_for_a_recreated_config_is_not_written() {
         .await
         .and_then(|c| c.metadata.uid);
     let written = nodeipam_controller::reconcile::config_writer::write_status(
+        &ctx,
         &api,
         "same-name",
         uid.as_deref(),

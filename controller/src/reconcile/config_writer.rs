@@ -66,25 +66,23 @@ async fn execute(ctx: &Context, job: &ConfigJob) -> Result<(), kube::Error> {
     let api: Api<NodeIPAMConfig> = Api::all(ctx.client.clone());
     ctx.limiter.acquire().await;
     let result = match job {
-        ConfigJob::Status { name, uid, status } => ctx
-            .in_flight
-            .send(write_status(&api, name, uid.as_deref(), status))
-            .await
-            .map(|written| {
-                if !written {
-                    debug!(config = %name, "status not written: the config was created again");
-                }
-            }),
-        ConfigJob::AddFinalizer { name } => ctx
-            .in_flight
-            .send(edit_finalizers(&api, name, true, None))
+        ConfigJob::Status { name, uid, status } => {
+            write_status(ctx, &api, name, uid.as_deref(), status)
+                .await
+                .map(|written| {
+                    if !written {
+                        debug!(config = %name, "status not written: the config was created again");
+                    }
+                })
+        }
+        ConfigJob::AddFinalizer { name } => edit_finalizers(ctx, &api, name, true, None)
             .await
             .map(|changed| debug!(config = %name, changed, "finalizer present")),
-        ConfigJob::RemoveFinalizer { name, uid } => ctx
-            .in_flight
-            .send(edit_finalizers(&api, name, false, uid.as_deref()))
-            .await
-            .map(|changed| debug!(config = %name, changed, "finalizer removed")),
+        ConfigJob::RemoveFinalizer { name, uid } => {
+            edit_finalizers(ctx, &api, name, false, uid.as_deref())
+                .await
+                .map(|changed| debug!(config = %name, changed, "finalizer removed"))
+        }
     };
     match result {
         // The config is gone: nothing left to write.
@@ -95,8 +93,9 @@ async fn execute(ctx: &Context, job: &ConfigJob) -> Result<(), kube::Error> {
 
 /// Writes the status of the object `uid` (when given) and of no other: a status computed for
 /// a config that was deleted and created again under the same name is not the new one's.
-/// Returns whether it was written.
+/// Returns whether it was written; a refusal of the write itself is an error.
 pub async fn write_status(
+    ctx: &Context,
     api: &Api<NodeIPAMConfig>,
     name: &str,
     uid: Option<&str>,
@@ -115,36 +114,46 @@ pub async fn write_status(
         field_manager: Some(MANAGER.into()),
         ..PatchParams::default()
     };
-    match api
-        .patch_status(name, &params, &Patch::Json::<()>(patch))
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 422 && uid.is_some() => Ok(false),
-        Err(e) => Err(e),
+    let written = ctx
+        .write(api.patch_status(name, &params, &Patch::Json::<()>(patch)))
+        .await;
+    match (written, uid) {
+        (Ok(_), _) => Ok(true),
+        // Only a failed test of the UID means "created again"; any other 422 (a schema, a
+        // policy) leaves the status wrong, so it is an error, retried and counted.
+        (Err(kube::Error::Api(s)), Some(uid)) if s.code == 422 => {
+            if super::another_object(ctx, api, name, uid).await? {
+                Ok(false)
+            } else {
+                Err(kube::Error::Api(s))
+            }
+        }
+        (Err(e), _) => Err(e),
     }
 }
 
 /// Removes our finalizer from the object `uid` only; the API server refuses the patch (422)
 /// when `name` is now another object.
 pub async fn remove_finalizer(
+    ctx: &Context,
     api: &Api<NodeIPAMConfig>,
     name: &str,
     uid: &str,
 ) -> Result<bool, kube::Error> {
-    edit_finalizers(api, name, false, Some(uid)).await
+    edit_finalizers(ctx, api, name, false, Some(uid)).await
 }
 
 /// Adds or removes only our finalizer; other finalizers (a CNI's, a proxy's) are left alone.
 /// The resourceVersion test makes a concurrent change fail instead of being overwritten, and
 /// the UID test (when given) keeps a removal off a config re-created under the same name.
 async fn edit_finalizers(
+    ctx: &Context,
     api: &Api<NodeIPAMConfig>,
     name: &str,
     add: bool,
     uid: Option<&str>,
 ) -> Result<bool, kube::Error> {
-    let current = api.get(name).await?;
+    let current = ctx.read(api.get(name)).await?;
     if uid.is_some() && current.uid().as_deref() != uid {
         // Another object now has this name; the one we decided for is gone.
         return Ok(false);
@@ -172,7 +181,7 @@ async fn edit_finalizers(
     }
     let patch: json_patch::Patch =
         serde_json::from_value(serde_json::Value::Array(ops)).map_err(kube::Error::SerdeError)?;
-    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+    ctx.write(api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)))
         .await?;
     Ok(true)
 }

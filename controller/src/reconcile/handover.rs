@@ -1,22 +1,29 @@
-//! What a leader hands the next one: whether every write it sent was answered. A leader that
-//! stops cleanly (a rolling update) says so on the Lease, and its successor allocates at once
-//! instead of waiting out writes that might still be landing (`Options::takeover_delay`).
+//! What a leader hands the next one, and how long the next one waits before it writes.
 //!
 //! The rule: a write may land after its sender gave up on it (a timeout, a dropped
-//! connection, a 504 whose handler still runs). A new leader that lists before such a write
-//! lands sees its node as pending and could hand its block to another node. So a new leader
-//! waits, unless the Lease carries [`HANDOVER_ANNOTATION`] = [`SETTLED`], which a leader writes
-//! only after (1) its own session began after such a wait or such a hand-over, so nothing of
-//! an earlier leader can land, (2) it stopped sending and (3) every request it sent got a
-//! definite answer. The successor removes the mark before it writes anything, so a mark never
+//! connection, a 5xx whose handler still runs: [`nodeipam_alloc::outcome::may_still_land`]). A
+//! new leader that lists before such a write lands sees its node as pending and could hand its
+//! block to another node. So a new leader waits (`Options::takeover_delay`) unless the Lease
+//! carries [`HANDOVER_ANNOTATION`] = [`SETTLED`], which a leader writes only after (1) its own
+//! session began after such a wait or such a hand-over, so nothing of an earlier leader can
+//! land, (2) it stopped sending and (3) every request it sent got an answer after which it
+//! cannot land. The successor removes the mark before it writes anything, so a mark never
 //! outlives the quiet it vouches for.
 //!
-//! A Lease that does not exist vouches the same: a leader puts [`LEASE_FINALIZER`] on its
-//! Lease before its first write and takes it off only with the mark, or once a deletion of
-//! the Lease stopped it and its writes had time to land. So a Lease deleted under a live
-//! leader stays (terminating, led by nobody) until that leader is quiet, and a replica that
-//! finds no Lease creates it marked settled. Deciding is pure (`takeover`, `definite`,
-//! `releasable`); `claim`, `mark`, `create_settled` and `release` only read and write it.
+//! The wait covers writes *sent*; it must also start only once the predecessor *sends*
+//! nothing more ([`Takeover`]): a Lease taken after it was seen unchanged for a whole term, or
+//! let go marked [`STOPPED`] by a holder that stopped, says so. A Lease that is missing, or
+//! freed by hand, says nothing: its last holder may go on writing until its own term runs
+//! out, so the successor waits a whole lease duration more ([`wait`]). Only when no
+//! NodeIPAMConfig carries our finalizer (nothing was ever allocated from any range, as a first
+//! install) is there nothing to wait for.
+//!
+//! A leader puts [`LEASE_FINALIZER`] on its Lease before its first write and takes it off
+//! only with the mark, or once a deletion of the Lease stopped it and its writes had time to
+//! land; then it creates the next Lease marked settled itself. So a Lease deleted under a
+//! live leader stays (terminating, led by nobody) until that leader is quiet. Deciding is
+//! pure (`takeover`, `wait`, `releasable`, `unclaimable`); `claim`, `mark`, `create` and
+//! `release` only read and write it.
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -29,17 +36,23 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tracing::debug;
 
+use super::lease_lock::Took;
+use crate::alloc::outcome::may_still_land;
+
 /// The annotation on the Lease by which a leader that stopped cleanly vouches that none of
 /// its writes (nor any earlier leader's) can still land.
 pub const HANDOVER_ANNOTATION: &str = "nodeipam.io/handover";
-/// Its only value.
+/// Its value when nothing of the leader that wrote it (nor of any earlier one) can still land.
 pub const SETTLED: &str = "settled";
+/// Its value when the leader that wrote it sends nothing more, though what it sent may still
+/// land: the successor waits only for that.
+pub const STOPPED: &str = "stopped";
 /// The finalizer that keeps a Lease whose leader may have writes in flight from vanishing.
 pub const LEASE_FINALIZER: &str = "nodeipam.io/leader";
 /// Field manager of the mark, apart from the lease manager's own.
 const FIELD_MANAGER: &str = "nodeipam-handover";
 /// How long one Lease request may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The Lease this replica elects with.
 #[derive(Clone, Debug)]
@@ -47,15 +60,23 @@ pub struct LeaseRef {
     pub namespace: String,
     pub name: String,
     pub identity: String,
+    /// How the election's lock took the Lease, set each time it claims it.
+    pub took: super::leader::TookCell,
+    /// The lease duration: how long a predecessor that did not say it stopped may go on.
+    pub term: Duration,
 }
 
-/// How a leader took over.
+/// How a leader took over: what its predecessor may still do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Takeover {
     /// Its predecessor vouched that nothing of it can still land: allocate at once.
     Clean,
-    /// Nothing says so: wait out the longest write first.
+    /// Its predecessor sends nothing more (its term ran out, or it let go marked stopped):
+    /// wait out the longest write.
     Unclean,
+    /// Nothing says its predecessor stopped (the Lease was missing, or freed by hand): wait
+    /// out its term and then the longest write.
+    Unknown,
 }
 
 impl Takeover {
@@ -64,34 +85,52 @@ impl Takeover {
         match self {
             Takeover::Clean => "clean",
             Takeover::Unclean => "unclean",
+            Takeover::Unknown => "unknown",
         }
     }
 }
 
-/// How a leader took over, from the Lease it holds: clean only when the Lease names `identity`
-/// as its holder (the mark was left for whoever took it next: us) and carries the mark.
-pub fn takeover(lease: &Lease, identity: &str) -> Takeover {
-    let holder = holder(lease);
-    let marked = lease
+/// How a leader took over, from the Lease it holds and how its lock took it: clean only when
+/// the Lease names `identity` as its holder (the mark was left for whoever took it next: us)
+/// and carries the settled mark.
+pub fn takeover(lease: &Lease, identity: &str, took: Option<Took>) -> Takeover {
+    let mark = lease
         .annotations()
         .get(HANDOVER_ANNOTATION)
-        .map(String::as_str)
-        == Some(SETTLED);
-    if marked && holder == Some(identity) {
-        Takeover::Clean
-    } else {
-        Takeover::Unclean
+        .map(String::as_str);
+    match (mark, took) {
+        (Some(SETTLED), _) if holder(lease) == Some(identity) => Takeover::Clean,
+        (Some(STOPPED), _) | (_, Some(Took::Expired)) => Takeover::Unclean,
+        _ => Takeover::Unknown,
     }
 }
 
-/// Whether a request's outcome is final: it can no longer land later. An answer from the API
-/// server is, but for a 504, whose handler may still be running; an error without an answer
-/// (a timeout, a connection lost) is not.
+/// How long a leader that took over as `took` waits before its first write: nothing after a
+/// clean hand-over or when nothing was ever allocated (no config carries our finalizer:
+/// `allocated_before` false), the longest write (`delay`) after a predecessor that stopped,
+/// and its whole term (`term`) more when nothing says it stopped.
+pub fn wait(took: Takeover, allocated_before: bool, delay: Duration, term: Duration) -> Duration {
+    match took {
+        Takeover::Clean => Duration::ZERO,
+        _ if !allocated_before => Duration::ZERO,
+        Takeover::Unclean => delay,
+        Takeover::Unknown => term + delay,
+    }
+}
+
+/// Whether a request's outcome is final: it can no longer land later (the one rule,
+/// [`nodeipam_alloc::outcome::may_still_land`], that the writers use too).
 pub fn definite<T>(result: &Result<T, kube::Error>) -> bool {
+    !may_still_land(answer(result))
+}
+
+/// The HTTP status a request was answered with: `Some(200)` for success, `None` without an
+/// answer (a timeout, a connection lost).
+pub fn answer<T>(result: &Result<T, kube::Error>) -> Option<u16> {
     match result {
-        Ok(_) => true,
-        Err(kube::Error::Api(status)) => status.code != 504,
-        Err(_) => false,
+        Ok(_) => Some(200),
+        Err(kube::Error::Api(status)) => Some(status.code),
+        Err(_) => None,
     }
 }
 
@@ -136,7 +175,11 @@ pub fn unclaimable(lease: &Lease, identity: &str) -> Option<&'static str> {
 /// changed in between) and puts our finalizer on it. Clean only once that is done: a mark left
 /// in place would vouch for our own writes, and a Lease without the finalizer could vanish
 /// under them. An error means: ask again (a missing or terminating Lease is not ours to lead).
-pub async fn claim(client: &Client, lease: &LeaseRef) -> Result<Takeover, kube::Error> {
+pub async fn claim(
+    client: &Client,
+    lease: &LeaseRef,
+    took: Option<Took>,
+) -> Result<Takeover, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
     let Some(current) = timed(api.get_opt(&lease.name)).await? else {
         return Err(kube::Error::Service("the lease is gone".into()));
@@ -144,7 +187,7 @@ pub async fn claim(client: &Client, lease: &LeaseRef) -> Result<Takeover, kube::
     if let Some(why) = unclaimable(&current, &lease.identity) {
         return Err(kube::Error::Service(why.into()));
     }
-    let found = takeover(&current, &lease.identity);
+    let found = takeover(&current, &lease.identity, took);
     if current.annotations().contains_key(HANDOVER_ANNOTATION) || !holds_finalizer(&current) {
         // Removed whatever we decided: a mark that did not vouch for us must not stay either.
         set_mark(&api, &current, None).await?;
@@ -171,19 +214,24 @@ pub async fn mark(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Error
     Ok(true)
 }
 
-/// Creates the Lease marked settled, unless it exists: no Lease means no leader whose writes
-/// could still land (see the module). True if this call created it.
-pub async fn create_settled(
+/// Creates the Lease unless it exists; marked settled only by a replica that knows nothing of
+/// it can still land (`settled`: the one that just let the last Lease go, its writes over).
+/// Any other replica creates it unmarked: a missing Lease may have been deleted by hand under
+/// a live leader. True if this call created it.
+pub async fn create(
     client: &Client,
     namespace: &str,
     name: &str,
+    settled: bool,
 ) -> Result<bool, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let mut fresh = Lease::default();
     fresh.metadata.name = Some(name.to_string());
-    fresh
-        .annotations_mut()
-        .insert(HANDOVER_ANNOTATION.into(), SETTLED.into());
+    if settled {
+        fresh
+            .annotations_mut()
+            .insert(HANDOVER_ANNOTATION.into(), SETTLED.into());
+    }
     fresh.spec = Some(Default::default());
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
@@ -260,10 +308,7 @@ async fn patch_meta(
 pub(super) async fn timed<T>(
     request: impl Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, kube::Error> {
-    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
-        Ok(result) => result,
-        Err(_) => Err(kube::Error::Service("the lease request timed out".into())),
-    }
+    super::bounded(REQUEST_TIMEOUT, request).await
 }
 
 /// The mutating requests of the current session: how many are in flight, whether any ended
@@ -395,24 +440,62 @@ mod tests {
 
     #[test]
     fn only_a_settled_mark_on_a_lease_we_hold_is_a_clean_takeover() {
+        let expired = Some(Took::Expired);
+        let free = Some(Took::Free);
+        for took in [None, free, expired] {
+            assert_eq!(
+                takeover(&lease(Some("b"), Some(SETTLED)), "b", took),
+                Takeover::Clean
+            );
+        }
         assert_eq!(
-            takeover(&lease(Some("b"), Some(SETTLED)), "b"),
-            Takeover::Clean
+            takeover(&lease(Some("a"), Some(SETTLED)), "b", free),
+            Takeover::Unknown,
+            "a mark left for another replica vouches for nothing"
         );
-        assert_eq!(takeover(&lease(Some("b"), None), "b"), Takeover::Unclean);
         assert_eq!(
-            takeover(&lease(Some("a"), Some(SETTLED)), "b"),
+            takeover(&lease(None, Some(SETTLED)), "b", free),
+            Takeover::Unknown
+        );
+        assert_eq!(
+            takeover(&lease(Some("b"), Some("yes")), "b", free),
+            Takeover::Unknown
+        );
+        assert_eq!(takeover(&Lease::default(), "b", None), Takeover::Unknown);
+    }
+
+    #[test]
+    fn a_predecessor_stopped_only_if_its_term_ran_out_or_it_said_so() {
+        assert_eq!(
+            takeover(&lease(Some("b"), None), "b", Some(Took::Expired)),
             Takeover::Unclean
         );
         assert_eq!(
-            takeover(&lease(None, Some(SETTLED)), "b"),
+            takeover(&lease(Some("b"), Some(STOPPED)), "b", Some(Took::Free)),
             Takeover::Unclean
         );
+        // Free without a word: created after a deletion, or freed by hand.
         assert_eq!(
-            takeover(&lease(Some("b"), Some("yes")), "b"),
-            Takeover::Unclean
+            takeover(&lease(Some("b"), None), "b", Some(Took::Free)),
+            Takeover::Unknown
         );
-        assert_eq!(takeover(&Lease::default(), "b"), Takeover::Unclean);
+        // Found naming us without having taken it (written by hand).
+        assert_eq!(
+            takeover(&lease(Some("b"), None), "b", None),
+            Takeover::Unknown
+        );
+    }
+
+    #[test]
+    fn the_wait_covers_what_the_predecessor_may_still_do() {
+        let (delay, term) = (Duration::from_secs(4), Duration::from_secs(15));
+        assert_eq!(wait(Takeover::Clean, true, delay, term), Duration::ZERO);
+        assert_eq!(wait(Takeover::Unclean, true, delay, term), delay);
+        assert_eq!(wait(Takeover::Unknown, true, delay, term), term + delay);
+        // Nothing was ever allocated from any range: nothing to wait for.
+        for took in [Takeover::Clean, Takeover::Unclean, Takeover::Unknown] {
+            assert_eq!(wait(took, false, delay, term), Duration::ZERO);
+        }
     }
 
     fn being_deleted(mut l: Lease, finalizer: bool) -> Lease {
@@ -464,12 +547,15 @@ mod tests {
     }
 
     #[test]
-    fn answers_but_a_gateway_timeout_are_definite() {
+    fn only_answers_that_rule_it_out_are_definite() {
         assert!(definite(&Ok::<(), kube::Error>(())));
-        for code in [404, 409, 422, 429, 500, 503] {
+        for code in [404, 409, 422, 429] {
             assert!(definite(&Err::<(), _>(api_error(code))), "{code}");
         }
-        assert!(!definite(&Err::<(), _>(api_error(504))));
+        // A 500 can carry an etcd timeout whose proposal still commits.
+        for code in [500, 502, 503, 504] {
+            assert!(!definite(&Err::<(), _>(api_error(code))), "{code}");
+        }
         assert!(!definite(&Err::<(), _>(kube::Error::Service(
             "connection reset".into()
         ))));

@@ -2,21 +2,24 @@
 //!
 //! The lock ([`lease_lock`](super::lease_lock)) takes and renews the Lease with
 //! compare-and-swap writes and says when it gained or lost it. It is driven with a short fixed
-//! retry, and leadership is reported only while a Lease read back from the API names us and is
-//! valid for longer than a margin: when renewals fail, the leader stops allocating before its
-//! lease runs out, and resumes (with a fresh rebuild) once a renewal lands.
+//! retry, and leadership is reported only while the lock claims the Lease, a Lease read back
+//! from the API names us, and our own term (counted on our monotonic clock from the moment our
+//! last renewal was sent) has more than a margin left: when renewals fail, the leader stops
+//! allocating before any standby could count its lease as run out, and resumes (with a fresh
+//! rebuild) once a renewal lands. Why that keeps one writer: docs/single-writer.md.
 //!
-//! A standby's lock sleeps until the expiry of the holder it last read, so it would notice a
-//! Lease released by a leader that stopped cleanly (a rolling update) only up to a lease
-//! duration later. A standby therefore reads the Lease every second, and when it finds it
-//! released (no holder) or missing, replaces its lock with a fresh one, whose first step is to
-//! read the Lease and take it.
+//! A standby's lock sleeps until it could have seen the holder's Lease unchanged for a term, so
+//! it would notice a Lease released by a leader that stopped cleanly (a rolling update) only up
+//! to a lease duration later. A standby therefore reads the Lease every second (every read
+//! also counts toward how long it has seen the Lease unchanged), and when it finds it released
+//! (no holder) or missing, replaces its lock with a fresh one, whose first step is to read the
+//! Lease and take it.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
@@ -25,7 +28,10 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::handover::{self, LeaseRef};
-use super::lease_lock::{self, Lock};
+use super::lease_lock::{self, Lock, Took};
+
+/// How the current leader took its Lease, shared with the allocation loop's take-over.
+pub type TookCell = Arc<std::sync::Mutex<Option<Took>>>;
 
 /// How long one read of the Lease may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -66,6 +72,8 @@ pub struct LeaseOptions {
     /// How long a replica that stopped leading on a Lease being deleted waits before it takes
     /// its finalizer off (the take-over wait: its last writes land first).
     pub settle: Duration,
+    /// Set to how the lock took the Lease each time it claims it.
+    pub took: TookCell,
 }
 
 /// A running election; its leadership signal feeds [`super::run`].
@@ -121,15 +129,15 @@ impl Election {
     }
 }
 
-/// A lock for `opts`; creates the Lease if it is missing, marked settled: a Lease that does
-/// not exist had no leader whose writes could still land (see [`handover`]).
+/// A lock for `opts`; creates the Lease if it is missing, unmarked: a Lease that does not
+/// exist may have been deleted by hand under a live leader (see [`handover`]).
 async fn build_lock(
     client: &Client,
     opts: &LeaseOptions,
     retry: Duration,
 ) -> Result<Lock, kube::Error> {
-    if handover::create_settled(client, &opts.namespace, &opts.name).await? {
-        info!(lease = %opts.name, "created the lease: no earlier leader, nothing to wait out");
+    if handover::create(client, &opts.namespace, &opts.name, false).await? {
+        info!(lease = %opts.name, "created the lease");
     }
     Ok(Lock::new(
         Api::namespaced(client.clone(), &opts.namespace),
@@ -170,9 +178,9 @@ async fn elect(
     let mut fence = Fence::new(&opts);
     let mut standby = Standby::default();
     let mut release = Release::default();
-    let mut release_at: Option<SystemTime> = None;
+    let mut release_at: Option<Instant> = None;
     let mut read: Option<LeaseRead> = None;
-    let mut next_read = SystemTime::now();
+    let mut next_read = Instant::now();
     let mut failures = 0u32;
     {
         // `changed` is never cancelled while it may be inside a Lease update, only replaced
@@ -182,10 +190,11 @@ async fn elect(
         let changed = changed_after(lock.clone(), Duration::ZERO);
         tokio::pin!(changed);
         loop {
-            let now = SystemTime::now();
+            fence.valid_until = lock.valid_until();
+            let now = Instant::now();
             if let Some(progress) = &tuning.progress {
-                let secs = now
-                    .duration_since(SystemTime::UNIX_EPOCH)
+                let secs = std::time::SystemTime::now()
+                    .duration_since(std::time::SystemTime::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs());
                 progress.store(i64::try_from(secs).unwrap_or(i64::MAX), Ordering::Relaxed);
             }
@@ -211,9 +220,11 @@ async fn elect(
                             failures = 0;
                             info!(claimed, "lease lock: leadership changed");
                             fence.claim(claimed);
+                            *opts.took.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                                claimed.then(|| lock.took()).flatten();
                             standby = Standby::default();
                             read = None;
-                            next_read = SystemTime::now();
+                            next_read = Instant::now();
                             Duration::ZERO
                         }
                         Err(e) => {
@@ -231,10 +242,12 @@ async fn elect(
                 }
                 result = wait_read(&mut read) => {
                     read = None;
-                    let now = SystemTime::now();
+                    let now = Instant::now();
                     let poll = if fence.claimed { fence.poll } else { tuning.retry };
                     next_read = match result {
                         Ok(Ok(lease)) => {
+                            // Every read counts toward how long the Lease has been unchanged.
+                            lock.note(lease.as_ref());
                             release_at = release.observe(lease.as_ref(), &opts, now);
                             // Claimed, our Lease can only vanish after a deletion completed:
                             // take a fresh one, as a standby would.
@@ -270,12 +283,12 @@ async fn elect(
                     };
                 }
                 () = timer => {
-                    let now = SystemTime::now();
+                    let now = Instant::now();
                     if release_at.is_some_and(|at| at <= now) && !fence.holds(now) {
                         release_at = None;
                         finish_deletion(&client, &opts).await;
                     }
-                    if read.is_none() && SystemTime::now() >= next_read {
+                    if read.is_none() && Instant::now() >= next_read {
                         let (leases, name) = (leases.clone(), opts.name.clone());
                         read = Some(Box::pin(async move {
                             tokio::time::timeout(READ_TIMEOUT, leases.get_opt(&name)).await
@@ -283,7 +296,8 @@ async fn elect(
                     }
                 }
             }
-            let held = fence.holds(SystemTime::now());
+            fence.valid_until = lock.valid_until();
+            let held = fence.holds(Instant::now());
             leadership.send_if_modified(|current| {
                 if *current == held {
                     return false;
@@ -326,30 +340,34 @@ async fn wait_read(
     }
 }
 
-/// A timer deadline for a wall-clock time (far away for none).
-fn until(at: Option<SystemTime>) -> tokio::time::Instant {
-    let now = tokio::time::Instant::now();
+/// A timer deadline (far away for none).
+fn until(at: Option<Instant>) -> tokio::time::Instant {
     match at {
-        Some(at) => now + at.duration_since(SystemTime::now()).unwrap_or_default(),
-        None => now + Duration::from_secs(3600),
+        Some(at) => at.into(),
+        None => tokio::time::Instant::now() + Duration::from_secs(3600),
     }
 }
 
-/// Decides leadership from the lock's claim and the last Lease read: held only while the
-/// Lease names us and is valid for longer than `margin`. Other replicas judge expiry from the
-/// same `renewTime + leaseDurationSeconds`, so stepping down before it means no two replicas
-/// ever allocate at once (a new leader also waits out our last writes; see `takeover_delay`).
+/// Decides leadership from the lock's claim, its term and the last Lease read: held only
+/// while the lock claims the Lease, the last read shows it ours (naming us, not being
+/// deleted), and our own term ([`Lock::valid_until`]: from the moment our last renewal was
+/// sent, on our monotonic clock) lasts longer than `margin`. A standby counts the same term
+/// only from the moment it saw that renewal, which is later, so stepping down before it means
+/// no two replicas ever allocate at once (a new leader also waits out our last writes; see
+/// [`handover::wait`]).
 #[derive(Debug)]
 struct Fence {
     identity: String,
     /// How often the Lease is read while the lock claims it.
     poll: Duration,
-    /// How long before expiry leadership is given up.
+    /// How long before the end of our term leadership is given up.
     margin: Duration,
     /// What the lock says.
     claimed: bool,
-    /// When our Lease expires, as last read.
-    expires: Option<SystemTime>,
+    /// The last read showed the Lease ours.
+    ours: bool,
+    /// Our term, as the lock counts it.
+    valid_until: Option<Instant>,
 }
 
 impl Fence {
@@ -361,13 +379,14 @@ impl Fence {
             poll: quarter,
             margin: quarter,
             claimed: false,
-            expires: None,
+            ours: false,
+            valid_until: None,
         }
     }
 
     fn claim(&mut self, claimed: bool) {
         self.claimed = claimed;
-        self.expires = None;
+        self.ours = false;
     }
 
     /// A Lease just read (`None`: it does not exist). Returns when to read it next: a poll
@@ -375,21 +394,27 @@ impl Fence {
     /// replica (written by hand, or by a lock that does not write on the version it read)
     /// lets that one allocate after its take-over wait, well before our renewal would fail.
     /// One read a poll (a second at most) is what that costs.
-    fn observe(&mut self, lease: Option<&Lease>, now: SystemTime) -> SystemTime {
-        self.expires = lease.and_then(|l| expiry(l, &self.identity));
+    fn observe(&mut self, lease: Option<&Lease>, now: Instant) -> Instant {
+        // Held as every replica reads it: naming us with a term (one without times is free to
+        // any other replica), and not being deleted.
+        self.ours = lease.is_some_and(|l| {
+            !handover::terminating(l)
+                && handover::holder(l) == Some(self.identity.as_str())
+                && l.spec.as_ref().and_then(lease_lock::term).is_some()
+        });
         now + self.poll
     }
 
-    fn holds(&self, now: SystemTime) -> bool {
+    fn holds(&self, now: Instant) -> bool {
         self.step_down_at().is_some_and(|at| now < at)
     }
 
-    /// When leadership ends unless a renewal is read before.
-    fn step_down_at(&self) -> Option<SystemTime> {
-        if !self.claimed {
+    /// When leadership ends unless the lock renews before.
+    fn step_down_at(&self) -> Option<Instant> {
+        if !(self.claimed && self.ours) {
             return None;
         }
-        self.expires.and_then(|e| e.checked_sub(self.margin))
+        self.valid_until.and_then(|e| e.checked_sub(self.margin))
     }
 }
 
@@ -421,7 +446,10 @@ impl Standby {
             Some(version) => {
                 let was_held = matches!(self.last, Some(None));
                 let still_free = self.last.as_ref() == Some(&seen);
-                self.acted_on.as_ref() != Some(version) && (was_held || still_free)
+                // A missing Lease is left for one poll: a replica whose deletion of the last
+                // one just completed creates the next one marked settled.
+                let missing = version.is_empty();
+                self.acted_on.as_ref() != Some(version) && (was_held && !missing || still_free)
             }
         };
         if take {
@@ -443,7 +471,7 @@ impl Standby {
 /// terminating Lease is held by nobody), so its last writes had the take-over wait to land.
 #[derive(Debug, Default)]
 struct Release {
-    since: Option<SystemTime>,
+    since: Option<Instant>,
 }
 
 impl Release {
@@ -452,8 +480,8 @@ impl Release {
         &mut self,
         lease: Option<&Lease>,
         opts: &LeaseOptions,
-        now: SystemTime,
-    ) -> Option<SystemTime> {
+        now: Instant,
+    ) -> Option<Instant> {
         if !lease.is_some_and(|l| handover::releasable(l, &opts.identity)) {
             self.since = None;
             return None;
@@ -462,17 +490,26 @@ impl Release {
     }
 }
 
-/// Takes our finalizer off the Lease being deleted, so that the deletion completes and a fresh
-/// Lease can be created (marked settled: nothing of ours can still land).
+/// Takes our finalizer off the Lease being deleted, so that the deletion completes, and
+/// creates the next Lease marked settled: nothing of ours can still land, and no other
+/// replica led on the old one since it was being deleted. (A standby that finds it missing
+/// first creates it unmarked, and its leader waits: safe, only slower.)
 async fn finish_deletion(client: &Client, opts: &LeaseOptions) {
     let lease = LeaseRef {
         namespace: opts.namespace.clone(),
         name: opts.name.clone(),
         identity: opts.identity.clone(),
+        took: opts.took.clone(),
+        term: Duration::from_secs(opts.duration),
     };
     match handover::release(client, &lease).await {
         Ok(true) => {
-            info!(lease = %opts.name, "the lease is being deleted and our writes are over: let it go")
+            info!(lease = %opts.name, "the lease is being deleted and our writes are over: let it go");
+            match handover::create(client, &opts.namespace, &opts.name, true).await {
+                Ok(true) => info!(lease = %opts.name, "created the next lease, marked settled"),
+                Ok(false) => debug!("the next lease exists already"),
+                Err(e) => debug!(error = %e, "creating the next lease failed; a standby will"),
+            }
         }
         Ok(false) => debug!("the lease is no longer ours to let go"),
         // The next read that finds it so schedules another try.
@@ -497,18 +534,6 @@ fn free_version(lease: Option<&Lease>) -> Option<String> {
     Some(lease.metadata.resource_version.clone().unwrap_or_default())
 }
 
-/// When `lease` expires, if `identity` holds it; never for a Lease being deleted, which nobody
-/// may lead on.
-fn expiry(lease: &Lease, identity: &str) -> Option<SystemTime> {
-    if handover::terminating(lease) {
-        return None;
-    }
-    if handover::holder(lease) != Some(identity) {
-        return None;
-    }
-    lease_lock::expiry(lease.spec.as_ref()?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -523,6 +548,7 @@ mod tests {
             duration: 4,
             grace: 2,
             settle: Duration::from_secs(3),
+            took: TookCell::default(),
         }
     }
 
@@ -546,26 +572,33 @@ mod tests {
         );
     }
 
-    #[test]
-    fn nobody_leads_on_a_lease_being_deleted() {
-        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+    /// A fence claimed, with our term running 4 s from `t0`, and a read showing `lease`.
+    fn fence(t0: Instant, lease: &Lease) -> Fence {
         let mut f = Fence::new(&opts());
         f.claim(true);
-        f.observe(Some(&lease("me", t0, 4)), t0);
+        f.valid_until = Some(t0 + secs(4.0));
+        f.observe(Some(lease), t0);
+        f
+    }
+
+    #[test]
+    fn nobody_leads_on_a_lease_being_deleted() {
+        let t0 = Instant::now();
+        let mut f = fence(t0, &lease("me", 4));
         assert!(f.holds(t0));
         // Renewed and ours, but being deleted: step down now, and read again soon.
-        let next = f.observe(Some(&deleted(lease("me", t0, 4))), t0);
+        let next = f.observe(Some(&deleted(lease("me", 4))), t0);
         assert!(!f.holds(t0));
         assert_eq!(next, t0 + f.poll);
     }
 
     #[test]
     fn a_lease_being_deleted_is_let_go_a_settle_after_it_was_first_seen_so() {
-        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+        let t0 = Instant::now();
         let o = opts();
         let mut r = Release::default();
-        assert_eq!(r.observe(Some(&lease("me", t0, 4)), &o, t0), None);
-        let ours = deleted(lease("me", t0, 4));
+        assert_eq!(r.observe(Some(&lease("me", 4)), &o, t0), None);
+        let ours = deleted(lease("me", 4));
         assert_eq!(r.observe(Some(&ours), &o, t0), Some(t0 + secs(3.0)));
         // Later reads do not push it back.
         assert_eq!(
@@ -574,7 +607,7 @@ mod tests {
         );
         // Another live holder's to let go; gone: nothing to do; seen again: a fresh wait.
         assert_eq!(
-            r.observe(Some(&deleted(lease("other", t0, 4))), &o, t0 + secs(2.5)),
+            r.observe(Some(&deleted(lease("other", 4))), &o, t0 + secs(2.5)),
             None
         );
         assert_eq!(r.observe(None, &o, t0 + secs(2.6)), None);
@@ -584,7 +617,9 @@ mod tests {
         );
     }
 
-    fn lease(holder: &str, renewed: SystemTime, duration: i32) -> Lease {
+    /// A Lease naming `holder`, renewed (by its own clock) an hour before ours says now.
+    fn lease(holder: &str, duration: i32) -> Lease {
+        let renewed = std::time::SystemTime::now() - Duration::from_secs(3600);
         Lease {
             spec: Some(LeaseSpec {
                 holder_identity: Some(holder.into()),
@@ -603,25 +638,27 @@ mod tests {
     }
 
     #[test]
-    fn held_only_while_claimed_and_our_lease_is_valid() {
-        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+    fn held_only_while_claimed_ours_and_within_our_own_term() {
+        let t0 = Instant::now();
         let mut f = Fence::new(&opts());
         assert_eq!((f.poll, f.margin), (secs(0.5), secs(0.5)));
+        f.valid_until = Some(t0 + secs(4.0));
         // The lock has not claimed anything: a valid lease of ours is not enough.
-        f.observe(Some(&lease("me", t0, 4)), t0);
+        f.observe(Some(&lease("me", 4)), t0);
         assert!(!f.holds(t0));
         // Claimed, but nothing read since: not yet.
         f.claim(true);
         assert!(!f.holds(t0));
-        let next = f.observe(Some(&lease("me", t0, 4)), t0);
+        // Its renewTime is an hour old by our wall clock: that says nothing; our term does.
+        let next = f.observe(Some(&lease("me", 4)), t0);
         assert!(f.holds(t0));
         assert!(f.holds(t0 + secs(3.4)));
         assert!(
             !f.holds(t0 + secs(3.5)),
-            "steps down a margin before expiry"
+            "steps down a margin before our term ends"
         );
         assert_eq!(f.step_down_at(), Some(t0 + secs(3.5)));
-        // The next read comes a poll later, not only after the renewal (expiry - grace).
+        // The next read comes a poll later, not only after the renewal.
         assert_eq!(next, t0 + f.poll);
         // Losing the claim ends it at once.
         f.claim(false);
@@ -630,40 +667,37 @@ mod tests {
     }
 
     #[test]
-    fn failed_reads_do_not_extend_leadership_and_a_renewal_restores_it() {
-        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
-        let mut f = Fence::new(&opts());
-        f.claim(true);
-        f.observe(Some(&lease("me", t0, 4)), t0);
-        // The API server is away: nothing is observed; time alone ends leadership, while the
-        // lock still claims it.
+    fn failed_renewals_do_not_extend_leadership_and_a_renewal_restores_it() {
+        let t0 = Instant::now();
+        let mut f = fence(t0, &lease("me", 4));
+        // The API server is away: reads still show the Lease ours, but time alone ends
+        // leadership, while the lock still claims it.
+        f.observe(Some(&lease("me", 4)), t0 + secs(3.0));
         assert!(!f.holds(t0 + secs(10.0)));
-        // The lock renews once it is back.
+        // The lock renews once it is back: a new term from that write.
         let back = t0 + secs(12.0);
-        let next = f.observe(Some(&lease("me", back, 4)), back);
+        f.valid_until = Some(back + secs(4.0));
+        let next = f.observe(Some(&lease("me", 4)), back);
         assert!(f.holds(back + secs(1.0)));
         assert_eq!(next, back + f.poll);
-        // A read that still shows the expired renewal asks again soon.
-        let next = f.observe(Some(&lease("me", t0, 4)), back);
-        assert!(!f.holds(back));
-        assert_eq!(next, back + secs(0.5));
     }
 
     #[test]
-    fn someone_elses_or_no_lease_is_not_ours() {
-        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
-        let mut f = Fence::new(&opts());
-        f.claim(true);
-        f.observe(Some(&lease("other", t0, 4)), t0);
+    fn someone_elses_or_no_lease_or_one_without_times_is_not_ours() {
+        let t0 = Instant::now();
+        let mut f = fence(t0, &lease("other", 4));
         assert!(!f.holds(t0));
         f.observe(None, t0);
         assert!(!f.holds(t0));
-        let mut released = lease("me", t0, 4);
-        if let Some(spec) = released.spec.as_mut() {
+        let mut untimed = lease("me", 4);
+        if let Some(spec) = untimed.spec.as_mut() {
             spec.renew_time = None;
         }
-        f.observe(Some(&released), t0);
+        // Any other replica takes a Lease without times at once.
+        f.observe(Some(&untimed), t0);
         assert!(!f.holds(t0));
+        f.observe(Some(&lease("me", 4)), t0);
+        assert!(f.holds(t0));
     }
 
     fn versioned(mut lease: Lease, version: &str) -> Lease {
@@ -684,37 +718,29 @@ mod tests {
 
     #[test]
     fn a_released_or_missing_lease_is_free_a_held_one_is_not() {
-        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
         assert_eq!(free_version(Some(&released("7"))), Some("7".into()));
         assert_eq!(free_version(None), Some(String::new()));
         let no_spec = versioned(Lease::default(), "8");
         assert_eq!(free_version(Some(&no_spec)), Some("8".into()));
-        let empty_holder = versioned(lease("", t0, 15), "9");
+        let empty_holder = versioned(lease("", 15), "9");
         assert_eq!(free_version(Some(&empty_holder)), Some("9".into()));
         // Held, even long expired: expiry is the lock's business.
-        assert_eq!(
-            free_version(Some(&versioned(lease("a", t0, 15), "3"))),
-            None
-        );
-        assert_eq!(
-            free_version(Some(&versioned(lease("a", SystemTime::UNIX_EPOCH, 1), "3"))),
-            None
-        );
+        assert_eq!(free_version(Some(&versioned(lease("a", 15), "3"))), None);
+        assert_eq!(free_version(Some(&versioned(lease("a", 1), "3"))), None);
     }
 
     #[test]
     fn a_standby_takes_a_lease_released_under_its_eyes_at_once() {
-        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
         let mut s = Standby::default();
-        assert!(!s.take_now(Some(&versioned(lease("a", t0, 15), "1"))));
-        assert!(!s.take_now(Some(&versioned(lease("a", t0, 15), "2"))));
+        assert!(!s.take_now(Some(&versioned(lease("a", 15), "1"))));
+        assert!(!s.take_now(Some(&versioned(lease("a", 15), "2"))));
         // The leader stopped cleanly and released it.
         assert!(s.take_now(Some(&released("3"))));
         // The fresh lock is acting on it: not replaced again for the same version.
         assert!(!s.take_now(Some(&released("3"))));
         assert!(!s.take_now(Some(&released("3"))));
         // Someone else took it and released it again.
-        assert!(!s.take_now(Some(&versioned(lease("c", t0, 15), "4"))));
+        assert!(!s.take_now(Some(&versioned(lease("c", 15), "4"))));
         assert!(s.take_now(Some(&released("5"))));
     }
 
@@ -734,21 +760,24 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_lease_is_recreated_each_time_it_goes() {
-        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
+    fn a_missing_lease_is_recreated_each_time_it_goes_a_poll_after_it_went() {
         let mut s = Standby::default();
-        assert!(!s.take_now(Some(&versioned(lease("a", t0, 15), "1"))));
+        assert!(!s.take_now(Some(&versioned(lease("a", 15), "1"))));
+        assert!(
+            !s.take_now(None),
+            "left a poll to the replica that let it go"
+        );
         assert!(s.take_now(None));
         assert!(!s.take_now(None));
-        assert!(!s.take_now(Some(&versioned(lease("a", t0, 15), "2"))));
+        assert!(!s.take_now(Some(&versioned(lease("a", 15), "2"))));
+        assert!(!s.take_now(None));
         assert!(s.take_now(None));
     }
 
     #[test]
     fn a_failed_replacement_is_tried_again_on_the_next_read() {
-        let t0 = SystemTime::UNIX_EPOCH + secs(1_000_000.0);
         let mut s = Standby::default();
-        assert!(!s.take_now(Some(&versioned(lease("a", t0, 15), "1"))));
+        assert!(!s.take_now(Some(&versioned(lease("a", 15), "1"))));
         assert!(s.take_now(Some(&released("2"))));
         s.retry();
         assert!(s.take_now(Some(&released("2"))));

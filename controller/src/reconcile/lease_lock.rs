@@ -4,58 +4,134 @@
 //! replica took in between. What to do with a Lease read is [`decide`]d by a pure function
 //! and the object to write is built by pure functions; [`Lock`] only reads and writes.
 //!
+//! ## Time
+//! No decision compares another replica's wall clock with ours. As client-go does, a standby
+//! takes a Lease held by another replica only once it has *seen it unchanged* (the same
+//! resourceVersion) for a whole lease duration on its own monotonic clock, counted from the
+//! first answer that showed that version ([`Unchanged`]); and a holder counts its own term from
+//! the moment it *sent* the write that renewed it ([`Lock::valid_until`]). Every renewal is
+//! sent before it commits, and a standby sees it only after it commits, so the holder's term
+//! ends before any standby's count of the same version does, whatever the two wall clocks say;
+//! only the rates of the two monotonic clocks must agree to within the leader's margin. The
+//! `renewTime` written is for people and other tools.
+//!
 //! A lock without the precondition (a merge patch of the holder, as lease managers commonly
 //! write) lets a replica whose read of an expired Lease is followed by a late write (a stall,
 //! a slow API server) displace the replica that took the Lease meanwhile, and both lead until
 //! one of them reads the Lease again.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::Api;
 use kube::api::PostParams;
+use kube::{Api, ResourceExt};
 use tokio::sync::Mutex;
 use tracing::debug;
 
-use super::handover::{holder, timed};
+use super::handover::{HANDOVER_ANNOTATION, SETTLED, STOPPED, holder, timed};
 
 /// Reads and conflicting writes in one attempt before it gives up until the next.
 const TRIES: usize = 3;
+
+/// Seconds this process's wall clock is set off by a test's fault (`clock-offset`).
+static CLOCK_OFFSET: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Sets the wall clock off by `secs`, for the tests: the times written on the Lease move, and
+/// no decision may.
+pub fn offset_wall_clock(secs: i64) {
+    CLOCK_OFFSET.store(secs, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The wall clock as this process reads it: only ever written on the Lease, for people.
+pub fn wall_now() -> SystemTime {
+    let offset = CLOCK_OFFSET.load(std::sync::atomic::Ordering::Relaxed);
+    let now = SystemTime::now();
+    let by = Duration::from_secs(offset.unsigned_abs());
+    if offset >= 0 {
+        now + by
+    } else {
+        now.checked_sub(by).unwrap_or(now)
+    }
+}
 
 /// What to do about a Lease just read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// It names us: renew it (even if it expired; nobody took it since).
     Renew,
-    /// Nobody holds it, or its holder let it expire: take it.
+    /// Nobody holds it, or we have seen its holder leave it unchanged for a whole lease
+    /// duration: take it.
     Take,
-    /// Another replica holds it until then.
-    Wait(SystemTime),
-    /// There is no Lease (it is created elsewhere, marked for a first leader).
+    /// Another replica holds it: look again once it could have been unchanged long enough.
+    Wait(Duration),
+    /// There is no Lease (it is created elsewhere, for a first leader).
     Missing,
 }
 
-/// What to do about `lease` as `identity` at `now`.
-pub fn decide(lease: Option<&Lease>, identity: &str, now: SystemTime) -> Step {
+/// What to do about `lease` as `identity`, when this replica has seen it unchanged for
+/// `unchanged` (see [`Unchanged`]). Never the holder's `renewTime` against our clock.
+pub fn decide(lease: Option<&Lease>, identity: &str, unchanged: Duration) -> Step {
     let Some(lease) = lease else {
         return Step::Missing;
     };
     match holder(lease) {
         Some(holder) if holder == identity => Step::Renew,
-        Some(holder) if !holder.is_empty() => match lease.spec.as_ref().and_then(expiry) {
-            Some(at) if at > now => Step::Wait(at),
+        Some(holder) if !holder.is_empty() => match lease.spec.as_ref().and_then(term) {
+            Some(term) if unchanged < term => Step::Wait(term - unchanged),
             _ => Step::Take,
         },
         _ => Step::Take,
     }
 }
 
-/// When a Lease's holder stops holding it, if its times say.
-pub(super) fn expiry(spec: &LeaseSpec) -> Option<SystemTime> {
-    let renewed = SystemTime::from(spec.renew_time.as_ref()?.0);
+/// How long a holder's renewal holds the Lease: its duration, if it was ever renewed (a
+/// holder without times holds nothing).
+pub(super) fn term(spec: &LeaseSpec) -> Option<Duration> {
+    spec.renew_time.as_ref()?;
     let seconds = u64::try_from(spec.lease_duration_seconds?).ok()?;
-    renewed.checked_add(Duration::from_secs(seconds))
+    Some(Duration::from_secs(seconds))
+}
+
+/// How a replica came to hold the Lease, which says what its predecessor may still do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Took {
+    /// It had no holder: released by its holder (marked so, see [`released`]), freed by hand,
+    /// or just created.
+    Free,
+    /// We saw it unchanged for a whole lease duration: its holder's term ran out.
+    Expired,
+}
+
+/// The Lease version this replica last read and when it first read it, on its monotonic
+/// clock: how long it has seen the Lease unchanged.
+#[derive(Debug, Default)]
+pub struct Unchanged {
+    seen: Option<(String, Instant)>,
+}
+
+impl Unchanged {
+    /// A Lease read whose answer arrived at `at` (`None`: missing). Returns how long this
+    /// version has been seen unchanged. Counting from the answer, never from when the read was
+    /// sent, only ever shortens the count.
+    pub fn note(&mut self, lease: Option<&Lease>, at: Instant) -> Duration {
+        let version = lease.map(version).unwrap_or_default();
+        match &self.seen {
+            Some((v, since)) if *v == version => at.saturating_duration_since(*since),
+            _ => {
+                self.seen = Some((version, at));
+                Duration::ZERO
+            }
+        }
+    }
+}
+
+/// What identifies one version of a Lease: its resourceVersion (or, without one, its spec).
+fn version(lease: &Lease) -> String {
+    match lease.resource_version() {
+        Some(v) if !v.is_empty() => v,
+        _ => format!("{:?}", lease.spec),
+    }
 }
 
 fn micro(at: SystemTime) -> Option<MicroTime> {
@@ -92,7 +168,10 @@ pub fn taken(lease: &Lease, identity: &str, duration: u64, now: SystemTime) -> L
     out
 }
 
-/// `lease` let go: no holder and no times, so a standby takes it at once.
+/// `lease` let go by a holder that sends nothing more: no holder and no times, so a standby
+/// takes it at once, and marked [`STOPPED`] (unless it is marked [`SETTLED`] already), so the
+/// standby knows its predecessor is quiet. A Lease freed any other way (by hand) says nothing
+/// of the sort.
 pub fn released(lease: &Lease) -> Lease {
     let mut out = base(lease);
     let spec = out.spec.get_or_insert_with(LeaseSpec::default);
@@ -100,6 +179,10 @@ pub fn released(lease: &Lease) -> Lease {
     spec.acquire_time = None;
     spec.renew_time = None;
     spec.lease_duration_seconds = None;
+    let marks = out.annotations_mut();
+    if marks.get(HANDOVER_ANNOTATION).map(String::as_str) != Some(SETTLED) {
+        marks.insert(HANDOVER_ANNOTATION.into(), STOPPED.into());
+    }
     out
 }
 
@@ -116,13 +199,18 @@ pub struct Lock {
     /// How soon to look again when the Lease is missing or keeps changing under us.
     retry: Duration,
     state: Mutex<State>,
+    /// Every read of the Lease, ours and the election's: how long it has been unchanged.
+    unchanged: std::sync::Mutex<Unchanged>,
+    /// Our hold on the Lease: when we sent the write that last made or kept us its holder,
+    /// and how we came to hold it.
+    held: std::sync::Mutex<Option<(Instant, Option<Took>)>>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     leader: bool,
     /// When to read the Lease next; `None`: now.
-    next: Option<SystemTime>,
+    next: Option<Instant>,
 }
 
 /// How one attempt ended.
@@ -131,7 +219,7 @@ pub struct Attempt {
     /// We hold the Lease as written or read.
     pub leader: bool,
     /// When to read it again.
-    pub next: SystemTime,
+    pub next: Instant,
 }
 
 impl Lock {
@@ -152,7 +240,27 @@ impl Lock {
             grace: grace.min(duration),
             retry,
             state: Mutex::new(State::default()),
+            unchanged: std::sync::Mutex::default(),
+            held: std::sync::Mutex::default(),
         }
+    }
+
+    /// Until when our last renewal holds the Lease, on our monotonic clock: the moment that
+    /// write was sent plus the lease duration. `None` while we do not hold it.
+    pub fn valid_until(&self) -> Option<Instant> {
+        let held = *lock(&self.held);
+        held.map(|(sent, _)| sent + Duration::from_secs(self.duration))
+    }
+
+    /// How we came to hold the Lease we hold: `None` when we do not, or when we found it
+    /// naming us without having taken it in this process (written by hand).
+    pub fn took(&self) -> Option<Took> {
+        lock(&self.held).and_then(|(_, took)| took)
+    }
+
+    /// A read of the Lease whose answer just arrived (the election's reads count too).
+    pub fn note(&self, lease: Option<&Lease>) -> Duration {
+        lock(&self.unchanged).note(lease, Instant::now())
     }
 
     /// Waits until this replica gains or loses the Lease, taking and renewing it on the way;
@@ -162,8 +270,7 @@ impl Lock {
         let mut state = self.state.lock().await;
         loop {
             if let Some(at) = state.next {
-                let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
-                tokio::time::sleep(wait).await;
+                tokio::time::sleep_until(at.into()).await;
             }
             state.next = None;
             let attempt = self.attempt().await?;
@@ -184,48 +291,65 @@ impl Lock {
             }
         }
         debug!(lease = %self.name, "the lease changed at every try: looking again soon");
+        *lock(&self.held) = None;
         Ok(Attempt {
             leader: false,
-            next: SystemTime::now() + self.retry,
+            next: Instant::now() + self.retry,
         })
     }
 
-    /// What [`decide`] says about `read`, done; `None` when the write met a newer version.
+    /// What [`decide`] says about `read` (whose answer just arrived), done; `None` when the
+    /// write met a newer version.
     pub async fn act(&self, read: Option<&Lease>) -> Result<Option<Attempt>, kube::Error> {
-        let now = SystemTime::now();
+        let unchanged = self.note(read);
+        let sent = Instant::now();
+        let now = wall_now();
         let wait = |next| {
+            *lock(&self.held) = None;
             Ok(Some(Attempt {
                 leader: false,
                 next,
             }))
         };
-        let write = match (decide(read, &self.identity, now), read) {
-            (Step::Wait(until), _) => return wait(until),
-            (Step::Missing, _) | (_, None) => return wait(now + self.retry),
-            (Step::Renew, Some(read)) => renewed(read, self.duration, now),
-            (Step::Take, Some(read)) => taken(read, &self.identity, self.duration, now),
+        let (write, took) = match (decide(read, &self.identity, unchanged), read) {
+            (Step::Wait(left), _) => return wait(sent + left),
+            (Step::Missing, _) | (_, None) => return wait(sent + self.retry),
+            (Step::Renew, Some(read)) => (renewed(read, self.duration, now), None),
+            (Step::Take, Some(read)) => {
+                let free = holder(read).is_none_or(str::is_empty);
+                let took = if free { Took::Free } else { Took::Expired };
+                (taken(read, &self.identity, self.duration, now), Some(took))
+            }
         };
         if !self.replace(&write).await? {
             return Ok(None);
         }
+        {
+            let mut held = lock(&self.held);
+            // A renewal keeps how we came to hold it.
+            let how = took.or_else(|| held.and_then(|(_, t)| t));
+            *held = Some((sent, how));
+        }
         let renew_in = Duration::from_secs(self.duration - self.grace);
         Ok(Some(Attempt {
             leader: true,
-            next: now + renew_in,
+            next: sent + renew_in,
         }))
     }
 
-    /// Lets the Lease go if it names us, on the version read.
+    /// Lets the Lease go if it names us, on the version read, marked [`STOPPED`]: the caller
+    /// sends nothing more as leader.
     pub async fn release(&self) -> Result<(), kube::Error> {
         for _ in 0..TRIES {
             let Some(read) = timed(self.api.get_opt(&self.name)).await? else {
                 return Ok(());
             };
-            if decide(Some(&read), &self.identity, SystemTime::now()) != Step::Renew {
+            if holder(&read) != Some(self.identity.as_str()) {
                 return Ok(());
             }
             if self.replace(&released(&read)).await? {
                 self.state.lock().await.leader = false;
+                *lock(&self.held) = None;
                 return Ok(());
             }
         }
@@ -251,12 +375,21 @@ impl Lock {
     }
 }
 
+/// A std mutex's guard; plain values stay consistent under a panic, so go on with them.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn at(s: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s)
+    }
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
     }
 
     fn lease(holder: Option<&str>, renewed: Option<u64>, duration: Option<i32>) -> Lease {
@@ -274,41 +407,65 @@ mod tests {
     }
 
     #[test]
-    fn ours_is_renewed_anothers_is_waited_for_until_it_expires_a_free_one_is_taken() {
-        let now = at(100);
-        assert_eq!(decide(None, "me", now), Step::Missing);
+    fn ours_is_renewed_anothers_is_waited_for_until_seen_unchanged_a_free_one_is_taken() {
+        assert_eq!(decide(None, "me", secs(0)), Step::Missing);
+        let mine = lease(Some("me"), Some(95), Some(15));
+        assert_eq!(decide(Some(&mine), "me", secs(0)), Step::Renew);
         assert_eq!(
-            decide(Some(&lease(Some("me"), Some(95), Some(15))), "me", now),
-            Step::Renew
-        );
-        assert_eq!(
-            decide(Some(&lease(Some("me"), Some(10), Some(15))), "me", now),
+            decide(Some(&lease(Some("me"), Some(10), Some(15))), "me", secs(99)),
             Step::Renew,
             "ours, expired: nobody took it since"
         );
+        let theirs = lease(Some("b"), Some(95), Some(15));
+        assert_eq!(decide(Some(&theirs), "me", secs(0)), Step::Wait(secs(15)));
+        assert_eq!(decide(Some(&theirs), "me", secs(11)), Step::Wait(secs(4)));
         assert_eq!(
-            decide(Some(&lease(Some("b"), Some(95), Some(15))), "me", now),
-            Step::Wait(at(110))
-        );
-        assert_eq!(
-            decide(Some(&lease(Some("b"), Some(85), Some(15))), "me", now),
+            decide(Some(&theirs), "me", secs(15)),
             Step::Take,
-            "expired at this very moment"
+            "unchanged for a whole duration"
         );
         assert_eq!(
-            decide(Some(&lease(Some("b"), None, Some(15))), "me", now),
+            decide(Some(&lease(Some("b"), None, Some(15))), "me", secs(0)),
             Step::Take,
             "a holder without times holds nothing"
         );
         assert_eq!(
-            decide(Some(&lease(Some(""), Some(95), Some(15))), "me", now),
+            decide(Some(&lease(Some(""), Some(95), Some(15))), "me", secs(0)),
             Step::Take
         );
         assert_eq!(
-            decide(Some(&lease(None, None, None)), "me", now),
+            decide(Some(&lease(None, None, None)), "me", secs(0)),
             Step::Take
         );
-        assert_eq!(decide(Some(&Lease::default()), "me", now), Step::Take);
+        assert_eq!(decide(Some(&Lease::default()), "me", secs(0)), Step::Take);
+    }
+
+    #[test]
+    fn a_renewal_time_far_in_the_past_is_not_an_expiry() {
+        // The holder's clock is an hour behind ours (or ours an hour ahead: an NTP step, a VM
+        // resumed): its fresh renewal reads as long expired by our wall clock. Only how long
+        // we have seen this version counts.
+        let mut skewed = lease(Some("b"), Some(0), Some(15));
+        if let Some(spec) = skewed.spec.as_mut() {
+            spec.renew_time = micro(SystemTime::now() - secs(3600));
+        }
+        assert_eq!(decide(Some(&skewed), "me", secs(1)), Step::Wait(secs(14)));
+    }
+
+    #[test]
+    fn a_version_counts_from_the_first_answer_that_showed_it() {
+        let t0 = Instant::now();
+        let mut u = Unchanged::default();
+        let mut l = lease(Some("b"), Some(0), Some(15));
+        assert_eq!(u.note(Some(&l), t0), secs(0));
+        assert_eq!(u.note(Some(&l), t0 + secs(5)), secs(5));
+        // A renewal (a new version) starts the count again.
+        l.metadata.resource_version = Some("8".into());
+        assert_eq!(u.note(Some(&l), t0 + secs(6)), secs(0));
+        assert_eq!(u.note(Some(&l), t0 + secs(9)), secs(3));
+        // Gone and back in the same version: counted afresh.
+        assert_eq!(u.note(None, t0 + secs(10)), secs(0));
+        assert_eq!(u.note(Some(&l), t0 + secs(11)), secs(0));
     }
 
     #[test]
@@ -337,37 +494,60 @@ mod tests {
         assert_eq!(spec.lease_transitions, Some(4));
 
         let gone = released(&t);
-        let spec = gone.spec.expect("spec");
+        let spec = gone.spec.clone().expect("spec");
         assert_eq!(
             (spec.holder_identity, spec.renew_time, spec.acquire_time),
             (None, None, None)
         );
         assert_eq!(gone.metadata.resource_version.as_deref(), Some("7"));
         assert_eq!(
-            decide(Some(&released(&t)), "b", at(100)),
+            gone.annotations()
+                .get(HANDOVER_ANNOTATION)
+                .map(String::as_str),
+            Some(STOPPED),
+            "let go by a holder that sends nothing more"
+        );
+        assert_eq!(gone.annotations().get("k").map(String::as_str), Some("v"));
+        assert_eq!(
+            decide(Some(&gone), "b", secs(0)),
             Step::Take,
             "a released Lease is free at once"
         );
+        let mut settled = t.clone();
+        settled
+            .annotations_mut()
+            .insert(HANDOVER_ANNOTATION.into(), SETTLED.into());
+        assert_eq!(
+            released(&settled)
+                .annotations()
+                .get(HANDOVER_ANNOTATION)
+                .map(String::as_str),
+            Some(SETTLED),
+            "a settled mark says more than stopped and stays"
+        );
     }
 
-    /// Three replicas read and write one Lease in any order, with reads that go stale before
-    /// their write and time that passes in between, against a store that refuses a write on
-    /// a version that is gone (the API server's replace). At no moment do two replicas hold
-    /// it: a holder counts from its write until its renewal plus the duration.
+    /// Three replicas, each with its own wall clock (any skew) and its own monotonic clock
+    /// (rates equal), read and write one Lease in any order, with reads that go stale before
+    /// their write, answers that arrive late and time that passes in between, against a store
+    /// that refuses a write on a version that is gone (the API server's replace). At no moment
+    /// do two replicas hold it: a holder holds from its write's commit until the moment that
+    /// write was sent plus the duration (its own count, [`Lock::valid_until`]).
     mod protocol {
         use super::*;
         use proptest::prelude::*;
 
         #[derive(Clone, Debug)]
         enum Op {
-            Read(usize),
+            /// A replica reads; the answer is noted `delay` seconds later.
+            Read(usize, u64),
             Write(usize),
             Wait(u64),
         }
 
         fn op() -> impl Strategy<Value = Op> {
             prop_oneof![
-                (0..3usize).prop_map(Op::Read),
+                ((0..3usize), (0..3u64)).prop_map(|(r, d)| Op::Read(r, d)),
                 (0..3usize).prop_map(Op::Write),
                 (0..20u64).prop_map(Op::Wait),
             ]
@@ -375,23 +555,36 @@ mod tests {
 
         proptest! {
             #[test]
-            fn no_two_replicas_ever_hold_the_lease(ops in proptest::collection::vec(op(), 1..80)) {
+            fn no_two_replicas_ever_hold_the_lease(
+                ops in proptest::collection::vec(op(), 1..80),
+                skew in proptest::collection::vec(0..7200u64, 3),
+            ) {
                 const DURATION: u64 = 15;
                 let ids = ["a", "b", "c"];
                 let mut store = lease(None, None, None);
                 store.metadata.resource_version = Some("1".into());
-                let mut reads: [Option<Lease>; 3] = Default::default();
-                let mut holds_until: [Option<SystemTime>; 3] = [None; 3];
-                let mut now = at(0);
+                // One true time, in seconds; each replica's wall clock is off by its skew.
+                let mut now = 0u64;
+                let base = Instant::now();
+                let mono = |t: u64| base + secs(t);
+                let mut seen: [Unchanged; 3] = Default::default();
+                let mut reads: [Option<(Lease, Duration)>; 3] = Default::default();
+                let mut holds_until: [Option<u64>; 3] = [None; 3];
                 for op in ops {
                     match op {
-                        Op::Read(r) => reads[r] = Some(store.clone()),
-                        Op::Wait(s) => now += Duration::from_secs(s),
+                        Op::Read(r, delay) => {
+                            let read = store.clone();
+                            now += delay;
+                            let unchanged = seen[r].note(Some(&read), mono(now));
+                            reads[r] = Some((read, unchanged));
+                        }
+                        Op::Wait(s) => now += s,
                         Op::Write(r) => {
-                            let Some(read) = reads[r].take() else { continue };
-                            let write = match decide(Some(&read), ids[r], now) {
-                                Step::Renew => renewed(&read, DURATION, now),
-                                Step::Take => taken(&read, ids[r], DURATION, now),
+                            let Some((read, unchanged)) = reads[r].take() else { continue };
+                            let wall = at(skew[r]) + secs(now);
+                            let write = match decide(Some(&read), ids[r], unchanged) {
+                                Step::Renew => renewed(&read, DURATION, wall),
+                                Step::Take => taken(&read, ids[r], DURATION, wall),
                                 Step::Wait(_) | Step::Missing => continue,
                             };
                             if write.metadata.resource_version != store.metadata.resource_version {
@@ -402,7 +595,7 @@ mod tests {
                                 .and_then(|v| v.parse().ok()).unwrap_or(0);
                             store = write;
                             store.metadata.resource_version = Some((version + 1).to_string());
-                            holds_until[r] = Some(now + Duration::from_secs(DURATION));
+                            holds_until[r] = Some(now + DURATION);
                         }
                     }
                     let holding: Vec<&str> = (0..3)

@@ -11,13 +11,16 @@ pub mod node_writer;
 pub mod pool_writer;
 pub mod publisher;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
 use kube::Client;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
+
+use nodeipam_crd::{FINALIZER, NodeIPAMConfig};
 
 use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
@@ -98,6 +101,9 @@ pub enum Fault {
     StallElection,
     /// The webhook's port stays bound but nothing accepts on it (liveness must notice).
     StallWebhook,
+    /// This process's wall clock reads this many seconds off (an NTP step, a VM resumed):
+    /// no leadership decision may depend on it.
+    ClockOffset(i64),
 }
 
 impl std::str::FromStr for Fault {
@@ -109,6 +115,10 @@ impl std::str::FromStr for Fault {
             _ => {}
         }
         match s.split_once(':') {
+            Some(("clock-offset", secs)) => secs
+                .parse()
+                .map(Fault::ClockOffset)
+                .map_err(|e| format!("clock-offset:{secs}: not a whole number of seconds: {e}")),
             Some(("panic-on-node", name)) if !name.is_empty() => {
                 Ok(Fault::PanicOnNode(name.to_string()))
             }
@@ -117,7 +127,7 @@ impl std::str::FromStr for Fault {
             }
             _ => Err(format!(
                 "{s:?} is not a known fault (panic-on-node:NAME, panic-in-writer:NAME, \
-                 stall-election, stall-webhook)"
+                 stall-election, stall-webhook, clock-offset:SECONDS)"
             )),
         }
     }
@@ -164,6 +174,57 @@ impl Context {
             in_flight: handover::InFlight::default(),
         }
     }
+}
+
+impl Context {
+    /// A mutating request: accounted for in the session's writes ([`handover::InFlight`]) and
+    /// bounded by the write timeout; no answer in time is an error like any other, and one
+    /// after which the write may still land.
+    pub async fn write<T>(
+        &self,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        self.in_flight
+            .send(bounded(self.options.write_timeout, request))
+            .await
+    }
+
+    /// A read, bounded by the write timeout.
+    pub async fn read<T>(
+        &self,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        bounded(self.options.write_timeout, request).await
+    }
+}
+
+/// `request`, or an error once `limit` passed without an answer.
+pub async fn bounded<T>(
+    limit: Duration,
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(result) => result,
+        Err(_) => Err(kube::Error::Service(
+            format!("no answer within {limit:?}").into(),
+        )),
+    }
+}
+
+/// After a 422 on a patch that tested the object's UID: whether `name` is now another object
+/// (or none), which is what a failed test means. A 422 on the same object is a refusal (a
+/// schema, a policy) and stays an error, to be retried.
+pub async fn another_object<K>(
+    ctx: &Context,
+    api: &kube::Api<K>,
+    name: &str,
+    uid: &str,
+) -> Result<bool, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let now = ctx.read(api.get_opt(name)).await?;
+    Ok(now.is_none_or(|o| o.meta().uid.as_deref() != Some(uid)))
 }
 
 /// Allocates while `leadership` says true; stops at once when it turns false, and starts over
@@ -232,10 +293,10 @@ async fn turns(signal: &mut watch::Receiver<bool>, value: bool) -> bool {
 }
 
 /// Before a session writes anything: after a clean hand-over it starts at once; otherwise it
-/// waits out writes of a previous leader (or of an earlier session of ours) still landing,
-/// then claims again: another replica may have displaced us meanwhile (the lease manager
-/// takes an expired Lease by an unconditional release), and our last read of the Lease would
-/// not say so before the next renewal.
+/// waits as [`handover::wait`] says (writes of a previous leader, or of an earlier session of
+/// ours, still landing; and a predecessor that may still be sending), then claims again:
+/// another replica may have displaced us meanwhile, and our last read of the Lease would not
+/// say so before the next one.
 async fn take_over(ctx: &Context) {
     let delay = ctx.options.takeover_delay;
     let Some(lease) = &ctx.options.lease else {
@@ -243,31 +304,76 @@ async fn take_over(ctx: &Context) {
         return;
     };
     let took = claim(ctx, lease).await;
-    ctx.metrics.took_over(took.label());
-    match took {
-        handover::Takeover::Clean => {
-            info!(
-                "leadership gained: the previous leader handed over with every write answered; allocating at once"
-            );
-        }
-        handover::Takeover::Unclean => {
-            // Writes a deposed leader sent just before it lost the lease may still be landing;
-            // let them settle so the list that follows sees them as held blocks.
-            info!(
-                ?delay,
-                "leadership gained: letting writes of a previous leader settle"
-            );
-            tokio::time::sleep(delay).await;
-            claim(ctx, lease).await;
+    let allocated_before = took != handover::Takeover::Clean && allocated_before(ctx).await;
+    let wait = handover::wait(took, allocated_before, delay, lease.term);
+    // Counted by what it waited for: nothing is a clean take-over.
+    let label = if wait.is_zero() {
+        handover::Takeover::Clean.label()
+    } else {
+        took.label()
+    };
+    ctx.metrics.took_over(label);
+    match (took, allocated_before) {
+        (handover::Takeover::Clean, _) => info!(
+            "leadership gained: the previous leader handed over with every write answered; allocating at once"
+        ),
+        (_, false) => info!(
+            ?took,
+            "leadership gained: no NodeIPAMConfig carries our finalizer, so nothing was ever allocated; allocating at once"
+        ),
+        // Writes a deposed leader sent just before it lost the lease may still be landing;
+        // let them settle so the list that follows sees them as held blocks.
+        (handover::Takeover::Unclean, true) => info!(
+            ?wait,
+            "leadership gained: letting writes of a previous leader settle"
+        ),
+        (handover::Takeover::Unknown, true) => warn!(
+            ?wait,
+            "leadership gained on a lease that was missing or freed by hand: a previous leader may still be writing until its term ends; waiting it out and letting its writes settle"
+        ),
+    }
+    if !wait.is_zero() {
+        tokio::time::sleep(wait).await;
+        claim(ctx, lease).await;
+    }
+}
+
+/// Whether any NodeIPAMConfig carries our finalizer: a block was (or may be being) handed out
+/// from it. Asked a few times (an API server starting answers 429 for a moment); no answer
+/// counts as yes.
+async fn allocated_before(ctx: &Context) -> bool {
+    let api: kube::Api<NodeIPAMConfig> = kube::Api::all(ctx.client.clone());
+    let params = kube::api::ListParams::default();
+    for attempt in 0..5u32 {
+        match ctx.read(api.list_metadata(&params)).await {
+            Ok(list) => {
+                return list.items.iter().any(|c| {
+                    c.metadata
+                        .finalizers
+                        .iter()
+                        .flatten()
+                        .any(|f| f == FINALIZER)
+                });
+            }
+            Err(e) => {
+                debug!(error = %e, attempt, "listing NodeIPAMConfigs failed; asking again");
+                tokio::time::sleep(node_writer::backoff(attempt + 1)).await;
+            }
         }
     }
+    warn!("listing NodeIPAMConfigs failed every time: waiting as if a leader had allocated");
+    true
 }
 
 /// [`handover::claim`] until it succeeds: the mark must be gone and the Lease still ours
 /// before we write. Only a change of leadership ends the asking.
 async fn claim(ctx: &Context, lease: &handover::LeaseRef) -> handover::Takeover {
     loop {
-        match handover::claim(&ctx.client, lease).await {
+        let took = *lease
+            .took
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match handover::claim(&ctx.client, lease, took).await {
             Ok(took) => return took,
             Err(e) => {
                 warn!(error = %e, "claiming the lease failed; asking again");

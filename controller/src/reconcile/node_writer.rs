@@ -10,9 +10,10 @@ use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
 use tracing::debug;
 
+use super::handover;
 use super::{CONFIG_ANNOTATION, Context, MANAGER};
 use crate::alloc::effects::{WriteJob, WriteResult};
-use crate::alloc::outcome::{NodeNow, WriteOutcome};
+use crate::alloc::outcome::{Answer, NodeNow, WriteOutcome, classify};
 use crate::node::IpamNode;
 
 /// Runs jobs with bounded concurrency until the job channel closes.
@@ -112,33 +113,46 @@ async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
         ..PatchParams::default()
     };
     ctx.limiter.acquire().await;
-    let sent = tokio::time::timeout(
-        ctx.options.write_timeout,
-        ctx.in_flight
-            .send(api.patch(&job.node, &params, &Patch::Merge(&patch))),
-    )
-    .await;
-    match sent {
-        Ok(Ok(node)) => WriteOutcome::Applied {
-            uid: node.metadata.uid.clone(),
-            cidrs: node.cidrs().unwrap_or_default(),
-        },
-        Ok(Err(kube::Error::Api(status))) if status.code == 404 => WriteOutcome::Missing,
-        Ok(Err(kube::Error::Api(status))) if status.code == 429 => WriteOutcome::Throttled,
-        Ok(Err(kube::Error::Api(status))) if (400..500).contains(&status.code) => {
-            let reason = format!("{} {}: {}", status.code, status.reason, status.message);
+    let sent = ctx
+        .write(api.patch(&job.node, &params, &Patch::Merge(&patch)))
+        .await;
+    let node = match sent {
+        Ok(node) => node,
+        Err(e) => {
+            let reason = match &e {
+                kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
+                other => other.to_string(),
+            };
+            return failed(ctx, job, handover::answer::<()>(&Err(e)), reason).await;
+        }
+    };
+    WriteOutcome::Applied {
+        uid: node.metadata.uid.clone(),
+        cidrs: node.cidrs().unwrap_or_default(),
+    }
+}
+
+/// A write that did not come back with the Node: what its answer (`None`: none, within the
+/// write timeout) means, by the one rule of [`classify`].
+async fn failed(
+    ctx: &Context,
+    job: &WriteJob,
+    answer: Option<u16>,
+    reason: String,
+) -> WriteOutcome {
+    match classify(answer) {
+        Answer::Missing => WriteOutcome::Missing,
+        Answer::Throttled => WriteOutcome::Throttled,
+        Answer::Rejected => {
             debug!(node = %job.node, %reason, "podCIDR write rejected");
             WriteOutcome::Rejected {
                 reason,
                 now: reread(ctx, &job.node).await,
             }
         }
-        Ok(Err(e)) => WriteOutcome::Ambiguous {
-            reason: e.to_string(),
-            now: reread(ctx, &job.node).await,
-        },
-        Err(_) => WriteOutcome::Ambiguous {
-            reason: format!("no answer within {:?}", ctx.options.write_timeout),
+        // A 2xx always carries the Node; one that did not parse is as good as no answer.
+        Answer::Ambiguous | Answer::Applied => WriteOutcome::Ambiguous {
+            reason,
             now: reread(ctx, &job.node).await,
         },
     }
@@ -148,8 +162,8 @@ async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
 pub async fn reread(ctx: &Context, name: &str) -> NodeNow {
     let api: Api<IpamNode> = Api::all(ctx.client.clone());
     ctx.limiter.acquire().await;
-    match tokio::time::timeout(ctx.options.write_timeout, api.get_opt(name)).await {
-        Ok(Ok(Some(node))) => match node.cidrs() {
+    match ctx.read(api.get_opt(name)).await {
+        Ok(Some(node)) => match node.cidrs() {
             Ok(c) if c.is_empty() => NodeNow::Empty {
                 uid: node.metadata.uid,
             },
@@ -159,9 +173,8 @@ pub async fn reread(ctx: &Context, name: &str) -> NodeNow {
             },
             Err(e) => NodeNow::Unknown(e),
         },
-        Ok(Ok(None)) => NodeNow::Gone,
-        Ok(Err(e)) => NodeNow::Unknown(e.to_string()),
-        Err(_) => NodeNow::Unknown("GET timed out".into()),
+        Ok(None) => NodeNow::Gone,
+        Err(e) => NodeNow::Unknown(e.to_string()),
     }
 }
 

@@ -106,11 +106,7 @@ async fn create(ctx: &Context, child: &ChildConfig) -> CreateOutcome {
         field_manager: Some(MANAGER.into()),
         ..PostParams::default()
     };
-    match ctx
-        .in_flight
-        .send(api.create(&params, &child.object()))
-        .await
-    {
+    match ctx.write(api.create(&params, &child.object())).await {
         Ok(_) => {
             info!(pool = %child.pool, config = %child.name, "created a child NodeIPAMConfig");
             CreateOutcome::Created
@@ -135,7 +131,7 @@ async fn delete(ctx: &Context, name: &str, uid: Option<&str>) -> DeleteOutcome {
         }),
         ..DeleteParams::default()
     };
-    match ctx.in_flight.send(api.delete(name, &params)).await {
+    match ctx.write(api.delete(name, &params)).await {
         Ok(_) => {
             info!(config = %name, "deleted an empty child NodeIPAMConfig");
             DeleteOutcome::Deleted
@@ -172,14 +168,23 @@ async fn write_status(
         ..PatchParams::default()
     };
     match ctx
-        .in_flight
-        .send(api.patch_status(name, &params, &Patch::Json::<()>(patch)))
+        .write(api.patch_status(name, &params, &Patch::Json::<()>(patch)))
         .await
     {
         Ok(_) => Ok(()),
-        Err(KubeError::Api(s)) if s.code == 404 || (s.code == 422 && uid.is_some()) => {
-            debug!(pool = %name, "pool status not written: the pool is gone or was created again");
+        Err(KubeError::Api(s)) if s.code == 404 => {
+            debug!(pool = %name, "pool status not written: the pool is gone");
             Ok(())
+        }
+        // Only a failed test of the UID means "created again"; another 422 is a refusal.
+        Err(KubeError::Api(s)) if s.code == 422 && uid.is_some() => {
+            let uid = uid.unwrap_or_default();
+            if super::another_object(ctx, &api, name, uid).await? {
+                debug!(pool = %name, "pool status not written: the pool was created again");
+                Ok(())
+            } else {
+                Err(KubeError::Api(s))
+            }
         }
         Err(e) => Err(e),
     }

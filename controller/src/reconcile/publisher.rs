@@ -90,8 +90,8 @@ async fn publish(
     if let Some(masq) = &options.ip_masq_agent {
         let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &masq.namespace);
         ctx.limiter.acquire().await;
-        let existing = api
-            .get_opt(&masq.name)
+        let existing = ctx
+            .read(api.get_opt(&masq.name))
             .await
             .map_err(|e| format!("reading {masq}: {e}"))?;
         let current = existing
@@ -127,15 +127,14 @@ async fn apply_data(
         "data": data,
     });
     ctx.limiter.acquire().await;
-    ctx.in_flight
-        .send(api.patch(
-            &target.name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&body),
-        ))
-        .await
-        .map(|_| ())
-        .map_err(|e| format!("writing {target}: {e}"))
+    ctx.write(api.patch(
+        &target.name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&body),
+    ))
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("writing {target}: {e}"))
 }
 
 #[cfg(test)]
