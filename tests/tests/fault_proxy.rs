@@ -1,8 +1,8 @@
 //! End-to-end tests of the fault proxy (`nodeipam_testenv::fault_proxy`) against a real
 //! control plane: a client through it lists and watches as a direct one does; an injected 500
-//! whose write lands later; an injected 429 with `Retry-After` (and how kube's client answers
-//! it); and a `nodeipam` replica given only the proxy's kubeconfig elects itself leader,
-//! watches and allocates, so every call of a replica can go through it.
+//! whose write lands later; a delayed request; an injected 429 with `Retry-After` (and how
+//! kube's client answers it); and a `nodeipam` replica given only the proxy's kubeconfig
+//! elects itself leader, watches and allocates, so every call of a replica can go through it.
 
 mod support;
 
@@ -188,6 +188,40 @@ async fn an_answered_write_lands_later_or_never() {
     assert_eq!((never.matched(), late.matched()), (1, 1));
     assert!(never.remove() && late.remove());
     assert!(!never.remove());
+    cp.stop().await;
+}
+
+/// A delayed request is sent on only after its delay: a GET that reached the proxy before a
+/// write reads that write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_request_is_sent_on_after_its_delay() {
+    let cp = control_plane().await;
+    let admin = cp.client();
+    let proxy = start_proxy(&cp, TESTER, MASTERS);
+    create_node(&admin, "n1", &[]).await;
+    let slow = proxy.add(
+        Rule::new(
+            Some(Method::GET),
+            "/api/v1/nodes/n1",
+            Action::Delay(Duration::from_secs(2)),
+        )
+        .times(1),
+    );
+    let through = Api::<Node>::all(client_through(&proxy));
+    let read = tokio::spawn(async move { through.get("n1").await });
+    wait_for("the GET to reach the proxy", || async {
+        (slow.matched() == 1).then_some(())
+    })
+    .await;
+    label_patch(&admin, "n1", "written")
+        .await
+        .expect("patch n1 directly");
+    let node = read.await.expect("the read task").expect("the delayed GET");
+    assert_eq!(label(&node, "written").as_deref(), Some("yes"));
+    assert_eq!(
+        answers(&proxy, &Method::GET, "/api/v1/nodes/n1"),
+        [(200, Origin::ApiServer)]
+    );
     cp.stop().await;
 }
 
