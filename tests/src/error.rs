@@ -22,6 +22,8 @@ pub enum Step {
     RegisterWebhook,
     /// Starting kube-controller-manager with only its garbage collector.
     StartGarbageCollector,
+    /// Starting the fault-injecting proxy in front of kube-apiserver.
+    StartFaultProxy,
 }
 
 impl Step {
@@ -41,6 +43,7 @@ impl Step {
             Step::InstallCrds => "install CRDs",
             Step::RegisterWebhook => "register webhook",
             Step::StartGarbageCollector => "start the garbage collector",
+            Step::StartFaultProxy => "start the fault proxy",
         }
     }
 }

@@ -39,6 +39,23 @@ pub(crate) fn render(server: &str, ca_pem: &str, user: &str, identity: &CertAndK
     serde_yaml::to_string(&doc).unwrap_or_else(|_| doc.to_string())
 }
 
+/// Kubeconfig YAML for a plain-HTTP `server` (the fault proxy) with a user that has no
+/// credentials: the server in between authenticates to the API server on the client's behalf.
+pub(crate) fn render_without_credentials(server: &str, user: &str) -> String {
+    let doc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{ "name": NAME, "cluster": { "server": server } }],
+        "users": [{ "name": user, "user": {} }],
+        "contexts": [{
+            "name": NAME,
+            "context": { "cluster": NAME, "user": user },
+        }],
+        "current-context": NAME,
+    });
+    serde_yaml::to_string(&doc).unwrap_or_else(|_| doc.to_string())
+}
+
 /// Parses kubeconfig YAML (one context, the current one) into a `kube::Config`. Only the given
 /// text is read: `$KUBECONFIG` and `~/.kube/config` play no part.
 pub(crate) fn config(yaml: &str) -> Result<kube::Config, HarnessError> {
@@ -91,6 +108,21 @@ mod tests {
             cluster.certificate_authority_data.as_deref(),
             Some(STANDARD.encode("ca").as_str())
         );
+    }
+
+    #[test]
+    fn a_kubeconfig_without_credentials_loads_as_plain_http_and_no_identity() {
+        let yaml = render_without_credentials("http://127.0.0.1:8001", "fault-proxy");
+        let config = config(&yaml).unwrap();
+        assert_eq!(config.cluster_url.scheme_str(), Some("http"));
+        assert_eq!(
+            config.cluster_url.authority().map(|a| a.as_str()),
+            Some("127.0.0.1:8001")
+        );
+        assert!(config.root_cert.is_none());
+        let auth = &config.auth_info;
+        assert!(auth.client_certificate_data.is_none() && auth.client_key_data.is_none());
+        assert!(auth.token.is_none() && auth.username.is_none() && auth.exec.is_none());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The control-plane harness: starts etcd and kube-apiserver on loopback for tests.
+//! The control-plane harness: starts etcd and kube-apiserver on loopback for tests, and a
+//! fault-injecting proxy to put in front of the API server ([`fault_proxy`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), nodeipam_testenv::HarnessError> {
@@ -16,6 +17,7 @@ mod control_plane;
 mod crds;
 mod der;
 mod error;
+pub mod fault_proxy;
 mod kubeconfig;
 mod ports;
 mod process;
@@ -26,3 +28,4 @@ pub use control_plane::{
     ControlPlane, ControlPlaneBuilder, StartupTimings, crd_dir, workspace_root,
 };
 pub use error::{HarnessError, Step};
+pub use fault_proxy::FaultProxy;
