@@ -1,0 +1,271 @@
+//! End-to-end tests of the single-writer argument (docs/single-writer.md) under faults only a
+//! proxy can make: a leader behind the fault proxy (`nodeipam_testenv::fault_proxy`) gets a
+//! 500 for a write that commits later, cannot read its Lease while its writes still pass, or
+//! is throttled; a standby talks to the API server directly. In each, the next leader waits
+//! for whatever the first may still do, and no two nodes ever share a block.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::Method;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use nodeipam_controller::reconcile::handover::{HANDOVER_ANNOTATION, SETTLED};
+use nodeipam_testenv::fault_proxy::{Action, Rule};
+use nodeipam_testenv::{ControlPlane, FaultProxy};
+use rustix::process::Signal;
+use serde_json::json;
+use support::process::{NAMESPACE, Replica, SA_GROUPS, SA_USER, install_rbac, sa_kubeconfig};
+use support::*;
+
+const LEASE: &str = "nodeipam-controller";
+/// A 15 s lease renewed 5 s before it runs out: a 4.5 s write timeout and take-over wait.
+const FLAGS: &[&str] = &[
+    "--lease-duration=15",
+    "--lease-grace=5",
+    "--kube-api-qps=200",
+    "--kube-api-burst=200",
+];
+
+/// A control plane, replica-a leading through a fault proxy, replica-b standing by directly,
+/// and a config whose first node holds a block.
+struct Pair {
+    cp: ControlPlane,
+    admin: Client,
+    _dir: tempfile::TempDir,
+    proxy: FaultProxy,
+    a: Replica,
+    b: Replica,
+}
+
+impl Pair {
+    async fn start(cidr: &str, mask: u8) -> Pair {
+        let cp = control_plane().await;
+        let admin = cp.client();
+        let dir = tempfile::tempdir().expect("temp dir");
+        install_rbac(&cp).await;
+        let proxy = FaultProxy::for_user(&cp, SA_USER, SA_GROUPS)
+            .unwrap_or_else(|e| panic!("step=start-fault-proxy: {e}"));
+        let through = dir.path().join("through-proxy.kubeconfig");
+        proxy
+            .write_kubeconfig(&through)
+            .unwrap_or_else(|e| panic!("step=fault-proxy-kubeconfig: {e}"));
+        let a = Replica::start_plain(dir.path(), &through, "replica-a", FLAGS).await;
+        a.wait_leader_metric(1.0).await;
+        let direct = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
+        let b = Replica::start_plain(dir.path(), &direct, "replica-b", FLAGS).await;
+        create_ready_config(&admin, "pool", spec(family(cidr, mask), None, None)).await;
+        create_node(&admin, "warm", &[]).await;
+        wait_cidrs(&admin, "warm").await;
+        Pair {
+            cp,
+            admin,
+            _dir: dir,
+            proxy,
+            a,
+            b,
+        }
+    }
+}
+
+async fn lease(client: &Client) -> Option<Lease> {
+    Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+        .get_opt(LEASE)
+        .await
+        .expect("get lease")
+}
+
+async fn takeovers(replica: &Replica, handover: &str) -> f64 {
+    replica
+        .gauge("nodeipam_leader_takeovers_total", &[("handover", handover)])
+        .await
+        .unwrap_or(0.0)
+}
+
+/// A write answered 500 may still commit (an etcd timeout behind it): a leader that stops
+/// after one must not vouch on the Lease that none of its writes can land, and its successor
+/// waits them out. Here the 500'd write does land, 3 s later, after the leader was stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_answered_500_is_not_handed_over_as_settled() {
+    let Pair {
+        cp,
+        admin,
+        _dir,
+        proxy,
+        mut a,
+        mut b,
+    } = Pair::start("10.82.0.0/16", 24).await;
+    let late = proxy.add(
+        Rule::new(
+            Some(Method::PATCH),
+            "/api/v1/nodes/late",
+            Action::Answer {
+                status: 500,
+                then_land_after: Some(Duration::from_secs(3)),
+            },
+        )
+        .times(1),
+    );
+    create_node(&admin, "late", &[]).await;
+    wait_for(
+        "replica-a's write to node late to be answered 500",
+        || async { (late.matched() == 1).then_some(()) },
+    )
+    .await;
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().await.success(), "{}", a.log_tail());
+    let mark = lease(&admin)
+        .await
+        .and_then(|l| l.annotations().get(HANDOVER_ANNOTATION).cloned());
+    assert_ne!(
+        mark.as_deref(),
+        Some(SETTLED),
+        "replica-a vouched for a write answered 500:\n{}",
+        a.log_tail()
+    );
+    b.wait_leader_metric(1.0).await;
+    create_node(&admin, "after", &[]).await;
+    wait_cidrs(&admin, "after").await;
+    wait_cidrs(&admin, "late").await;
+    assert_invariant(&admin, &[]).await;
+    assert_eq!(takeovers(&b, "clean").await, 0.0, "{}", b.log_tail());
+    assert_eq!(takeovers(&b, "unclean").await, 1.0, "{}", b.log_tail());
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().await.success());
+    cp.stop().await;
+}
+
+/// A Lease deleted by hand with its leader's finalizer stripped vanishes at once, while its
+/// leader may go on writing until its own term runs out (here it cannot read the Lease, so it
+/// does not notice). The replica that creates the next Lease knows nothing of that leader: it
+/// waits a whole term and the write timeout before it writes, and the nodes streamed
+/// meanwhile never share a block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_deleted_with_its_finalizer_stripped_makes_the_next_leader_wait_out_the_term() {
+    let Pair {
+        cp,
+        admin,
+        _dir,
+        proxy,
+        mut a,
+        mut b,
+    } = Pair::start("10.83.0.0/16", 26).await;
+    // From now on replica-a reads (and so renews) its Lease no more; its other calls pass.
+    let blind = proxy.add(Rule::new(
+        None,
+        format!("/leases/{LEASE}"),
+        Action::Answer {
+            status: 503,
+            then_land_after: None,
+        },
+    ));
+    wait_for("replica-a to fail to read its Lease", || async {
+        (blind.matched() >= 1).then_some(())
+    })
+    .await;
+    let leases = Api::<Lease>::namespaced(admin.clone(), NAMESPACE);
+    let strip = json!({ "metadata": { "finalizers": null } });
+    leases
+        .patch(LEASE, &PatchParams::default(), &Patch::Merge(&strip))
+        .await
+        .expect("strip the Lease's finalizers");
+    leases
+        .delete(LEASE, &DeleteParams::default())
+        .await
+        .expect("delete the Lease");
+    let deleted_at = Instant::now();
+    // Nodes keep coming while replica-a goes on (until its term ends, under 15 s after its
+    // last renewal) and replica-b takes the next Lease.
+    let mut created = 0usize;
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    while deleted_at.elapsed() < Duration::from_secs(12) {
+        pace.tick().await;
+        for _ in 0..8 {
+            create_node(&admin, &format!("stream-{created:04}"), &[]).await;
+            created += 1;
+        }
+    }
+    for i in 0..created {
+        wait_cidrs(&admin, &format!("stream-{i:04}")).await;
+    }
+    assert_invariant(&admin, &[]).await;
+    let next = lease(&admin).await.expect("a next Lease");
+    let holder = next
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    assert!(holder.starts_with("replica-b_"), "{holder}");
+    assert_eq!(
+        takeovers(&b, "unknown").await,
+        1.0,
+        "replica-b waited out replica-a's term:\n{}",
+        b.log_tail()
+    );
+    assert_eq!(takeovers(&b, "clean").await, 0.0, "{}", b.log_tail());
+    for r in [&mut a, &mut b] {
+        r.signal(Signal::TERM);
+        r.wait_exit().await;
+    }
+    cp.stop().await;
+}
+
+/// A leader throttled by API Priority and Fairness (429 with a long Retry-After) on its
+/// status writes retries them with its own short backoff, logged and counted, instead of
+/// sleeping out the Retry-After inside the client; once the throttling ends the status lands
+/// within that backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_status_write_is_retried_by_our_backoff_not_held_in_the_client() {
+    let Pair {
+        cp,
+        admin,
+        _dir,
+        proxy,
+        mut a,
+        mut b,
+    } = Pair::start("10.84.0.0/16", 24).await;
+    let throttled = proxy.add(Rule::new(
+        Some(Method::PATCH),
+        "/nodeipamconfigs/second/status",
+        Action::Throttle {
+            retry_after_secs: 600,
+        },
+    ));
+    let cfg =
+        nodeipam_crd::NodeIPAMConfig::new("second", spec(family("10.85.0.0/16", 24), None, None));
+    Api::<nodeipam_crd::NodeIPAMConfig>::all(admin.clone())
+        .create(&Default::default(), &cfg)
+        .await
+        .expect("create config second");
+    // Several sends within seconds: each one our own retry, not a client asleep for 600 s.
+    wait_for("replica-a to send the throttled status again", || async {
+        (throttled.matched() >= 3).then_some(())
+    })
+    .await;
+    let errors = a
+        .gauge(
+            "nodeipam_reconcile_errors_total",
+            &[("kind", "config_write")],
+        )
+        .await
+        .unwrap_or(0.0);
+    assert!(errors >= 2.0, "throttled writes are counted: {errors}");
+    assert!(
+        a.log_text()
+            .contains("writing NodeIPAMConfig failed; will retry"),
+        "{}",
+        a.log_tail()
+    );
+    throttled.remove();
+    wait_for("the status of config second once unthrottled", || async {
+        let cfg = get_config(&admin, "second").await?;
+        cfg.status.filter(|s| s.observed_generation.is_some())
+    })
+    .await;
+    for r in [&mut a, &mut b] {
+        r.signal(Signal::TERM);
+        r.wait_exit().await;
+    }
+    cp.stop().await;
+}
