@@ -1361,6 +1361,26 @@ async fn a_leader_whose_lease_names_another_stops_at_its_next_read() {
     stop(&mut a, cp).await;
 }
 
+/// Creates nodes `<prefix>-NNNN`, 16 at a time every quarter second, for `span`, checking
+/// `each` after every batch; returns how many it created.
+async fn stream_nodes<F, Fut>(admin: &Client, prefix: &str, span: Duration, mut each: F) -> usize
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let until = Instant::now() + span;
+    let mut created = 0;
+    while Instant::now() < until {
+        let names: Vec<String> = (created..created + 16)
+            .map(|i| format!("{prefix}-{i:04}"))
+            .collect();
+        created += create_nodes(admin, names, 8, |_| {}).await;
+        each().await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    created
+}
+
 /// Every replica in the cluster, by its metrics: how many say they lead right now.
 async fn leaders(replicas: &[&Replica]) -> usize {
     let mut n = 0;
@@ -1391,21 +1411,15 @@ async fn two_replicas_given_the_same_pod_name_never_both_lead() {
     } = solo;
     create_ready_config(&admin, "pool", spec(family("10.80.0.0/16", 26), None, None)).await;
     // Longer than a lease duration (4 s) and its renewals, with nodes coming all the while.
-    let until = Instant::now() + Duration::from_secs(10);
-    let mut created = 0;
-    while Instant::now() < until {
-        let names: Vec<String> = (created..created + 16)
-            .map(|i| format!("twin-{i:04}"))
-            .collect();
-        created += create_nodes(&admin, names, 8, |_| {}).await;
+    let created = stream_nodes(&admin, "twin", Duration::from_secs(10), || async {
         assert!(
             leaders(&[&a, &twin]).await <= 1,
             "two processes named replica-a both lead:\n{}\n---\n{}",
             a.log_tail(),
             twin.log_tail()
         );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await;
     let nodes = wait_all_allocated(&admin, 1).await;
     assert_eq!(nodes, created);
     assert_invariant(&admin, &[]).await;
@@ -1449,13 +1463,7 @@ async fn a_leader_whose_clock_runs_behind_keeps_its_lease_from_a_standby() {
     let mut b = Replica::start_plain(dir.path(), &kubeconfig, "replica-b", FAST_LEASE).await;
     create_ready_config(&admin, "pool", spec(family("10.81.0.0/16", 26), None, None)).await;
     // Three lease durations (4 s), nodes coming all the while.
-    let until = Instant::now() + Duration::from_secs(12);
-    let mut created = 0;
-    while Instant::now() < until {
-        let names: Vec<String> = (created..created + 16)
-            .map(|i| format!("skew-{i:04}"))
-            .collect();
-        created += create_nodes(&admin, names, 8, |_| {}).await;
+    let created = stream_nodes(&admin, "skew", Duration::from_secs(12), || async {
         assert_eq!(
             lease_holder(&admin).await.as_deref(),
             Some("replica-a"),
@@ -1463,8 +1471,8 @@ async fn a_leader_whose_clock_runs_behind_keeps_its_lease_from_a_standby() {
             b.log_tail()
         );
         assert_eq!(b.gauge("nodeipam_leader", &[]).await, Some(0.0));
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await;
     let nodes = wait_all_allocated(&admin, 1).await;
     assert_eq!(nodes, created);
     assert_invariant(&admin, &[]).await;

@@ -70,6 +70,17 @@ impl Pair {
     }
 }
 
+impl Pair {
+    /// Stops both replicas (SIGTERM) and the control plane.
+    async fn stop(mut self) {
+        for r in [&mut self.a, &mut self.b] {
+            r.signal(Signal::TERM);
+            r.wait_exit().await;
+        }
+        self.cp.stop().await;
+    }
+}
+
 async fn lease(client: &Client) -> Option<Lease> {
     Api::<Lease>::namespaced(client.clone(), NAMESPACE)
         .get_opt(LEASE)
@@ -144,14 +155,8 @@ async fn a_write_answered_500_is_not_handed_over_as_settled() {
 /// meanwhile never share a block.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_deleted_with_its_finalizer_stripped_makes_the_next_leader_wait_out_the_term() {
-    let Pair {
-        cp,
-        admin,
-        _dir,
-        proxy,
-        mut a,
-        mut b,
-    } = Pair::start("10.83.0.0/16", 26).await;
+    let pair = Pair::start("10.83.0.0/16", 26).await;
+    let (admin, proxy) = (pair.admin.clone(), &pair.proxy);
     // From now on replica-a reads (and so renews) its Lease no more; its other calls pass.
     let blind = proxy.add(Rule::new(
         None,
@@ -198,17 +203,18 @@ async fn a_lease_deleted_with_its_finalizer_stripped_makes_the_next_leader_wait_
         .unwrap_or_default();
     assert!(holder.starts_with("replica-b_"), "{holder}");
     assert_eq!(
-        takeovers(&b, "unknown").await,
+        takeovers(&pair.b, "unknown").await,
         1.0,
         "replica-b waited out replica-a's term:\n{}",
-        b.log_tail()
+        pair.b.log_tail()
     );
-    assert_eq!(takeovers(&b, "clean").await, 0.0, "{}", b.log_tail());
-    for r in [&mut a, &mut b] {
-        r.signal(Signal::TERM);
-        r.wait_exit().await;
-    }
-    cp.stop().await;
+    assert_eq!(
+        takeovers(&pair.b, "clean").await,
+        0.0,
+        "{}",
+        pair.b.log_tail()
+    );
+    pair.stop().await;
 }
 
 /// A leader throttled by API Priority and Fairness (429 with a long Retry-After) on its
@@ -217,14 +223,8 @@ async fn a_lease_deleted_with_its_finalizer_stripped_makes_the_next_leader_wait_
 /// the throttling ends the status lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_status_write_is_retried_by_our_backoff_not_held_in_the_client() {
-    let Pair {
-        cp,
-        admin,
-        _dir,
-        proxy,
-        mut a,
-        mut b,
-    } = Pair::start("10.84.0.0/16", 24).await;
+    let pair = Pair::start("10.84.0.0/16", 24).await;
+    let (admin, proxy) = (pair.admin.clone(), &pair.proxy);
     let throttled = proxy.add(Rule::new(
         Some(Method::PATCH),
         "/nodeipamconfigs/second/status",
@@ -243,7 +243,8 @@ async fn a_throttled_status_write_is_retried_by_our_backoff_not_held_in_the_clie
         (throttled.matched() >= 3).then_some(())
     })
     .await;
-    let errors = a
+    let errors = pair
+        .a
         .gauge(
             "nodeipam_reconcile_errors_total",
             &[("kind", "config_write")],
@@ -253,21 +254,17 @@ async fn a_throttled_status_write_is_retried_by_our_backoff_not_held_in_the_clie
     assert!(errors >= 2.0, "throttled writes are counted: {errors}");
     // The log says what happened: throttled, not a request that hung until our timeout (as
     // one retried inside the client for the Retry-After would).
-    let log = a.log_text();
+    let log = pair.a.log_text();
     let said = log
         .lines()
         .filter(|l| l.contains("writing NodeIPAMConfig failed; will retry"))
         .any(|l| l.contains("TooManyRequests"));
-    assert!(said, "no retry logged with the 429:\n{}", a.log_tail());
+    assert!(said, "no retry logged with the 429:\n{}", pair.a.log_tail());
     throttled.remove();
     wait_for("the status of config second once unthrottled", || async {
         let cfg = get_config(&admin, "second").await?;
         cfg.status.filter(|s| s.observed_generation.is_some())
     })
     .await;
-    for r in [&mut a, &mut b] {
-        r.signal(Signal::TERM);
-        r.wait_exit().await;
-    }
-    cp.stop().await;
+    pair.stop().await;
 }

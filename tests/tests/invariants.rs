@@ -56,57 +56,70 @@ fn counter(ctl: &Controller, kind: &str) -> u64 {
         .get()
 }
 
-/// A ValidatingAdmissionPolicy that refuses every update of a Node labelled
-/// `test.nodeipam.io/reject`, the way a site's admission policy on Nodes would; returns once
-/// the API server enforces it.
-async fn reject_updates_of_labelled_nodes(client: &Client) {
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+/// A ValidatingAdmissionPolicy `name` denying what `rule` matches unless `validation` holds,
+/// and its binding; the API server enforces it a moment after this returns.
+async fn create_policy(
+    client: &Client,
+    name: &str,
+    rule: NamedRuleWithOperations,
+    validation: Validation,
+) {
     let policy = ValidatingAdmissionPolicy {
         metadata: ObjectMeta {
-            name: Some("reject-labelled-nodes".into()),
+            name: Some(name.into()),
             ..Default::default()
         },
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".into()),
             match_constraints: Some(MatchResources {
-                resource_rules: Some(vec![NamedRuleWithOperations {
-                    api_groups: Some(vec![String::new()]),
-                    api_versions: Some(vec!["v1".into()]),
-                    operations: Some(vec!["UPDATE".into()]),
-                    resources: Some(vec!["nodes".into()]),
-                    ..Default::default()
-                }]),
+                resource_rules: Some(vec![rule]),
                 ..Default::default()
             }),
-            validations: Some(vec![Validation {
-                expression: "!has(object.metadata.labels) || !('test.nodeipam.io/reject' in object.metadata.labels)".into(),
-                message: Some("updates of this node are refused by site policy".into()),
-                ..Default::default()
-            }]),
+            validations: Some(vec![validation]),
             ..Default::default()
         }),
         ..Default::default()
     };
-    policies
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
         .create(&PostParams::default(), &policy)
         .await
         .expect("create ValidatingAdmissionPolicy");
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
     let binding = ValidatingAdmissionPolicyBinding {
         metadata: ObjectMeta {
-            name: Some("reject-labelled-nodes".into()),
+            name: Some(name.into()),
             ..Default::default()
         },
         spec: ValidatingAdmissionPolicyBindingSpec {
-            policy_name: "reject-labelled-nodes".into(),
+            policy_name: name.into(),
             validation_actions: vec!["Deny".into()],
             ..Default::default()
         },
     };
-    bindings
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
         .create(&PostParams::default(), &binding)
         .await
         .expect("create ValidatingAdmissionPolicyBinding");
+}
+
+/// A ValidatingAdmissionPolicy that refuses every update of a Node labelled
+/// `test.nodeipam.io/reject`, the way a site's admission policy on Nodes would; returns once
+/// the API server enforces it.
+async fn reject_updates_of_labelled_nodes(client: &Client) {
+    let rule = NamedRuleWithOperations {
+        api_groups: Some(vec![String::new()]),
+        api_versions: Some(vec!["v1".into()]),
+        operations: Some(vec!["UPDATE".into()]),
+        resources: Some(vec!["nodes".into()]),
+        ..Default::default()
+    };
+    let validation = Validation {
+        expression:
+            "!has(object.metadata.labels) || !('test.nodeipam.io/reject' in object.metadata.labels)"
+                .into(),
+        message: Some("updates of this node are refused by site policy".into()),
+        ..Default::default()
+    };
+    create_policy(client, "reject-labelled-nodes", rule, validation).await;
     // The policy takes effect once the API server's informers have it: probe until refused.
     create_node(client, "policy-probe", &[("test.nodeipam.io/reject", "1")]).await;
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
@@ -594,55 +607,22 @@ fn writer_context(client: &kube::Client) -> nodeipam_controller::reconcile::Cont
 }
 
 /// A ValidatingAdmissionPolicy refusing every status write of NodeIPAMConfigs with a 422
-/// (reason Invalid), as a site's policy or a schema would; returns once it exists (the API
-/// server enforces it a moment later).
+/// (reason Invalid), as a site's policy or a schema would.
 async fn refuse_config_status_writes(client: &Client) {
-    let policy = ValidatingAdmissionPolicy {
-        metadata: ObjectMeta {
-            name: Some("refuse-config-status".into()),
-            ..Default::default()
-        },
-        spec: Some(ValidatingAdmissionPolicySpec {
-            failure_policy: Some("Fail".into()),
-            match_constraints: Some(MatchResources {
-                resource_rules: Some(vec![NamedRuleWithOperations {
-                    api_groups: Some(vec!["nodeipam.io".into()]),
-                    api_versions: Some(vec!["*".into()]),
-                    operations: Some(vec!["UPDATE".into()]),
-                    resources: Some(vec!["nodeipamconfigs/status".into()]),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            validations: Some(vec![Validation {
-                expression: "false".into(),
-                message: Some("status writes are refused by site policy".into()),
-                reason: Some("Invalid".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
+    let rule = NamedRuleWithOperations {
+        api_groups: Some(vec!["nodeipam.io".into()]),
+        api_versions: Some(vec!["*".into()]),
+        operations: Some(vec!["UPDATE".into()]),
+        resources: Some(vec!["nodeipamconfigs/status".into()]),
         ..Default::default()
     };
-    Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .expect("create ValidatingAdmissionPolicy");
-    let binding = ValidatingAdmissionPolicyBinding {
-        metadata: ObjectMeta {
-            name: Some("refuse-config-status".into()),
-            ..Default::default()
-        },
-        spec: ValidatingAdmissionPolicyBindingSpec {
-            policy_name: "refuse-config-status".into(),
-            validation_actions: vec!["Deny".into()],
-            ..Default::default()
-        },
+    let validation = Validation {
+        expression: "false".into(),
+        message: Some("status writes are refused by site policy".into()),
+        reason: Some("Invalid".into()),
+        ..Default::default()
     };
-    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("create ValidatingAdmissionPolicyBinding");
+    create_policy(client, "refuse-config-status", rule, validation).await;
 }
 
 /// A 422 on a status write to the very object the status was computed for (a site policy, a
