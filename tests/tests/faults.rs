@@ -268,3 +268,36 @@ async fn a_throttled_status_write_is_retried_by_our_backoff_not_held_in_the_clie
     .await;
     pair.stop().await;
 }
+
+/// A podCIDR write throttled (429) is retried with the writer's backoff, the same blocks,
+/// counted, and lands once the throttling ends: no retry hidden in the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_node_write_is_retried_and_lands() {
+    let pair = Pair::start("10.86.0.0/16", 24).await;
+    let (admin, proxy) = (pair.admin.clone(), &pair.proxy);
+    let throttled = proxy.add(
+        Rule::new(
+            Some(Method::PATCH),
+            "/api/v1/nodes/slow",
+            Action::Throttle {
+                retry_after_secs: 600,
+            },
+        )
+        .times(3),
+    );
+    create_node(&admin, "slow", &[]).await;
+    wait_cidrs(&admin, "slow").await;
+    assert_eq!(
+        throttled.matched(),
+        3,
+        "each throttled attempt came back to us"
+    );
+    let errors = pair
+        .a
+        .gauge("nodeipam_reconcile_errors_total", &[("kind", "node_write")])
+        .await
+        .unwrap_or(0.0);
+    assert!(errors >= 3.0, "throttled writes are counted: {errors}");
+    assert_invariant(&admin, &[]).await;
+    pair.stop().await;
+}
