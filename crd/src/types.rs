@@ -242,9 +242,10 @@ pub struct NodeIPAMConfigStatus {
     /// `False` (reason `BlocksFree`).
     ///
     /// `Drained`: `True` (reason `NoNodes`) exactly when the config accepts no new allocations
-    /// (it is being deleted or `allocation` is `Disabled`) and no node holds a block from it;
-    /// otherwise `False` with reason `Active` (still allocating) or `NodesRemaining` (the
-    /// message gives the count and a few node names). Consumers (kube-proxy, ip-masq-agent,
+    /// (it is being deleted or `allocation` is `Disabled`) and no node holds, is being given or
+    /// may still receive a block from it (a podCIDR write whose outcome is unknown counts until
+    /// it can no longer land); otherwise `False` with reason `Active` (still allocating) or
+    /// `NodesRemaining` (the message gives the count and a few node names). Consumers (kube-proxy, ip-masq-agent,
     /// CNIs) keep the ranges in the pod network until `Drained` is `True`.
     #[serde(default)]
     #[schemars(transform = schema::conditions_list_map)]

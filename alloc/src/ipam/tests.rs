@@ -688,3 +688,89 @@ fn a_pool_fills_its_oldest_child_and_its_youngest_empties_out() {
     let facts = ipam.config_facts("pods-2").expect("known");
     assert_eq!(facts.nodes, 0);
 }
+
+#[test]
+fn a_leak_ends_only_when_its_write_can_no_longer_land() {
+    let mut ipam = Ipam::new();
+    ipam.upsert_config(config("c", 1, Some(("10.0.0.0/22", 24)), None));
+    let leak = |ipam: &mut Ipam, name: &str, uid: Option<&str>| {
+        let a = ipam.allocate(name, uid, &no_labels()).expect("a block");
+        assert_eq!(ipam.leak(name, a.ticket), a.cidrs);
+        a.cidrs
+    };
+    let held = |ipam: &Ipam| ipam.config_facts("c").expect("facts");
+
+    // The same object, still empty: the write may be on its way.
+    let a = leak(&mut ipam, "a", Some("ua"));
+    let empty = NodeSeen::Object {
+        uid: Some("ua"),
+        cidrs: &[],
+    };
+    assert!(ipam.settle_leaks("a", empty).is_empty());
+    assert_eq!(
+        (held(&ipam).leaked, held(&ipam).sample_leaked.clone()),
+        (1, vec!["a".to_string()])
+    );
+    assert!(held(&ipam).held(), "a leak holds its config");
+    // Another object's delete, or another object's (UID) podCIDRs... another object of the
+    // name means ours is gone.
+    let other = NodeSeen::Deleted {
+        uid: Some("ua-old"),
+    };
+    assert!(ipam.settle_leaks("a", other).is_empty());
+    let replaced = NodeSeen::Object {
+        uid: Some("ua-2"),
+        cidrs: &[],
+    };
+    assert_eq!(ipam.settle_leaks("a", replaced), a);
+    assert!(!ipam.is_held(&a[0]));
+    assert!(!held(&ipam).held());
+
+    // Landed: the node holds the blocks, which stay occupied.
+    let b = leak(&mut ipam, "b", Some("ub"));
+    ipam.observe_node("b", Some("ub"), &b);
+    let landed = NodeSeen::Object {
+        uid: Some("ub"),
+        cidrs: &b,
+    };
+    assert_eq!(ipam.settle_leaks("b", landed), b);
+    assert!(ipam.is_held(&b[0]));
+    assert_eq!((held(&ipam).leaked, held(&ipam).nodes), (0, 1));
+
+    // The same object with other podCIDRs (immutable), its delete, a 404.
+    let c = leak(&mut ipam, "c", Some("uc"));
+    let other_cidrs = [net("10.0.3.0/24")];
+    let elsewhere = NodeSeen::Object {
+        uid: Some("uc"),
+        cidrs: &other_cidrs,
+    };
+    assert_eq!(ipam.settle_leaks("c", elsewhere), c);
+    let d = leak(&mut ipam, "d", Some("ud"));
+    assert_eq!(
+        ipam.settle_leaks("d", NodeSeen::Deleted { uid: Some("ud") }),
+        d
+    );
+    let e = leak(&mut ipam, "e", Some("ue"));
+    assert_eq!(ipam.settle_leaks("e", NodeSeen::Absent), e);
+
+    // Without a UID precondition the write may land on any object of the name: only seeing it
+    // land ends it.
+    let f = leak(&mut ipam, "f", None);
+    assert!(ipam.settle_leaks("f", NodeSeen::Absent).is_empty());
+    assert!(
+        ipam.settle_leaks("f", NodeSeen::Deleted { uid: None })
+            .is_empty()
+    );
+    let other_object = NodeSeen::Object {
+        uid: Some("uf-2"),
+        cidrs: &other_cidrs,
+    };
+    assert!(ipam.settle_leaks("f", other_object).is_empty());
+    assert_eq!(held(&ipam).leaked, 1);
+    let landed = NodeSeen::Object {
+        uid: Some("uf-3"),
+        cidrs: &f,
+    };
+    assert_eq!(ipam.settle_leaks("f", landed), f);
+    assert_eq!(held(&ipam).leaked, 0);
+}
