@@ -214,7 +214,8 @@ pub struct Adoption {
 pub struct ConfigFacts {
     pub ipv4: Option<FamilyFacts>,
     pub ipv6: Option<FamilyFacts>,
-    /// Nodes holding (or being given) a block that overlaps the config's ranges.
+    /// Nodes holding (or being given) a block of the config's: one that overlaps its ranges
+    /// and lies in no older config's range (see `config_facts`).
     pub nodes: u64,
     /// A few of those node names, sorted, for messages.
     pub sample_nodes: Vec<String>,
@@ -245,8 +246,12 @@ impl ConfigFacts {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FamilyFacts {
     pub capacity: u64,
-    /// Blocks in the range that nodes (or leaks) hold.
+    /// The config's blocks in the range that nodes (or leaks) hold: by the same rule as
+    /// `ConfigFacts::nodes`, so a block inside an older config's range is not counted.
     pub allocated: u64,
+    /// Blocks in the range that nodes (or leaks) hold, whichever config they belong to: what
+    /// the range's usage gauge shows (two configs with the same range show the same usage).
+    pub occupied: u64,
     /// Blocks the set can still hand out (Service CIDRs and holders excluded).
     pub free: u64,
 }
@@ -821,14 +826,18 @@ impl Ipam {
             gate: state.input.gate.clone(),
             ..ConfigFacts::default()
         };
-        // Which config a node's block belongs to: the oldest one whose range contains it. A
-        // block inside an older config's range is that config's, never this one's, so the
-        // younger of two overlapping configs drains without waiting for the older one's nodes.
+        // Which config a block belongs to: the oldest one whose range contains it (among
+        // those with our finalizer). A block inside an older config's range is that config's,
+        // never this one's, so the younger of two overlapping configs drains without waiting
+        // for the older one's nodes; both `nodes` and `allocated` count by this one rule, so
+        // they move together, and when the older config goes its blocks are this one's.
         let older = self.older_ranges(state);
         let ours = |cidr: &IpNet| !older.iter().any(|o| o.contains(cidr));
         let mut counted_range: Option<IpNet> = None;
         for (range, mask) in state.input.families() {
             let mut held = Vec::new();
+            // Blocks in use whichever config they belong to: the range's usage.
+            let mut occupied = Vec::new();
             for (cidr, holders) in overlapping(&self.holders, range) {
                 let mut by_node_or_leak = false;
                 let owned = ours(cidr);
@@ -866,8 +875,12 @@ impl Ipam {
                         Holder::Service(_) => {}
                     }
                 }
-                if by_node_or_leak {
+                // Allocated counts the blocks `nodes` counts the holders of, and no others.
+                if by_node_or_leak && owned {
                     held.push(*cidr);
+                }
+                if by_node_or_leak {
+                    occupied.push(*cidr);
                 }
             }
             // Without a set (an invalid config) the status still shows the range's size; one
@@ -885,6 +898,7 @@ impl Ipam {
             let fam = FamilyFacts {
                 capacity,
                 allocated: blocks_covered(range, mask, &held),
+                occupied: blocks_covered(range, mask, &occupied),
                 free: state.set_for(&range).map_or(0, CidrSet::free),
             };
             match range {

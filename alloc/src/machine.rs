@@ -1333,7 +1333,8 @@ impl Machine {
         if open {
             self.scaled_up(&name);
         }
-        // Overlaps, and so every config's Ready, may change with any config.
+        // Overlaps and which config owns a block (so every config's Ready and counts) may
+        // change with any config.
         self.dirty.extend(self.configs.keys().cloned());
         self.unmanaged_dirty = true;
         self.network_dirty = true;
@@ -1361,6 +1362,8 @@ impl Machine {
         self.scale_started.remove(name);
         self.ipam.remove_config(name);
         self.network_dirty = true;
+        // Its blocks are the next oldest config's now (and overlaps may be gone): every
+        // status is counted again.
         self.dirty.extend(self.configs.keys().cloned());
         self.unmanaged_dirty = true;
         if self.synced {
@@ -2004,8 +2007,8 @@ impl Machine {
             if let Some((range, _)) = range
                 && f.capacity > 0
             {
-                // kcm's usage gauge: the fraction of the range's blocks in use.
-                let ratio = f.allocated as f64 / f.capacity as f64;
+                // kcm's usage gauge: the fraction of the range's blocks in use, by any config.
+                let ratio = f.occupied as f64 / f.capacity as f64;
                 metrics.push(Metric::Usage { range, ratio });
                 metrics.push(Metric::Capacity {
                     range,

@@ -242,6 +242,7 @@ mod tests {
             ipv4: Some(FamilyFacts {
                 capacity: 4,
                 allocated: 1,
+                occupied: 1,
                 free: 3,
             }),
             ipv6: None,
@@ -365,6 +366,7 @@ mod tests {
         f.ipv6 = Some(FamilyFacts {
             capacity: 1,
             allocated: 1,
+            occupied: 1,
             free: 0,
         });
         let (s, _) = desired_status(&f, None, &[], &t("2026-01-01T00:00:00Z"));
@@ -401,6 +403,7 @@ mod tests {
         more.ipv4 = Some(FamilyFacts {
             capacity: 4,
             allocated: 3,
+            occupied: 3,
             free: 1,
         });
         let moved = want(&more, Some(1));
@@ -419,6 +422,7 @@ mod tests {
         full.ipv4 = Some(FamilyFacts {
             capacity: 4,
             allocated: 4,
+            occupied: 4,
             free: 0,
         });
         assert!(
@@ -435,6 +439,7 @@ mod tests {
         resized.ipv4 = Some(FamilyFacts {
             capacity: 8,
             allocated: 1,
+            occupied: 1,
             free: 7,
         });
         assert!(

@@ -228,7 +228,9 @@ pub struct NodeIPAMConfigStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<FamilyStatus>,
 
-    /// Number of nodes holding a block from this config.
+    /// Number of nodes holding (or being given) a block of this config. A block belongs to the
+    /// oldest config whose range contains it: one inside an older, overlapping config's range
+    /// is that config's and counts there only, here and in `allocated` alike.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("format" = "int64"))]
     pub nodes: Option<u64>,
@@ -259,7 +261,9 @@ pub struct FamilyStatus {
     /// Blocks in the range: 2^(perNodeMaskSize - prefix length).
     #[schemars(extend("format" = "int64"))]
     pub capacity: u64,
-    /// Blocks held by nodes.
+    /// Blocks of this config held by nodes (or kept for a podCIDR write whose outcome is
+    /// unknown), by the same rule as `nodes`: a block inside an older, overlapping config's
+    /// range is that config's.
     #[schemars(extend("format" = "int64"))]
     pub allocated: u64,
 }

@@ -496,13 +496,20 @@ proptest! {
                 }
             }
             assert_no_overlap(&ipam, adopted_conflict);
-            // Each config's facts agree with a recount of the holders.
+            // Each config's facts agree with a recount of the holders: the blocks held (by
+            // nodes or leaks) in its range that no older config's range contains, and the nodes
+            // holding them.
             for c in &configs {
                 let Some(facts) = ipam.config_facts(&c.name) else { continue };
+                let older: Vec<IpNet> = configs.iter()
+                    .filter(|o| o.created < c.created && ipam.config_names().any(|n| n == o.name))
+                    .flat_map(|o| o.ipv4.iter().chain(o.ipv6.iter()).map(|(r, _)| *r))
+                    .collect();
                 for (fam, range) in [(facts.ipv4, c.ipv4), (facts.ipv6, c.ipv6)] {
                     if let (Some(f), Some((r, m))) = (fam, range) {
                         let held: Vec<IpNet> = ipam.holders()
                             .filter(|(h, hs)| nets_overlap(h, &r) && hs.iter().any(|x| !matches!(x, Holder::Service(_))))
+                            .filter(|(h, _)| !older.iter().any(|o| o.contains(*h)))
                             .map(|(h, _)| *h).collect();
                         prop_assert_eq!(f.allocated, blocks_covered(r, m, &held));
                         prop_assert!(f.free + f.allocated <= f.capacity);
@@ -511,10 +518,6 @@ proptest! {
                 // Nodes, writers and the sample agree with a plain set of names: the nodes
                 // holding a block of this config's that no older config's range contains.
                 let ranges: Vec<IpNet> = c.ipv4.iter().chain(c.ipv6.iter()).map(|(r, _)| *r).collect();
-                let older: Vec<IpNet> = configs.iter()
-                    .filter(|o| o.created < c.created && ipam.config_names().any(|n| n == o.name))
-                    .flat_map(|o| o.ipv4.iter().chain(o.ipv6.iter()).map(|(r, _)| *r))
-                    .collect();
                 let names: BTreeSet<&str> = ipam.holders()
                     .filter(|(h, _)| ranges.iter().any(|r| nets_overlap(h, r)))
                     .filter(|(h, _)| !older.iter().any(|o| o.contains(*h)))
@@ -621,16 +624,21 @@ fn the_younger_of_two_overlapping_configs_counts_none_of_the_older_ones_nodes() 
     // A block in the younger range only (adopted): the younger one's.
     ipam.observe_node("wide", None, &[net("10.31.0.0/24")]);
     ipam.upsert_config(config("wider", 3, Some(("10.30.0.0/15", 24)), None));
-    assert_eq!(ipam.config_facts("older").expect("facts").nodes, 3);
-    assert_eq!(ipam.config_facts("younger").expect("facts").nodes, 0);
+    let counts = |ipam: &Ipam, name: &str| {
+        let f = ipam.config_facts(name).expect("facts");
+        (f.nodes, f.ipv4.map_or(0, |f| f.allocated))
+    };
+    assert_eq!(counts(&ipam, "older"), (3, 3));
+    assert_eq!(counts(&ipam, "younger"), (0, 0), "both fields, one rule");
     let wider = ipam.config_facts("wider").expect("facts");
     assert_eq!(
         (wider.nodes, wider.sample_nodes.clone()),
         (1, vec!["wide".to_string()])
     );
+    assert_eq!(counts(&ipam, "wider"), (1, 1));
     // Without the older config, its nodes are the next oldest one's.
     ipam.remove_config("older");
-    assert_eq!(ipam.config_facts("younger").expect("facts").nodes, 3);
+    assert_eq!(counts(&ipam, "younger"), (3, 3));
 }
 
 #[test]
