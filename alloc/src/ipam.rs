@@ -5,6 +5,20 @@
 //! in *every* config set whose range it overlaps. A set therefore never hands out a block that
 //! overlaps anything held, whichever config the holder came from, and configs that overlap each
 //! other cannot produce a duplicate either.
+//!
+//! A leak is a write whose outcome cannot be known: it may still land. Until it can no longer
+//! land, its blocks stay occupied and it holds their config exactly as a node being written
+//! does (drain, our finalizer, the published pod network, a pool's retirement all wait for it;
+//! see [`ConfigFacts::held`]). A write lands at most once, and carries the Node's UID as a
+//! precondition; podCIDRs are immutable once set. So a leak ends when:
+//! - the node shows the leaked blocks: the write landed, and the node holds them now;
+//! - the object it was written to (by UID) shows other podCIDRs, is deleted (its delete event,
+//!   or a 404 on a fresh GET), or is replaced by another object of the same name;
+//! - or the state is rebuilt (a new leader lists the Nodes: what landed by then is seen).
+//!
+//! An empty node with the same UID ends nothing: the write may still be on its way. A leak
+//! without a UID (a write sent without the precondition) may land on any object of the name,
+//! so only the first and the last end it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -117,7 +131,8 @@ pub enum Holder {
     Node(String),
     /// A Service CIDR, by its source (a ServiceCIDR object name, or the flag).
     Service(String),
-    /// Blocks a write may or may not have landed with; kept until the next rebuild.
+    /// Blocks a write to this node may or may not have landed with; kept until that write can
+    /// no longer land (see the module doc).
     Leaked(String),
 }
 
@@ -136,6 +151,28 @@ pub struct NodeRecord {
     pub uid: Option<String>,
     pub cidrs: Vec<IpNet>,
     pub phase: Phase,
+}
+
+/// A write whose outcome is unknown: the object it was sent to and its blocks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Leak {
+    /// The UID precondition it carried, if any.
+    pub uid: Option<String>,
+    pub cidrs: Vec<IpNet>,
+}
+
+/// What was just learned of a node, which may end its leaks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NodeSeen<'a> {
+    /// An object of the name, with its UID and its podCIDRs (none yet, if empty).
+    Object {
+        uid: Option<&'a str>,
+        cidrs: &'a [IpNet],
+    },
+    /// The object with this UID was deleted.
+    Deleted { uid: Option<&'a str> },
+    /// No object of the name exists (a 404 on a fresh GET).
+    Absent,
 }
 
 /// A decision to give `cidrs` (IPv4 first) from `config` to a node; confirm or abandon it with
@@ -177,12 +214,17 @@ pub struct Adoption {
 pub struct ConfigFacts {
     pub ipv4: Option<FamilyFacts>,
     pub ipv6: Option<FamilyFacts>,
-    /// Nodes holding (or being given) a block that overlaps the config's ranges.
+    /// Nodes holding (or being given) a block of the config's: one that overlaps its ranges
+    /// and lies in no older config's range (see `config_facts`).
     pub nodes: u64,
     /// A few of those node names, sorted, for messages.
     pub sample_nodes: Vec<String>,
     /// Nodes whose block is still being written: the finalizer must stay for them.
     pub writing: u64,
+    /// Nodes with a leaked write into the config's blocks (its outcome unknown: it may still
+    /// land), and a few of their names, sorted.
+    pub leaked: u64,
+    pub sample_leaked: Vec<String>,
     pub accepting: bool,
     pub enabled: bool,
     pub deleting: bool,
@@ -191,11 +233,25 @@ pub struct ConfigFacts {
     pub gate: Option<String>,
 }
 
+impl ConfigFacts {
+    /// Whether anything holds a block of the config: a node, a write on its way, or a leak
+    /// (a write whose outcome is unknown, which may still land). Drained, the removal of our
+    /// finalizer, leaving the published pod network and a pool's retirement of a child all
+    /// wait on this, and only on this.
+    pub fn held(&self) -> bool {
+        self.nodes > 0 || self.writing > 0 || self.leaked > 0
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FamilyFacts {
     pub capacity: u64,
-    /// Blocks in the range that nodes (or leaks) hold.
+    /// The config's blocks in the range that nodes (or leaks) hold: by the same rule as
+    /// `ConfigFacts::nodes`, so a block inside an older config's range is not counted.
     pub allocated: u64,
+    /// Blocks in the range that nodes (or leaks) hold, whichever config they belong to: what
+    /// the range's usage gauge shows (two configs with the same range show the same usage).
+    pub occupied: u64,
     /// Blocks the set can still hand out (Service CIDRs and holders excluded).
     pub free: u64,
 }
@@ -207,6 +263,8 @@ pub struct Ipam {
     configs: BTreeMap<String, ConfigState>,
     holders: BTreeMap<IpNet, Vec<Holder>>,
     nodes: HashMap<String, NodeRecord>,
+    /// Leaked writes, by node name (a node may leak again after new blocks were chosen).
+    leaks: BTreeMap<String, Vec<Leak>>,
     services: BTreeMap<String, Vec<IpNet>>,
     next_ticket: u64,
 }
@@ -566,7 +624,8 @@ impl Ipam {
     }
 
     /// The write for `ticket` may or may not have landed and the node can't tell us: keep the
-    /// blocks occupied (leak) rather than risk handing them out twice.
+    /// blocks occupied (leak) rather than risk handing them out twice, until the write can no
+    /// longer land ([`Ipam::settle_leaks`]).
     pub fn leak(&mut self, name: &str, ticket: u64) -> Vec<IpNet> {
         let Some(Phase::Writing { ticket: t, .. }) = self.nodes.get(name).map(|r| r.phase) else {
             return Vec::new();
@@ -581,7 +640,60 @@ impl Ipam {
             self.add_holder(*c, Holder::Leaked(name.to_string()));
             self.remove_holder(*c, &Holder::Node(name.to_string()));
         }
+        self.leaks.entry(name.to_string()).or_default().push(Leak {
+            uid: rec.uid,
+            cidrs: rec.cidrs.clone(),
+        });
         rec.cidrs
+    }
+
+    /// Ends the leaks of node `name` that what was just seen proves can no longer land (the
+    /// rule is in the module doc). Returns their blocks; those nobody else holds are free.
+    pub fn settle_leaks(&mut self, name: &str, seen: NodeSeen<'_>) -> Vec<IpNet> {
+        let Some(leaks) = self.leaks.get_mut(name) else {
+            return Vec::new();
+        };
+        let over = |leak: &Leak| match seen {
+            NodeSeen::Object { uid, cidrs } => {
+                let landed = !cidrs.is_empty() && leak.cidrs == cidrs;
+                let same = uid.is_none() || leak.uid.as_deref() == uid;
+                // Seen landed: a write lands once. Otherwise only the object it was sent to
+                // can receive it: other podCIDRs on that object (immutable), or another object.
+                landed || (leak.uid.is_some() && (!same || !cidrs.is_empty()))
+            }
+            NodeSeen::Deleted { uid } => leak.uid.is_some() && leak.uid.as_deref() == uid,
+            NodeSeen::Absent => leak.uid.is_some(),
+        };
+        let mut ended = Vec::new();
+        leaks.retain(|leak| {
+            if over(leak) {
+                ended.extend(leak.cidrs.iter().copied());
+                false
+            } else {
+                true
+            }
+        });
+        let kept: Vec<IpNet> = leaks.iter().flat_map(|l| l.cidrs.iter().copied()).collect();
+        if leaks.is_empty() {
+            self.leaks.remove(name);
+        }
+        let holder = Holder::Leaked(name.to_string());
+        for c in ended.iter().filter(|c| !kept.contains(c)) {
+            self.remove_holder(*c, &holder);
+        }
+        ended
+    }
+
+    /// Nodes with leaks, with the UID of their first: what a relist that lacks them asks about.
+    pub fn leaked_nodes(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
+        self.leaks
+            .iter()
+            .map(|(n, l)| (n.as_str(), l.first().and_then(|l| l.uid.as_deref())))
+    }
+
+    /// Whether anything (a node, a Service range, a leak) holds exactly `cidr`.
+    pub fn is_held(&self, cidr: &IpNet) -> bool {
+        self.holders.contains_key(&cidr.trunc())
     }
 
     /// The Node object `uid` is really gone (a delete event or a 404 on a fresh GET).
@@ -703,6 +815,8 @@ impl Ipam {
         let mut nodes = 0u64;
         let mut writing = 0u64;
         let mut sample: Vec<&str> = Vec::with_capacity(SAMPLE_NODES + 1);
+        // Leaks are rare: a plain set of names, so a node leaked in both families counts once.
+        let mut leaked: Vec<&str> = Vec::new();
         let mut facts = ConfigFacts {
             accepting: state.accepting(),
             enabled: state.input.enabled,
@@ -712,14 +826,18 @@ impl Ipam {
             gate: state.input.gate.clone(),
             ..ConfigFacts::default()
         };
-        // Which config a node's block belongs to: the oldest one whose range contains it. A
-        // block inside an older config's range is that config's, never this one's, so the
-        // younger of two overlapping configs drains without waiting for the older one's nodes.
+        // Which config a block belongs to: the oldest one whose range contains it (among
+        // those with our finalizer). A block inside an older config's range is that config's,
+        // never this one's, so the younger of two overlapping configs drains without waiting
+        // for the older one's nodes; both `nodes` and `allocated` count by this one rule, so
+        // they move together, and when the older config goes its blocks are this one's.
         let older = self.older_ranges(state);
         let ours = |cidr: &IpNet| !older.iter().any(|o| o.contains(cidr));
         let mut counted_range: Option<IpNet> = None;
         for (range, mask) in state.input.families() {
             let mut held = Vec::new();
+            // Blocks in use whichever config they belong to: the range's usage.
+            let mut occupied = Vec::new();
             for (cidr, holders) in overlapping(&self.holders, range) {
                 let mut by_node_or_leak = false;
                 let owned = ours(cidr);
@@ -748,12 +866,21 @@ impl Ipam {
                             }
                             offer_sample(&mut sample, n);
                         }
-                        Holder::Leaked(_) => by_node_or_leak = true,
+                        Holder::Leaked(n) => {
+                            by_node_or_leak = true;
+                            if owned && let Err(at) = leaked.binary_search(&n.as_str()) {
+                                leaked.insert(at, n);
+                            }
+                        }
                         Holder::Service(_) => {}
                     }
                 }
-                if by_node_or_leak {
+                // Allocated counts the blocks `nodes` counts the holders of, and no others.
+                if by_node_or_leak && owned {
                     held.push(*cidr);
+                }
+                if by_node_or_leak {
+                    occupied.push(*cidr);
                 }
             }
             // Without a set (an invalid config) the status still shows the range's size; one
@@ -771,6 +898,7 @@ impl Ipam {
             let fam = FamilyFacts {
                 capacity,
                 allocated: blocks_covered(range, mask, &held),
+                occupied: blocks_covered(range, mask, &occupied),
                 free: state.set_for(&range).map_or(0, CidrSet::free),
             };
             match range {
@@ -781,6 +909,12 @@ impl Ipam {
         }
         facts.nodes = nodes;
         facts.writing = writing;
+        facts.leaked = leaked.len() as u64;
+        facts.sample_leaked = leaked
+            .into_iter()
+            .take(SAMPLE_NODES)
+            .map(str::to_string)
+            .collect();
         facts.sample_nodes = sample.into_iter().map(str::to_string).collect();
         Some(facts)
     }

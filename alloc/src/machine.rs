@@ -23,7 +23,7 @@ use tracing::{debug, error, info, warn};
 use super::effects::{
     self, ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, Note, WriteJob, WriteResult,
 };
-use super::ipam::{AllocateError, ConfigInput, Ipam, Phase, nets_overlap};
+use super::ipam::{AllocateError, ConfigInput, Ipam, NodeSeen, Phase, nets_overlap};
 use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
 use super::podnetwork::{
     ConfigMapRef, ConfigRanges, OutputContent, OutputKind, PodNetwork, covered,
@@ -621,7 +621,15 @@ impl Machine {
                         (n.to_string(), uid)
                     })
                     .collect();
-                for (node, uid) in missing {
+                // A leaked write's node deleted while the watch was down: only a GET tells.
+                let leaked: Vec<(String, Option<String>)> = self
+                    .ipam
+                    .leaked_nodes()
+                    .filter(|(n, _)| !seen.contains(*n))
+                    .filter(|(n, _)| !missing.iter().any(|(m, _)| m == n))
+                    .map(|(n, uid)| (n.to_string(), uid.map(str::to_string)))
+                    .collect();
+                for (node, uid) in missing.into_iter().chain(leaked) {
                     self.push(Effect::Reread { node, uid });
                 }
             }
@@ -673,7 +681,10 @@ impl Machine {
     /// object of the same name keeps its blocks.
     fn on_reread(&mut self, node: &str, uid: Option<&str>, now: NodeNow) {
         match now {
-            NodeNow::Gone => self.on_node_gone(node, uid),
+            NodeNow::Gone => {
+                self.on_node_gone(node, uid);
+                self.settle_leaks(node, NodeSeen::Absent);
+            }
             // Not known either way: ask again later, or its blocks stay held for good.
             NodeNow::Unknown(why) => {
                 debug!(node, %why, "re-reading a node missing from the relist failed; retrying");
@@ -681,7 +692,22 @@ impl Machine {
                 self.rereads_due
                     .insert(node.to_string(), (uid.map(str::to_string), at));
             }
-            other => debug!(node, ?other, "missing from the relist but still there"),
+            NodeNow::Has { uid, cidrs } => {
+                debug!(node, ?cidrs, "missing from the relist but still there");
+                let seen = NodeSeen::Object {
+                    uid: uid.as_deref(),
+                    cidrs: &cidrs,
+                };
+                self.settle_leaks(node, seen);
+            }
+            NodeNow::Empty { uid } => {
+                debug!(node, "missing from the relist but still there");
+                let seen = NodeSeen::Object {
+                    uid: uid.as_deref(),
+                    cidrs: &[],
+                };
+                self.settle_leaks(node, seen);
+            }
         }
     }
 
@@ -738,9 +764,14 @@ impl Machine {
         let unchanged = self.ipam.node(name).is_some_and(|r| {
             r.cidrs == cidrs && r.phase == Phase::Held && (uid.is_none() || r.uid.as_deref() == uid)
         });
-        if unchanged {
-            return;
+        if !unchanged {
+            self.adopt(name, uid, cidrs);
         }
+        // After the adoption: leaked blocks that landed are the node's now, not free.
+        self.settle_leaks(name, NodeSeen::Object { uid, cidrs });
+    }
+
+    fn adopt(&mut self, name: &str, uid: Option<&str>, cidrs: &[IpNet]) {
         let adoption = self.ipam.observe_node(name, uid, cidrs);
         for (other, ours, theirs) in &adoption.conflicts {
             let message = format!(
@@ -795,7 +826,15 @@ impl Machine {
             waiting_since,
             retry_at,
         };
+        let seen_uid = node.uid.clone();
         self.pending.insert(name.clone(), node);
+        // Another object of the name ends the old one's leaks; an empty one with the same UID
+        // ends none (the write may still be on its way).
+        let seen = NodeSeen::Object {
+            uid: seen_uid.as_deref(),
+            cidrs: &[],
+        };
+        self.settle_leaks(&name, seen);
         if self.synced {
             self.try_allocate(&name);
         }
@@ -816,6 +855,24 @@ impl Machine {
             debug!(node = %name, ?freed, "node gone: blocks released");
             self.freed(&freed);
         }
+        self.settle_leaks(name, NodeSeen::Deleted { uid });
+    }
+
+    /// Leaks of `name` that what was just seen proves can no longer land end (the rule is in
+    /// `ipam`'s module doc): their config no longer waits for them, and their blocks are free
+    /// unless the node holds them now.
+    fn settle_leaks(&mut self, name: &str, seen: NodeSeen<'_>) {
+        let ended = self.ipam.settle_leaks(name, seen);
+        if ended.is_empty() {
+            return;
+        }
+        info!(node = %name, ?ended, "leaked blocks settled: the write can no longer land");
+        self.touch(&ended);
+        let freed: Vec<IpNet> = ended
+            .into_iter()
+            .filter(|c| !self.ipam.is_held(c))
+            .collect();
+        self.freed(&freed);
     }
 
     fn freed(&mut self, cidrs: &[IpNet]) {
@@ -1035,7 +1092,7 @@ impl Machine {
             }
             Decision::Leak => {
                 let leaked = self.leak(&job);
-                error!(node = %job.node, ?leaked, "write outcome unknowable: blocks kept occupied until restart");
+                error!(node = %job.node, ?leaked, "write outcome unknowable: blocks kept occupied, and their config held, until the write can no longer land");
             }
             Decision::Retry => return self.retry_write(job, &outcome),
         }
@@ -1180,7 +1237,8 @@ impl Machine {
         }
     }
 
-    /// Keeps a write's blocks occupied (until the next rebuild) rather than risk a duplicate.
+    /// Keeps a write's blocks occupied, and their config held, until the write can no longer
+    /// land, rather than risk a duplicate.
     fn leak(&mut self, job: &WriteJob) -> Vec<IpNet> {
         let leaked = self.ipam.leak(&job.node, job.ticket);
         self.metric(Metric::Leaked(leaked.len() as u64));
@@ -1275,7 +1333,8 @@ impl Machine {
         if open {
             self.scaled_up(&name);
         }
-        // Overlaps, and so every config's Ready, may change with any config.
+        // Overlaps and which config owns a block (so every config's Ready and counts) may
+        // change with any config.
         self.dirty.extend(self.configs.keys().cloned());
         self.unmanaged_dirty = true;
         self.network_dirty = true;
@@ -1303,6 +1362,8 @@ impl Machine {
         self.scale_started.remove(name);
         self.ipam.remove_config(name);
         self.network_dirty = true;
+        // Its blocks are the next oldest config's now (and overlaps may be gone): every
+        // status is counted again.
         self.dirty.extend(self.configs.keys().cloned());
         self.unmanaged_dirty = true;
         if self.synced {
@@ -1659,7 +1720,7 @@ impl Machine {
             accepting: facts.accepting,
             allocated,
             free,
-            nodes: facts.nodes,
+            held: facts.held(),
             empty_since: self.empty_since.get(name).copied(),
             retiring: self.retiring.contains_key(name),
         }
@@ -1683,7 +1744,7 @@ impl Machine {
                 continue;
             };
             let mut view = self.child_view(c, seen);
-            if view.nodes == 0 {
+            if !view.held {
                 view.empty_since = Some(*self.empty_since.entry(c.clone()).or_insert(now));
             } else {
                 self.empty_since.remove(c);
@@ -1946,8 +2007,8 @@ impl Machine {
             if let Some((range, _)) = range
                 && f.capacity > 0
             {
-                // kcm's usage gauge: the fraction of the range's blocks in use.
-                let ratio = f.allocated as f64 / f.capacity as f64;
+                // kcm's usage gauge: the fraction of the range's blocks in use, by any config.
+                let ratio = f.occupied as f64 / f.capacity as f64;
                 metrics.push(Metric::Usage { range, ratio });
                 metrics.push(Metric::Capacity {
                     range,
@@ -2015,8 +2076,9 @@ impl Machine {
             self.written.insert(name.to_string(), status);
             self.update_drain_gate(name);
         }
-        // The finalizer goes only when nothing holds or is being given a block.
-        if deleting && has_finalizer && facts.nodes == 0 && facts.writing == 0 {
+        // The finalizer goes only when nothing holds, is being given or may still receive a
+        // block.
+        if deleting && has_finalizer && !facts.held() {
             self.push(Effect::Config(ConfigJob::RemoveFinalizer {
                 name: name.to_string(),
                 uid,
@@ -2142,7 +2204,7 @@ impl Machine {
                     nodes: facts.nodes,
                     deleting: facts.deleting,
                     enabled: facts.enabled,
-                    drained: stopped && facts.nodes == 0 && facts.writing == 0,
+                    drained: stopped && !facts.held(),
                 })
             })
             .collect();

@@ -194,9 +194,10 @@ pub struct ChildView {
     pub accepting: bool,
     pub allocated: u64,
     pub free: u64,
-    /// Nodes holding or being given a block.
-    pub nodes: u64,
-    /// When its node count last became 0 (monotonic), if it is 0.
+    /// A node holds, is being given or may still receive (a leak) one of its blocks:
+    /// [`crate::ipam::ConfigFacts::held`].
+    pub held: bool,
+    /// When it last stopped being held (monotonic), if it is not held.
     pub empty_since: Option<Duration>,
     /// Our delete of it is on its way.
     pub retiring: bool,
@@ -410,7 +411,7 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
             let empty_long = c
                 .empty_since
                 .is_some_and(|t| w.now.saturating_sub(t) >= pool.empty_for);
-            if c.nodes > 0 || !c.usable {
+            if c.held || !c.usable {
                 continue;
             }
             // A higher child that is empty but not yet for long goes first: a lower one that
@@ -438,7 +439,7 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
             RANGE_RETIRING
         } else if c.active() {
             RANGE_ACTIVE
-        } else if c.deleting && c.nodes == 0 {
+        } else if c.deleting && !c.held {
             RANGE_RETIRING
         } else {
             RANGE_DRAINING

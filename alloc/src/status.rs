@@ -188,7 +188,7 @@ fn drained(f: &ConfigFacts) -> Cond {
             "the config still accepts allocations".into(),
         );
     }
-    if f.nodes == 0 && f.writing == 0 {
+    if !f.held() {
         return (
             CONDITION_DRAINED,
             "True",
@@ -196,21 +196,36 @@ fn drained(f: &ConfigFacts) -> Cond {
             "no node holds a block from this config".into(),
         );
     }
-    let more = f.nodes.saturating_sub(f.sample_nodes.len() as u64);
-    let tail = if more > 0 {
-        format!(" and {more} more")
-    } else {
-        String::new()
+    let names = |count: u64, sample: &[String]| {
+        let more = count.saturating_sub(sample.len() as u64);
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        format!("{}{tail}", sample.join(", "))
     };
+    let mut parts = Vec::new();
+    if f.nodes > 0 || f.leaked == 0 {
+        parts.push(format!(
+            "{} node(s) still hold blocks: {}",
+            f.nodes,
+            names(f.nodes, &f.sample_nodes)
+        ));
+    }
+    if f.leaked > 0 {
+        // Not on a node yet, but a write that may still land: it binds as a node does.
+        parts.push(format!(
+            "{} node(s) may still receive a podCIDR write whose outcome is unknown: {}",
+            f.leaked,
+            names(f.leaked, &f.sample_leaked)
+        ));
+    }
     (
         CONDITION_DRAINED,
         "False",
         REASON_NODES_REMAINING,
-        format!(
-            "{} node(s) still hold blocks: {}{tail}",
-            f.nodes,
-            f.sample_nodes.join(", ")
-        ),
+        parts.join("; "),
     )
 }
 
@@ -227,12 +242,15 @@ mod tests {
             ipv4: Some(FamilyFacts {
                 capacity: 4,
                 allocated: 1,
+                occupied: 1,
                 free: 3,
             }),
             ipv6: None,
             nodes: 1,
             sample_nodes: vec!["n1".into()],
             writing: 0,
+            leaked: 0,
+            sample_leaked: Vec::new(),
             accepting: true,
             enabled: true,
             deleting: false,
@@ -330,6 +348,16 @@ mod tests {
         f.writing = 1;
         let (s, _) = desired_status(&f, Some(1), &[], &t("2026-01-01T00:00:00Z"));
         assert_eq!(cond(&s, "Drained").status, "False");
+        // So does a leaked write, which may still land; the message names its node.
+        f.writing = 0;
+        f.leaked = 1;
+        f.sample_leaked = vec!["n9".into()];
+        let (s, _) = desired_status(&f, Some(1), &[], &t("2026-01-01T00:00:00Z"));
+        assert_eq!(cond(&s, "Drained").status, "False");
+        assert_eq!(
+            cond(&s, "Drained").message,
+            "1 node(s) may still receive a podCIDR write whose outcome is unknown: n9"
+        );
     }
 
     #[test]
@@ -338,6 +366,7 @@ mod tests {
         f.ipv6 = Some(FamilyFacts {
             capacity: 1,
             allocated: 1,
+            occupied: 1,
             free: 0,
         });
         let (s, _) = desired_status(&f, None, &[], &t("2026-01-01T00:00:00Z"));
@@ -374,6 +403,7 @@ mod tests {
         more.ipv4 = Some(FamilyFacts {
             capacity: 4,
             allocated: 3,
+            occupied: 3,
             free: 1,
         });
         let moved = want(&more, Some(1));
@@ -392,6 +422,7 @@ mod tests {
         full.ipv4 = Some(FamilyFacts {
             capacity: 4,
             allocated: 4,
+            occupied: 4,
             free: 0,
         });
         assert!(
@@ -408,6 +439,7 @@ mod tests {
         resized.ipv4 = Some(FamilyFacts {
             capacity: 8,
             allocated: 1,
+            occupied: 1,
             free: 7,
         });
         assert!(

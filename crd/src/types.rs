@@ -228,7 +228,9 @@ pub struct NodeIPAMConfigStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<FamilyStatus>,
 
-    /// Number of nodes holding a block from this config.
+    /// Number of nodes holding (or being given) a block of this config. A block belongs to the
+    /// oldest config whose range contains it: one inside an older, overlapping config's range
+    /// is that config's and counts there only, here and in `allocated` alike.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("format" = "int64"))]
     pub nodes: Option<u64>,
@@ -242,9 +244,10 @@ pub struct NodeIPAMConfigStatus {
     /// `False` (reason `BlocksFree`).
     ///
     /// `Drained`: `True` (reason `NoNodes`) exactly when the config accepts no new allocations
-    /// (it is being deleted or `allocation` is `Disabled`) and no node holds a block from it;
-    /// otherwise `False` with reason `Active` (still allocating) or `NodesRemaining` (the
-    /// message gives the count and a few node names). Consumers (kube-proxy, ip-masq-agent,
+    /// (it is being deleted or `allocation` is `Disabled`) and no node holds, is being given or
+    /// may still receive a block from it (a podCIDR write whose outcome is unknown counts until
+    /// it can no longer land); otherwise `False` with reason `Active` (still allocating) or
+    /// `NodesRemaining` (the message gives the count and a few node names). Consumers (kube-proxy, ip-masq-agent,
     /// CNIs) keep the ranges in the pod network until `Drained` is `True`.
     #[serde(default)]
     #[schemars(transform = schema::conditions_list_map)]
@@ -258,7 +261,9 @@ pub struct FamilyStatus {
     /// Blocks in the range: 2^(perNodeMaskSize - prefix length).
     #[schemars(extend("format" = "int64"))]
     pub capacity: u64,
-    /// Blocks held by nodes.
+    /// Blocks of this config held by nodes (or kept for a podCIDR write whose outcome is
+    /// unknown), by the same rule as `nodes`: a block inside an older, overlapping config's
+    /// range is that config's.
     #[schemars(extend("format" = "int64"))]
     pub allocated: u64,
 }

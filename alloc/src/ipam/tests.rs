@@ -496,13 +496,20 @@ proptest! {
                 }
             }
             assert_no_overlap(&ipam, adopted_conflict);
-            // Each config's facts agree with a recount of the holders.
+            // Each config's facts agree with a recount of the holders: the blocks held (by
+            // nodes or leaks) in its range that no older config's range contains, and the nodes
+            // holding them.
             for c in &configs {
                 let Some(facts) = ipam.config_facts(&c.name) else { continue };
+                let older: Vec<IpNet> = configs.iter()
+                    .filter(|o| o.created < c.created && ipam.config_names().any(|n| n == o.name))
+                    .flat_map(|o| o.ipv4.iter().chain(o.ipv6.iter()).map(|(r, _)| *r))
+                    .collect();
                 for (fam, range) in [(facts.ipv4, c.ipv4), (facts.ipv6, c.ipv6)] {
                     if let (Some(f), Some((r, m))) = (fam, range) {
                         let held: Vec<IpNet> = ipam.holders()
                             .filter(|(h, hs)| nets_overlap(h, &r) && hs.iter().any(|x| !matches!(x, Holder::Service(_))))
+                            .filter(|(h, _)| !older.iter().any(|o| o.contains(*h)))
                             .map(|(h, _)| *h).collect();
                         prop_assert_eq!(f.allocated, blocks_covered(r, m, &held));
                         prop_assert!(f.free + f.allocated <= f.capacity);
@@ -511,10 +518,6 @@ proptest! {
                 // Nodes, writers and the sample agree with a plain set of names: the nodes
                 // holding a block of this config's that no older config's range contains.
                 let ranges: Vec<IpNet> = c.ipv4.iter().chain(c.ipv6.iter()).map(|(r, _)| *r).collect();
-                let older: Vec<IpNet> = configs.iter()
-                    .filter(|o| o.created < c.created && ipam.config_names().any(|n| n == o.name))
-                    .flat_map(|o| o.ipv4.iter().chain(o.ipv6.iter()).map(|(r, _)| *r))
-                    .collect();
                 let names: BTreeSet<&str> = ipam.holders()
                     .filter(|(h, _)| ranges.iter().any(|r| nets_overlap(h, r)))
                     .filter(|(h, _)| !older.iter().any(|o| o.contains(*h)))
@@ -621,16 +624,21 @@ fn the_younger_of_two_overlapping_configs_counts_none_of_the_older_ones_nodes() 
     // A block in the younger range only (adopted): the younger one's.
     ipam.observe_node("wide", None, &[net("10.31.0.0/24")]);
     ipam.upsert_config(config("wider", 3, Some(("10.30.0.0/15", 24)), None));
-    assert_eq!(ipam.config_facts("older").expect("facts").nodes, 3);
-    assert_eq!(ipam.config_facts("younger").expect("facts").nodes, 0);
+    let counts = |ipam: &Ipam, name: &str| {
+        let f = ipam.config_facts(name).expect("facts");
+        (f.nodes, f.ipv4.map_or(0, |f| f.allocated))
+    };
+    assert_eq!(counts(&ipam, "older"), (3, 3));
+    assert_eq!(counts(&ipam, "younger"), (0, 0), "both fields, one rule");
     let wider = ipam.config_facts("wider").expect("facts");
     assert_eq!(
         (wider.nodes, wider.sample_nodes.clone()),
         (1, vec!["wide".to_string()])
     );
+    assert_eq!(counts(&ipam, "wider"), (1, 1));
     // Without the older config, its nodes are the next oldest one's.
     ipam.remove_config("older");
-    assert_eq!(ipam.config_facts("younger").expect("facts").nodes, 3);
+    assert_eq!(counts(&ipam, "younger"), (3, 3));
 }
 
 #[test]
@@ -687,4 +695,90 @@ fn a_pool_fills_its_oldest_child_and_its_youngest_empties_out() {
     ipam.abandon("e", 5);
     let facts = ipam.config_facts("pods-2").expect("known");
     assert_eq!(facts.nodes, 0);
+}
+
+#[test]
+fn a_leak_ends_only_when_its_write_can_no_longer_land() {
+    let mut ipam = Ipam::new();
+    ipam.upsert_config(config("c", 1, Some(("10.0.0.0/22", 24)), None));
+    let leak = |ipam: &mut Ipam, name: &str, uid: Option<&str>| {
+        let a = ipam.allocate(name, uid, &no_labels()).expect("a block");
+        assert_eq!(ipam.leak(name, a.ticket), a.cidrs);
+        a.cidrs
+    };
+    let held = |ipam: &Ipam| ipam.config_facts("c").expect("facts");
+
+    // The same object, still empty: the write may be on its way.
+    let a = leak(&mut ipam, "a", Some("ua"));
+    let empty = NodeSeen::Object {
+        uid: Some("ua"),
+        cidrs: &[],
+    };
+    assert!(ipam.settle_leaks("a", empty).is_empty());
+    assert_eq!(
+        (held(&ipam).leaked, held(&ipam).sample_leaked.clone()),
+        (1, vec!["a".to_string()])
+    );
+    assert!(held(&ipam).held(), "a leak holds its config");
+    // Another object's delete, or another object's (UID) podCIDRs... another object of the
+    // name means ours is gone.
+    let other = NodeSeen::Deleted {
+        uid: Some("ua-old"),
+    };
+    assert!(ipam.settle_leaks("a", other).is_empty());
+    let replaced = NodeSeen::Object {
+        uid: Some("ua-2"),
+        cidrs: &[],
+    };
+    assert_eq!(ipam.settle_leaks("a", replaced), a);
+    assert!(!ipam.is_held(&a[0]));
+    assert!(!held(&ipam).held());
+
+    // Landed: the node holds the blocks, which stay occupied.
+    let b = leak(&mut ipam, "b", Some("ub"));
+    ipam.observe_node("b", Some("ub"), &b);
+    let landed = NodeSeen::Object {
+        uid: Some("ub"),
+        cidrs: &b,
+    };
+    assert_eq!(ipam.settle_leaks("b", landed), b);
+    assert!(ipam.is_held(&b[0]));
+    assert_eq!((held(&ipam).leaked, held(&ipam).nodes), (0, 1));
+
+    // The same object with other podCIDRs (immutable), its delete, a 404.
+    let c = leak(&mut ipam, "c", Some("uc"));
+    let other_cidrs = [net("10.0.3.0/24")];
+    let elsewhere = NodeSeen::Object {
+        uid: Some("uc"),
+        cidrs: &other_cidrs,
+    };
+    assert_eq!(ipam.settle_leaks("c", elsewhere), c);
+    let d = leak(&mut ipam, "d", Some("ud"));
+    assert_eq!(
+        ipam.settle_leaks("d", NodeSeen::Deleted { uid: Some("ud") }),
+        d
+    );
+    let e = leak(&mut ipam, "e", Some("ue"));
+    assert_eq!(ipam.settle_leaks("e", NodeSeen::Absent), e);
+
+    // Without a UID precondition the write may land on any object of the name: only seeing it
+    // land ends it.
+    let f = leak(&mut ipam, "f", None);
+    assert!(ipam.settle_leaks("f", NodeSeen::Absent).is_empty());
+    assert!(
+        ipam.settle_leaks("f", NodeSeen::Deleted { uid: None })
+            .is_empty()
+    );
+    let other_object = NodeSeen::Object {
+        uid: Some("uf-2"),
+        cidrs: &other_cidrs,
+    };
+    assert!(ipam.settle_leaks("f", other_object).is_empty());
+    assert_eq!(held(&ipam).leaked, 1);
+    let landed = NodeSeen::Object {
+        uid: Some("uf-3"),
+        cidrs: &f,
+    };
+    assert_eq!(ipam.settle_leaks("f", landed), f);
+    assert_eq!(held(&ipam).leaked, 0);
 }

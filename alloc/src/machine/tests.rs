@@ -1291,3 +1291,357 @@ fn a_pool_handing_out_blocks_fast_carves_before_its_headroom_runs_out() {
     let out = m.handle(at(5), Input::Tick);
     assert!(creates(&out).is_empty(), "{out:?}");
 }
+
+// ----- leaks: a write whose outcome is unknown holds its config -----
+
+/// The publisher writes each publication among `effects` and its watch reads it back: the
+/// gate on the published pod network opens.
+fn land_publications(m: &mut Machine, now: Now, effects: &[Effect]) {
+    for e in effects {
+        if let Effect::Publish(n) = e {
+            let cm = configmap("nodeipam-system", "pod-network", n.configmap_data("now"));
+            m.handle(now, Input::Published(n.clone()));
+            m.handle(now, Input::Output(0, Watch::Applied(cm)));
+        }
+    }
+}
+
+/// The outcome of `job`: ambiguous first (the node still empty, so the same blocks go again),
+/// then refused every time until the machine gives up. An earlier attempt may have landed, so
+/// the blocks are leaked, not released.
+fn leak_after_refusals(m: &mut Machine, now: Now, job: &WriteJob) -> Vec<Effect> {
+    let uid = job.uid.clone();
+    let outcome = |ambiguous: bool| {
+        let now = NodeNow::Empty { uid: uid.clone() };
+        if ambiguous {
+            WriteOutcome::Ambiguous {
+                reason: "no answer within 10s".into(),
+                now,
+            }
+        } else {
+            WriteOutcome::Rejected {
+                reason: "403 Forbidden".into(),
+                now,
+            }
+        }
+    };
+    let mut job = job.clone();
+    let mut out = m.handle(
+        now,
+        Input::Written(WriteResult {
+            job: job.clone(),
+            outcome: outcome(true),
+        }),
+    );
+    while let Some(next) = writes(&out).first().map(|j| (*j).clone()) {
+        job = next;
+        out = m.handle(
+            now,
+            Input::Written(WriteResult {
+                job: job.clone(),
+                outcome: outcome(false),
+            }),
+        );
+    }
+    assert!(
+        metrics(&out).contains(&Metric::Leaked(1)),
+        "given up after an ambiguous attempt: leaked: {out:?}"
+    );
+    out
+}
+
+fn deleting(mut c: NodeIPAMConfig, seconds: i64) -> NodeIPAMConfig {
+    c.metadata.deletion_timestamp = Some(Time(
+        k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + seconds).unwrap_or_default(),
+    ));
+    c
+}
+
+fn drained(status: &NodeIPAMConfigStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == nodeipam_crd::CONDITION_DRAINED && c.status == "True")
+}
+
+fn removes_finalizer(effects: &[Effect]) -> bool {
+    config_jobs(effects)
+        .iter()
+        .any(|j| matches!(j, ConfigJob::RemoveFinalizer { .. }))
+}
+
+/// A machine with `pool` published and a block of it leaked for node `a` (u-a), which waits
+/// again, parked.
+fn with_a_leak() -> Machine {
+    let (mut m, _) = synced(options(true));
+    let out = m.handle(at(1), Input::Config(Watch::Applied(pool(true))));
+    land_publications(&mut m, at(1), &out);
+    let out = m.handle(
+        at(1),
+        Input::Node(Watch::Applied(node("a", "u-a", &[], &[]))),
+    );
+    let job = writes(&out)[0].clone();
+    assert_eq!(job.cidrs, vec![net("10.0.0.0/30")]);
+    let out = leak_after_refusals(&mut m, at(1), &job);
+    land_publications(&mut m, at(1), &out);
+    m
+}
+
+#[test]
+fn a_config_deleted_while_a_block_is_leaked_keeps_its_finalizer_and_stays_published() {
+    let mut m = with_a_leak();
+    let out = m.handle(
+        at(2),
+        Input::Config(Watch::Applied(deleting(pool(true), 2))),
+    );
+    land_publications(&mut m, at(2), &out);
+    let out = m.handle(at(3), Input::Tick);
+    land_publications(&mut m, at(3), &out);
+    assert!(
+        !removes_finalizer(&out),
+        "the leaked write may still land on a: {out:?}"
+    );
+    assert!(
+        statuses(&out).iter().all(|s| !drained(s)),
+        "Drained while a leaked write may still land: {out:?}"
+    );
+    assert!(
+        m.network().cidrs().contains(&net("10.0.0.0/29")),
+        "the range left the pod network: {:?}",
+        m.network().cidrs()
+    );
+    if let Some(network) = published(&out) {
+        assert!(network.cidrs().contains(&net("10.0.0.0/29")));
+    }
+}
+
+#[test]
+fn a_config_whose_leaked_node_is_deleted_drains() {
+    let mut m = with_a_leak();
+    m.handle(
+        at(2),
+        Input::Config(Watch::Applied(deleting(pool(true), 2))),
+    );
+    let out = m.handle(at(3), Input::Tick);
+    assert!(!removes_finalizer(&out), "still leaked: {out:?}");
+    // The write carried u-a as its precondition: it can land on no object now.
+    let gone = node("a", "u-a", &[], &[]);
+    m.handle(at(4), Input::Node(Watch::Deleted(gone)));
+    let out = m.handle(at(5), Input::Tick);
+    assert!(removes_finalizer(&out), "{out:?}");
+    assert!(statuses(&out).iter().any(|s| drained(s)), "{out:?}");
+    assert!(!m.network().cidrs().contains(&net("10.0.0.0/29")));
+}
+
+#[test]
+fn a_pool_child_with_a_leaked_block_is_not_retired() {
+    let mut m = with_pool(small_pool(1, 4, 0));
+    let first = creates(&m.handle(at(1), Input::Tick))[0].clone();
+    m.handle(
+        at(1),
+        Input::Config(Watch::Applied(child_object(&first, "c-1"))),
+    );
+    // Two nodes fill the first child; a third, without a UID, gets a second child's block.
+    let mut jobs = Vec::new();
+    for i in 0..2 {
+        let out = m.handle(
+            at(2),
+            Input::Node(Watch::Applied(node(
+                &format!("n{i}"),
+                &format!("u{i}"),
+                &[],
+                &[],
+            ))),
+        );
+        jobs.extend(writes(&out).into_iter().cloned());
+    }
+    for j in &jobs {
+        m.handle(at(2), applied(j));
+    }
+    let mut third = node("n2", "", &[], &[]);
+    third.metadata.uid = None;
+    m.handle(at(2), Input::Node(Watch::Applied(third)));
+    let second = creates(&m.handle(at(4), Input::Tick))[0].clone();
+    let out = m.handle(
+        at(4),
+        Input::Config(Watch::Applied(child_object(&second, "c-2"))),
+    );
+    let job = writes(&out)[0].clone();
+    assert_eq!(job.config, second.name);
+    // Without a UID precondition, an ambiguous write to a node gone since may still land on
+    // a node created under the same name: leaked.
+    let out = m.handle(
+        at(5),
+        Input::Written(WriteResult {
+            job,
+            outcome: WriteOutcome::Ambiguous {
+                reason: "timeout".into(),
+                now: NodeNow::Gone,
+            },
+        }),
+    );
+    assert!(metrics(&out).contains(&Metric::Leaked(1)), "{out:?}");
+    // Far beyond emptyFor (60 s): the child is not empty, and stays.
+    for t in [6, 66, 130, 200] {
+        let out = m.handle(at(t), Input::Tick);
+        assert!(deletes(&out).is_empty(), "at {t} s: {out:?}");
+    }
+}
+
+#[test]
+fn a_leaked_node_missing_from_a_relist_is_read_again_and_a_404_ends_the_leak() {
+    let mut m = with_a_leak();
+    m.handle(
+        at(2),
+        Input::Config(Watch::Applied(deleting(pool(true), 2))),
+    );
+    // Deleted while the watch was down: the relist lacks it.
+    m.handle(at(3), Input::Node(Watch::ListStart));
+    let out = m.handle(at(3), Input::Node(Watch::ListDone));
+    let rereads: Vec<(String, Option<String>)> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Reread { node, uid } => Some((node.clone(), uid.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rereads, vec![("a".to_string(), Some("u-a".to_string()))]);
+    let out = m.handle(at(3), Input::Tick);
+    assert!(!removes_finalizer(&out), "not before the GET says so");
+    m.handle(
+        at(4),
+        Input::Reread {
+            node: "a".into(),
+            uid: Some("u-a".into()),
+            now: NodeNow::Gone,
+        },
+    );
+    let out = m.handle(at(5), Input::Tick);
+    assert!(removes_finalizer(&out), "{out:?}");
+}
+
+// ----- status counts: allocated and nodes count the same blocks -----
+
+/// What a config's status should count, recounted from the nodes: the nodes holding a block
+/// of it, and those blocks, a block being the oldest config's whose range contains it.
+fn recount(nodes: &[(String, IpNet)], configs: &[(&str, i64, &str)], name: &str) -> (u64, u64) {
+    let owner = |block: &IpNet| {
+        configs
+            .iter()
+            .filter(|(_, _, range)| net(range).contains(block))
+            .min_by_key(|(n, created, _)| (*created, *n))
+            .map(|(n, _, _)| *n)
+    };
+    let ours: Vec<&(String, IpNet)> = nodes
+        .iter()
+        .filter(|(_, b)| owner(b) == Some(name))
+        .collect();
+    (ours.len() as u64, ours.len() as u64)
+}
+
+/// The last status among `effects` for `name`: `(nodes, allocated)`.
+fn counts(effects: &[Effect], name: &str) -> Option<(u64, u64)> {
+    config_jobs(effects)
+        .into_iter()
+        .rev()
+        .find_map(|j| match j {
+            ConfigJob::Status {
+                name: n, status, ..
+            } if n == name => Some((
+                status.nodes.unwrap_or(0),
+                status.ipv4.map_or(0, |f| f.allocated),
+            )),
+            _ => None,
+        })
+}
+
+/// Serves `count` new nodes (`prefix0`…) and confirms their writes: who holds what.
+fn serve(m: &mut Machine, now: Now, prefix: &str, count: usize) -> Vec<(String, IpNet)> {
+    let mut held = Vec::new();
+    for i in 0..count {
+        let name = format!("{prefix}{i}");
+        let out = m.handle(
+            now,
+            Input::Node(Watch::Applied(node(&name, &format!("u-{name}"), &[], &[]))),
+        );
+        let job = writes(&out)[0].clone();
+        m.handle(now, applied(&job));
+        held.push((name, job.cidrs[0]));
+    }
+    held
+}
+
+#[test]
+fn the_losing_config_of_an_overlapping_pair_counts_none_of_the_older_ones_blocks() {
+    let (mut m, _) = synced(options(false));
+    let range = "10.0.0.0/28";
+    let configs = [("older", 1, range), ("younger", 2, range)];
+    let older = config("older", "c-o", 1, (Some((range, 30)), None), None, true);
+    m.handle(at(1), Input::Config(Watch::Applied(older)));
+    let held = serve(&mut m, at(1), "n", 4);
+    // Past the webhook (it was down, or a race): the same range, younger.
+    let younger = config("younger", "c-y", 2, (Some((range, 30)), None), None, true);
+    m.handle(at(2), Input::Config(Watch::Applied(younger)));
+    let out = m.handle(at(3), Input::Tick);
+    assert_eq!(
+        counts(&out, "older"),
+        Some(recount(&held, &configs, "older"))
+    );
+    assert_eq!(
+        counts(&out, "younger"),
+        Some(recount(&held, &configs, "younger")),
+        "nodes and allocated count the same blocks: {out:?}"
+    );
+    // The range's usage is one gauge: both configs set it to the blocks in use by anyone.
+    let usage: Vec<Metric> = metrics(&out)
+        .into_iter()
+        .filter(|m| matches!(m, Metric::Usage { .. }))
+        .collect();
+    let full = Metric::Usage {
+        range: net(range),
+        ratio: 1.0,
+    };
+    assert_eq!(usage, vec![full.clone(), full], "{out:?}");
+    // The older one is gone (its finalizer taken off by hand): its blocks are the younger
+    // one's now, and its status says so without any node moving.
+    let older = config("older", "c-o", 1, (Some((range, 30)), None), None, true);
+    m.handle(at(4), Input::Config(Watch::Deleted(older)));
+    let out = m.handle(at(5), Input::Tick);
+    let configs = [("younger", 2, range)];
+    assert_eq!(
+        counts(&out, "younger"),
+        Some(recount(&held, &configs, "younger")),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_config_ready_once_an_older_one_with_its_range_drained_away_counts_its_nodes() {
+    let (mut m, _) = synced(options(false));
+    let range = "10.0.0.0/28";
+    let older = config("older", "c-o", 1, (Some((range, 30)), None), None, true);
+    let younger = config("younger", "c-y", 2, (Some((range, 30)), None), None, true);
+    m.handle(at(1), Input::Config(Watch::Applied(older.clone())));
+    // A node of the older one's, gone again before the older one is deleted.
+    let first = serve(&mut m, at(1), "early", 1);
+    m.handle(at(1), Input::Config(Watch::Applied(younger)));
+    let (name, cidr) = &first[0];
+    let gone = node(name, &format!("u-{name}"), &[], &[&cidr.to_string()]);
+    m.handle(at(2), Input::Node(Watch::Deleted(gone)));
+    m.handle(
+        at(2),
+        Input::Config(Watch::Applied(deleting(older.clone(), 2))),
+    );
+    let out = m.handle(at(3), Input::Tick);
+    assert!(removes_finalizer(&out), "the older one drained: {out:?}");
+    m.handle(at(3), Input::Config(Watch::Deleted(deleting(older, 2))));
+    // The younger one is Ready now and serves three nodes.
+    let held = serve(&mut m, at(4), "n", 3);
+    let out = m.handle(at(5), Input::Tick);
+    let configs = [("younger", 2, range)];
+    assert_eq!(
+        counts(&out, "younger"),
+        Some(recount(&held, &configs, "younger")),
+        "{out:?}"
+    );
+}

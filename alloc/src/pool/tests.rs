@@ -48,7 +48,7 @@ fn child(range: &str, allocated: u64, free: u64) -> ChildView {
         accepting: true,
         allocated,
         free,
-        nodes: allocated,
+        held: allocated > 0,
         empty_since: (allocated == 0).then_some(Duration::ZERO),
         retiring: false,
     }
@@ -286,7 +286,7 @@ fn a_lower_child_that_emptied_first_waits_for_the_higher_ones() {
     let names: Vec<&str> = d.retires.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["pods-10-0-2-0-24", "pods-10-0-1-0-24"]);
     // A higher child that holds nodes does not keep the lower ones.
-    children[2].nodes = 1;
+    children[2].held = true;
     children[2].empty_since = None;
     let d = decide_now(&p, &children, &[], 0, &[], Duration::from_secs(110));
     let names: Vec<&str> = d.retires.iter().map(|r| r.name.as_str()).collect();

@@ -42,6 +42,10 @@ pub enum WriteFault {
     Throttled,
     /// As `LostUnanswered`, and the GET after it failed too.
     LostUnreadable,
+    /// Stuck in the API server: unanswered, not landed yet (the GET shows the node as it was),
+    /// and it may land at any later step (`Action::LandLate`) until the takeover delay of a new
+    /// leader is over.
+    LandsLate,
 }
 
 /// What a user (or another controller) does.
@@ -105,6 +109,11 @@ pub enum Action {
         pick: u8,
         fault: WriteFault,
     },
+    /// A write stuck in the API server (`WriteFault::LandsLate`) lands now, if it still can.
+    LandLate {
+        proc: u8,
+        pick: u8,
+    },
     ConfigJob {
         proc: u8,
         pick: u8,
@@ -165,6 +174,14 @@ impl fmt::Display for Violation {
 pub struct Setup {
     pub outputs: usize,
     pub service_flag: bool,
+    /// Refused writes before the machine gives up: with one, a refusal after an ambiguous
+    /// attempt leaks the blocks often enough for the leaks to be explored.
+    #[serde(default = "three")]
+    pub write_attempts: u32,
+}
+
+fn three() -> u32 {
+    3
 }
 
 /// A config of the menu: name, IPv4 and IPv6 `(cidr, mask)`, whether it selects `pool=b`.
@@ -244,6 +261,8 @@ struct Process {
     machine: Machine,
     queues: BTreeMap<Stream, VecDeque<Change>>,
     writes: Vec<WriteJob>,
+    /// Writes stuck in the API server, whose sender had its (ambiguous) answer: they may land.
+    late: Vec<WriteJob>,
     config_jobs: Vec<ConfigJob>,
     pool_jobs: Vec<PoolJob>,
     publish: Option<PodNetwork>,
@@ -314,7 +333,7 @@ impl Sim {
             },
             service_cidr_api: true,
             pools: true,
-            write_attempts: 3,
+            write_attempts: self.setup.write_attempts,
             retry_rejected_after: RETRY_REJECTED_AFTER,
             outputs: (0..self.setup.outputs)
                 .map(|i| {
@@ -342,6 +361,7 @@ impl Sim {
             machine: Machine::new(self.options()),
             queues: BTreeMap::new(),
             writes: Vec::new(),
+            late: Vec::new(),
             config_jobs: Vec::new(),
             pool_jobs: Vec::new(),
             publish: None,
@@ -486,6 +506,19 @@ impl Sim {
                     self.write(p, *pick, *fault)?;
                 }
             }
+            Action::LandLate { proc, pick } => {
+                if let Some(p) = self.proc(*proc) {
+                    let late = &mut self.procs[p].late;
+                    if !late.is_empty() {
+                        let job = late.remove(*pick as usize % late.len());
+                        // Nobody waits for the answer any more; the UID precondition and the
+                        // immutable podCIDRs decide whether it still lands.
+                        let _ = self
+                            .world
+                            .patch_node(&job.node, job.uid.as_deref(), &job.cidrs);
+                    }
+                }
+            }
             Action::ConfigJob { proc, pick, fail } => {
                 if let Some(p) = self.proc(*proc) {
                     self.config_job(p, *pick, *fail)?;
@@ -548,6 +581,7 @@ impl Sim {
                     // timed out without landing.
                     for old in &mut self.procs[..l] {
                         old.writes.clear();
+                        old.late.clear();
                         old.config_jobs.clear();
                         old.pool_jobs.clear();
                         old.publish = None;
@@ -672,6 +706,17 @@ impl Sim {
             return Ok(());
         }
         let job = proc.writes.remove(pick as usize % proc.writes.len());
+        if fault == WriteFault::LandsLate {
+            let outcome = WriteOutcome::Ambiguous {
+                reason: "no answer within 10s".into(),
+                now: self.world.read_node(&job.node),
+            };
+            let proc = &mut self.procs[p];
+            proc.late.push(job.clone());
+            proc.answers
+                .push(Input::Written(WriteResult { job, outcome }));
+            return Ok(());
+        }
         let lands = matches!(fault, WriteFault::None | WriteFault::LandedUnanswered);
         let patched = if lands {
             Some(
@@ -1070,16 +1115,26 @@ impl Sim {
         Ok(())
     }
 
+    /// Every block a node holds or may still receive: a write stuck in the API server lands
+    /// later unless its node is gone, replaced (the UID precondition) or has podCIDRs by then.
+    /// The last field says whether a controller wrote it.
     fn held(&self) -> Vec<(&str, IpNet, bool)> {
-        self.world
-            .nodes
+        let landed = self.world.nodes.iter().flat_map(|(name, n)| {
+            n.nets()
+                .into_iter()
+                .map(move |c| (name.as_str(), c, n.ours))
+        });
+        let may_land = self
+            .procs
             .iter()
-            .flat_map(|(name, n)| {
-                n.nets()
-                    .into_iter()
-                    .map(move |c| (name.as_str(), c, n.ours))
+            .flat_map(|p| &p.late)
+            .filter(|job| {
+                self.world.nodes.get(&job.node).is_some_and(|n| {
+                    n.cidrs.is_empty() && job.uid.as_ref().is_none_or(|u| *u == n.uid)
+                })
             })
-            .collect()
+            .flat_map(|job| job.cidrs.iter().map(|c| (job.node.as_str(), *c, true)));
+        landed.chain(may_land).collect()
     }
 
     fn check_no_overlap(&self) -> Result<(), Violation> {
@@ -1222,6 +1277,10 @@ impl Sim {
                 })?;
                 busy = true;
             }
+            while !self.procs[l].late.is_empty() {
+                self.act(&Action::LandLate { proc: 0, pick: 0 })?;
+                busy = true;
+            }
             while !self.procs[l].rereads.is_empty() {
                 self.act(&Action::Reread {
                     proc: 0,
@@ -1295,6 +1354,7 @@ impl Sim {
         let p = &self.procs[l];
         p.queues.values().all(VecDeque::is_empty)
             && p.writes.is_empty()
+            && p.late.is_empty()
             && p.config_jobs.is_empty()
             && p.pool_jobs.is_empty()
             && p.publish.is_none()
@@ -1306,8 +1366,11 @@ impl Sim {
     /// world, not against a fresh machine that could share the running one's mistake. (At rest
     /// every config carries our finalizer, so ownership is the oldest config's, as here.)
     fn check_drained_configs_went(&self) -> Result<(), Violation> {
+        let leaked = self.leaked();
         for (name, c) in &self.world.configs {
-            if c.metadata.deletion_timestamp.is_none() {
+            // A leak holds its config until its write can no longer land (a write lost for
+            // good still counts until its node goes, gets podCIDRs, or a restart).
+            if c.metadata.deletion_timestamp.is_none() || leak_holds(c, &leaked) {
                 continue;
             }
             let owned = self.held().into_iter().any(|(_, block, _)| {
@@ -1323,6 +1386,17 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// The blocks the leader keeps for writes whose outcome it does not know.
+    fn leaked(&self) -> Vec<IpNet> {
+        self.procs[self.leader()]
+            .machine
+            .ipam()
+            .holders()
+            .filter(|(_, holders)| holders.iter().any(|h| matches!(h, Holder::Leaked(_))))
+            .map(|(block, _)| *block)
+            .collect()
     }
 
     /// At rest, no node waits for a block while the pool that selects it best could carve one
@@ -1438,19 +1512,12 @@ impl Sim {
             wall_seconds: self.wall,
         };
         effects.extend(fresh.handle(later, Input::Tick));
-        let leaked: Vec<IpNet> = self.procs[self.leader()]
-            .machine
-            .ipam()
-            .holders()
-            .filter(|(_, holders)| holders.iter().any(|h| matches!(h, Holder::Leaked(_))))
-            .map(|(block, _)| *block)
-            .collect();
+        let leaked = self.leaked();
         let leaky = |name: &str| {
-            self.world.configs.get(name).is_some_and(|c| {
-                ranges(c)
-                    .iter()
-                    .any(|r| leaked.iter().any(|b| nets_overlap(r, b)))
-            })
+            self.world
+                .configs
+                .get(name)
+                .is_some_and(|c| leak_holds(c, &leaked))
         };
         for e in &effects {
             match e {
@@ -1469,6 +1536,8 @@ impl Sim {
                         ),
                     });
                 }
+                // The running machine holds it for a leak; a restart forgets the leak.
+                Effect::Config(ConfigJob::RemoveFinalizer { name, .. }) if leaky(name) => {}
                 Effect::Config(ConfigJob::RemoveFinalizer { name, .. }) => {
                     return Err(Violation {
                         rule: "every drained config loses our finalizer",
@@ -1532,7 +1601,32 @@ impl Sim {
                 _ => {}
             }
         }
-        let truth = fresh.network();
+        let mut truth = fresh.network();
+        // A range a leak holds stays published until the leak ends, which a restart forgets:
+        // then the running machine's network is the truth, if it differs from the fresh one's
+        // only by such ranges.
+        let leaky_ranges: Vec<IpNet> = self
+            .world
+            .configs
+            .values()
+            .filter(|c| leak_holds(c, &leaked))
+            .flat_map(ranges)
+            .collect();
+        if !leaky_ranges.is_empty() {
+            let running = self.procs[self.leader()].machine.network();
+            let (ours, theirs) = (running.cidrs(), truth.cidrs());
+            if !theirs.is_subset(&ours)
+                || ours.difference(&theirs).any(|c| !leaky_ranges.contains(c))
+            {
+                return Err(Violation {
+                    rule: "the published outputs equal the truth",
+                    detail: format!(
+                        "the running machine's network {ours:?} differs from a fresh start's {theirs:?} by more than the leaked ranges {leaky_ranges:?}"
+                    ),
+                });
+            }
+            truth = running;
+        }
         let kinds = [OutputKind::PodNetwork, OutputKind::IpMasqAgent];
         for (i, kind) in kinds.iter().enumerate().take(self.setup.outputs) {
             let want = kind.desired(&truth, &[]).cidrs;
@@ -1621,6 +1715,13 @@ fn track_service(
     }
 }
 
+/// Whether one of `leaked` lies in the config's ranges: the leak holds it.
+fn leak_holds(c: &NodeIPAMConfig, leaked: &[IpNet]) -> bool {
+    ranges(c)
+        .iter()
+        .any(|r| leaked.iter().any(|b| nets_overlap(r, b)))
+}
+
 fn ranges(c: &NodeIPAMConfig) -> Vec<IpNet> {
     [&c.spec.ipv4, &c.spec.ipv6]
         .into_iter()
@@ -1673,6 +1774,8 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
     let setup = Setup {
         outputs: rng.below(3) as usize,
         service_flag: rng.chance(50),
+        // From the seed, not the generator: the rest of each schedule stays as it was.
+        write_attempts: if seed % 2 == 1 { 1 } else { 3 },
     };
     let all_streams = streams(setup.outputs, true);
     let mut actions = Vec::with_capacity(steps);
@@ -1691,7 +1794,11 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
                     _ => PoolFault::None,
                 },
             },
-            3..=34 => Action::Deliver {
+            3 => Action::LandLate {
+                proc,
+                pick: rng.byte(),
+            },
+            4..=34 => Action::Deliver {
                 proc: 0,
                 stream: all_streams[rng.below(all_streams.len() as u64) as usize],
             },
@@ -1704,6 +1811,7 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
                     2 | 3 => WriteFault::Refused,
                     4 => WriteFault::Throttled,
                     5 => WriteFault::LostUnreadable,
+                    6 => WriteFault::LandsLate,
                     _ => WriteFault::None,
                 },
             },
