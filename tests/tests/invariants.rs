@@ -363,12 +363,24 @@ async fn deleting_the_younger_of_two_overlapping_configs_completes() {
     // No webhook here: the overlap gets in, as it can in a race the webhook cannot see.
     create_config(&c, "younger", spec(family("10.30.0.0/17", 24), None, None)).await;
     wait_condition(&c, "younger", "Ready", "False", Some("Overlap")).await;
+    // Its status counts by one rule: the blocks are the older config's, so neither its nodes
+    // nor its allocated blocks count them (it showed allocated 3, nodes 0).
+    wait_for(
+        "the younger config to count none of the older one's blocks",
+        || async {
+            let st = get_config(&c, "younger").await?.status?;
+            let allocated = st.ipv4.map(|f| f.allocated);
+            (st.nodes == Some(0) && allocated == Some(0)).then_some(())
+        },
+    )
+    .await;
     delete_config(&c, "younger").await;
     wait_for("the younger config to go away", || async {
         get_config(&c, "younger").await.is_none().then_some(())
     })
     .await;
     // The older one still counts its nodes and keeps its finalizer.
+    assert_status_matches(&c, "older").await;
     delete_config(&c, "older").await;
     let cfg = wait_condition(&c, "older", "Drained", "False", Some("NodesRemaining")).await;
     assert_eq!(cfg.status.as_ref().and_then(|s| s.nodes), Some(3));
