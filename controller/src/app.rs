@@ -58,7 +58,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         &args.client,
         Some(crate::reconcile::handover::REQUEST_TIMEOUT),
     )?;
-    let auth_client = crate::client::build(config, &args.client)?;
+    let auth_client = crate::client::build_with_deadline(config, &args.client, writes)?;
     let metrics = Arc::new(Metrics::new());
     let identity = identity(args.identity.as_deref());
     let took = crate::reconcile::leader::TookCell::default();

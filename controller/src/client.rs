@@ -69,19 +69,24 @@ pub async fn config(args: &ClientArgs) -> anyhow::Result<kube::Config> {
 /// A client whose every request waits for the rate limiter (`--kube-api-qps` 0: unlimited).
 /// Each call builds a client with its own limiter, as client-go gives each client its own.
 ///
-/// Without kube's own retries: they retry 429, 503 and 504 up to 15 times with a backoff of
+/// The controller's clients ([`build_with_deadline`]) go without kube's own retries: they retry 429, 503 and 504 up to 15 times with a backoff of
 /// up to minutes (honouring any Retry-After), inside one call, so under API Priority and
 /// Fairness throttling a single write would block its writer for minutes with nothing said,
 /// and a write retried inside the client would be sent again behind the back of the code
 /// that accounts for what may land. Every caller bounds its requests and retries with its own
 /// backoff, logged and counted.
+/// A one-shot command (`nodeipam ranges`) keeps kube's own retries of 429/503/504: it sends a
+/// few reads, and an API server that is starting answers 429 for a moment.
 pub fn build(config: kube::Config, args: &ClientArgs) -> anyhow::Result<Client> {
-    build_with_deadline(config, args, None)
+    let limiter = Arc::new(RateLimiter::new(args.kube_api_qps, args.kube_api_burst));
+    let builder = ClientBuilder::try_from(config).context("building the Kubernetes client")?;
+    Ok(builder.with_layer(&RateLimitLayer::new(limiter)).build())
 }
 
-/// [`build`], and every mutating request asks the API server to give up on it after
-/// `deadline` (its `timeout` parameter), so that the server stops working on a write about
-/// when we stop waiting for it (see docs/single-writer.md).
+/// The controller's client: [`build`] without kube's retries (see above), and every mutating
+/// request asks the API server to give up on it after `deadline` (its `timeout` parameter), so
+/// that the server stops working on a write about when we stop waiting for it (see
+/// docs/single-writer.md).
 pub fn build_with_deadline(
     mut config: kube::Config,
     args: &ClientArgs,
