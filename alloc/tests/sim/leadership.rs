@@ -709,12 +709,20 @@ impl Sim {
         if !self.store.replace(&read, new) {
             return false;
         }
-        let (edits, mono) = (self.store.edits, self.mono(slot));
-        let p = self.proc(slot);
         if lost {
-            p.lock.next = mono + RETRY;
-            return true;
+            let next = self.mono(slot) + RETRY;
+            self.proc(slot).lock.next = next;
+        } else {
+            self.held(slot, sent, took);
         }
+        true
+    }
+
+    /// Our write made or kept us the holder: our term counts from when it was sent.
+    fn held(&mut self, slot: usize, sent: Duration, took: Option<Took>) {
+        let edits = self.store.edits;
+        let p = self.proc(slot);
+        // A renewal keeps how we came to hold it.
         let how = took.or_else(|| p.lock.held.and_then(|(_, t)| t));
         p.lock.held = Some((sent, how));
         p.lock.next = sent + RENEW_AFTER;
@@ -724,7 +732,6 @@ impl Sim {
             self.say(|_| format!("{id} takes the lease ({took:?})"));
         }
         self.set_leader(slot, true);
-        true
     }
 
     fn not_held(&mut self, slot: usize, next: Duration) -> bool {
@@ -897,13 +904,32 @@ impl Sim {
         v.mine.insert(node, (block, true));
         let (uid, session) = (p.uid, v.id);
         p.flying += 1;
-        let f = self.fate(rng, uid, session, node, block, mono);
-        let (name, status, answer, commit) =
-            (self.nodes[node].name, f.status, f.answer_at, f.commit_at);
+        let (status, answer, commit) = fate(rng, self.bound());
+        let (answer_at, commit_at) = (answer.map(|d| self.now + d), commit.map(|d| self.now + d));
+        let name = self.nodes[node].name;
         self.say(|_| {
-            format!("#{uid} sends node {name} <- {block}: answer {status:?} at {answer:?}, commits at {commit:?}")
+            format!("#{uid} sends node {name} <- {block}: answer {status:?} at {answer_at:?}, lands at {commit_at:?}")
         });
-        self.flights.push(f);
+        self.flights.push(Flight {
+            proc: uid,
+            session,
+            node,
+            block,
+            sent: mono,
+            status,
+            answer_at,
+            commit_at,
+            done: false,
+        });
+    }
+
+    /// D: how long after it was sent a write may still land.
+    fn bound(&self) -> Duration {
+        if self.setup.beyond {
+            BEYOND
+        } else {
+            WRITE_TIMEOUT
+        }
     }
 
     fn choose(&self, slot: usize) -> Option<(usize, u32)> {
@@ -926,62 +952,6 @@ impl Sim {
             None => (0..BLOCKS).find(|b| !taken(b))?,
         };
         Some((pending, block))
-    }
-
-    /// How a write fares, as the schedule's `rng` says: its answer and whether and when it
-    /// lands. A 2xx landed before it was answered; a 4xx never lands; anything else may land
-    /// at any moment up to the bound, or never.
-    fn fate(
-        &self,
-        rng: &mut Rng,
-        proc: u32,
-        session: u64,
-        node: usize,
-        block: u32,
-        sent: Duration,
-    ) -> Flight {
-        let bound = if self.setup.beyond {
-            BEYOND
-        } else {
-            WRITE_TIMEOUT
-        };
-        let within = |rng: &mut Rng, d: Duration| ms(1 + rng.below(d.as_millis() as u64));
-        let status = match rng.below(100) {
-            0..45 => Some(200),
-            45..48 => Some(400),
-            48..51 => Some(409),
-            51..54 => Some(422),
-            54..60 => Some(429),
-            60..68 => Some(500),
-            68..73 => Some(502),
-            73..78 => Some(503),
-            78..86 => Some(504),
-            _ => None,
-        };
-        let answered = status.is_some() || rng.below(2) == 0;
-        let (commit, answer) = match status {
-            Some(200) => {
-                let c = within(rng, WRITE_TIMEOUT * 4 / 10);
-                (Some(c), c + within(rng, WRITE_TIMEOUT * 4 / 10))
-            }
-            // The world's truth, not the rule under test: a 4xx was refused before storage.
-            Some(c) if (400..500).contains(&c) => (None, within(rng, WRITE_TIMEOUT * 8 / 10)),
-            _ => {
-                let c = (rng.below(2) == 0).then(|| within(rng, bound));
-                (c, within(rng, WRITE_TIMEOUT * 8 / 10))
-            }
-        };
-        Flight {
-            proc,
-            session,
-            node,
-            block,
-            sent,
-            status,
-            answer_at: answered.then_some(self.now + answer),
-            commit_at: commit.map(|c| self.now + c),
-            done: false,
-        }
     }
 
     /// The answers that arrived for `slot`, and the writes it gave up on (`InFlight` and the
@@ -1114,6 +1084,44 @@ impl Sim {
 fn settle(v: &mut View, node: usize, held: Option<u32>) {
     v.nodes.insert(node, held);
     v.mine.remove(&node);
+}
+
+/// How a write fares, as the schedule's `rng` says: its answer, when it arrives (`None`:
+/// never) and when it lands (`None`: never), after its sending. A 2xx landed before it was
+/// answered; a 4xx never lands; anything else may land at any moment up to `bound`, or never.
+fn fate(rng: &mut Rng, bound: Duration) -> (Option<u16>, Option<Duration>, Option<Duration>) {
+    let within = |rng: &mut Rng, d: Duration| ms(1 + rng.below(d.as_millis() as u64));
+    let status = status(rng);
+    let answered = status.is_some() || rng.below(2) == 0;
+    let (commit, answer) = match status {
+        Some(200) => {
+            let c = within(rng, WRITE_TIMEOUT * 4 / 10);
+            (Some(c), c + within(rng, WRITE_TIMEOUT * 4 / 10))
+        }
+        // The world's truth, not the rule under test: a 4xx was refused before storage.
+        Some(c) if (400..500).contains(&c) => (None, within(rng, WRITE_TIMEOUT * 8 / 10)),
+        _ => {
+            let c = (rng.below(2) == 0).then(|| within(rng, bound));
+            (c, within(rng, WRITE_TIMEOUT * 8 / 10))
+        }
+    };
+    (status, answered.then_some(answer), commit)
+}
+
+/// The answer's status: `None` for a reset connection or no answer at all.
+fn status(rng: &mut Rng) -> Option<u16> {
+    match rng.below(100) {
+        0..45 => Some(200),
+        45..48 => Some(400),
+        48..51 => Some(409),
+        51..54 => Some(422),
+        54..60 => Some(429),
+        60..68 => Some(500),
+        68..73 => Some(502),
+        73..78 => Some(503),
+        78..86 => Some(504),
+        _ => None,
+    }
 }
 
 fn host(setup: &Setup, slot: usize) -> Host {
