@@ -16,8 +16,8 @@
 //! restarted under the same pod name. A node write is answered as the schedule says (2xx,
 //! 400, 409, 422, 429, 500, 502, 503, 504, a reset, no answer) and, unless the answer rules it
 //! out (a 2xx landed before it was answered, a 4xx never lands), lands at any moment up to the
-//! bound D after it was sent, or never: after its answer, after its sender gave up, after the
-//! successor listed.
+//! bound D after it was sent, or never: before or after its answer, and beyond the bound after
+//! its sender gave up and after the successor listed.
 //!
 //! A session as the controller's: once the fence holds, claim the Lease (the mark off, our
 //! finalizer on), wait as `lease::wait` says, claim again, list the Nodes (what landed by then
@@ -42,11 +42,10 @@
 //!
 //! Not modelled: the real allocation machine (blocks are integers, one range, no configs: a
 //! Node's UID, deletion or re-creation; `allocated_before` is "a session ever listed", which
-//! leaves out the gap docs/single-writer.md names),
-//! answers to the Lease writes other than success, a conflict or none, Lease writes that
-//! commit late (the gap between a read and its write is as close as it gets), clocks that
-//! stop during a pause, and a Lease freed or renamed by hand and then deleted the ordinary way
-//! within a term (see `Sim::delete`).
+//! leaves out the gap docs/single-writer.md names), answers to the Lease writes other than
+//! success, a conflict or none, Lease writes that commit late (the gap between a read and its
+//! write is as close as it gets), clocks that stop during a pause, and a Lease freed or
+//! renamed by hand and then deleted the ordinary way within a term (see `Sim::delete`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
