@@ -5,14 +5,17 @@
 #   hack/simulate.sh --mutations [NAME…]  puts back each defect of hack/mutations/ marked
 #       "# simulator", one at a time, and runs the simulator with CI's budget: every one must
 #       be found. Prints a table (seeds and steps until the failure, the rule it broke).
+#       A patch marked "# simulator leadership" is run against the leadership simulator
+#       (alloc/tests/sim/leadership.rs) instead of the allocation one.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$NODEIPAM_ROOT"
 claim_target
 
+# simulate [TEST]: one test of the simulator, the allocation one unless named.
 simulate() {
   cargo test --quiet --locked -p nodeipam-alloc --test simulator -- \
-    --exact seeded_schedules_keep_every_invariant --nocapture
+    --exact "${1:-seeded_schedules_keep_every_invariant}" --nocapture
 }
 
 if [[ "${1:-}" != "--mutations" ]]; then
@@ -40,10 +43,12 @@ for name in "${names[@]}"; do
   git apply "$patch" || die "$patch no longer applies"
   out="$NODEIPAM_CACHE/simulate-$name.log"
   start=$SECONDS
-  log "mutation $name: simulating for up to ${budget}s"
+  which=seeded_schedules_keep_every_invariant
+  if grep -q '^# simulator leadership' "$patch"; then which=leadership_schedules_keep_one_writer; fi
+  log "mutation $name: simulating ($which) for up to ${budget}s"
   if ! cargo test --quiet --locked -p nodeipam-alloc --test simulator --no-run >"$out" 2>&1; then
     verdict="DOES NOT BUILD (see $out)"
-  elif NODEIPAM_SIM_SECONDS="$budget" simulate >>"$out" 2>&1; then
+  elif NODEIPAM_SIM_SECONDS="$budget" simulate "$which" >>"$out" 2>&1; then
     verdict="SURVIVED (no seed broke an invariant)"
   else
     found=$(sed -n 's/.*invariant broken at step [0-9]* of seed Some(\([0-9]*\)) (\([0-9]*\) seeds, \([0-9]*\) steps tried): \([^:]*\):.*/seed \1, \2 seeds, \3 steps: \4/p' "$out" | head -1)

@@ -1,12 +1,14 @@
 //! The allocation core, pure: no kube client, no tokio, no clock (this crate depends on none
-//! of them, so it cannot name them). The bitmaps (`cidrset`), the
-//! allocation state (`ipam`), config selection, write outcomes, status and the pod network are
-//! decided here, and `machine` puts them together behind one `handle(input) -> effects`.
+//! of them, so it cannot name them). The bitmaps (`cidrset`), the allocation state (`ipam`),
+//! config selection, write outcomes, status, the pod network and the leadership rules
+//! (`lease`) are decided here, and `machine` puts them together behind one
+//! `handle(input) -> effects`.
 
 pub mod cidrset;
 pub mod effects;
 pub mod fixtures;
 pub mod ipam;
+pub mod lease;
 pub mod machine;
 pub mod node;
 pub mod outcome;

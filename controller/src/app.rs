@@ -18,6 +18,7 @@ use nodeipam_webhook::{FilesTls, ManagedTls, Readiness, TlsMode, Webhook, Webhoo
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use crate::alloc::lease;
 use crate::cli::{CertMode, ClientArgs, RunArgs};
 use crate::health::{self, Inputs};
 use crate::metrics::Metrics;
@@ -279,9 +280,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// This process's identity in the Lease: `name` (the pod name) or the host name, with a random
-/// suffix, as kube-controller-manager makes its own. Two processes never share one, even with
-/// the same pod name (a copied manifest, a pod restarted in place, no `POD_NAME` at all):
-/// two replicas that each took the other's renewals for their own would both lead.
+/// suffix, as kube-controller-manager makes its own ([`lease::identity`]). Two processes never
+/// share one, even with the same pod name (a copied manifest, a pod restarted in place, no
+/// `POD_NAME` at all): two replicas that each took the other's renewals for their own would
+/// both lead.
 pub fn identity(name: Option<&str>) -> String {
     let host = || {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -294,12 +296,12 @@ pub fn identity(name: Option<&str>) -> String {
         .filter(|n| !n.is_empty())
         .or_else(host)
         .unwrap_or_else(|| "nodeipam".to_string());
-    format!("{name}_{}", suffix())
+    lease::identity(&name, &suffix())
 }
 
 /// The name part of an [`identity`]: the pod (or host) name, without the random suffix.
 pub fn holder_name(identity: &str) -> &str {
-    identity.rsplit_once('_').map_or(identity, |(name, _)| name)
+    lease::holder_name(identity)
 }
 
 /// Eight random hex digits (from the kernel's generator; the time and the pid where it has

@@ -3,6 +3,7 @@
 //! makes the list; the run checks the invariants after every action, then lets the world calm
 //! down and checks liveness against a freshly started machine.
 
+pub mod leadership;
 pub mod world;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

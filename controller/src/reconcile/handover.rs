@@ -22,7 +22,8 @@
 //! only with the mark, or once a deletion of the Lease stopped it and its writes had time to
 //! land; then it creates the next Lease marked settled itself. So a Lease deleted under a
 //! live leader stays (terminating, led by nobody) until that leader is quiet. Deciding is
-//! pure (`takeover`, `wait`, `releasable`, `unclaimable`); `claim`, `mark`, `create` and
+//! pure and lives in the core (`nodeipam_alloc::lease`: `takeover`, `wait`, `releasable`,
+//! `unclaimable`, run on the Lease as [`view`] reads it); `claim`, `mark`, `create` and
 //! `release` only read and write it.
 
 use std::future::Future;
@@ -37,7 +38,10 @@ use tokio::sync::Notify;
 use tracing::debug;
 
 use super::lease_lock::Took;
+use crate::alloc::lease::{self, LeaseView, Mark};
 use crate::alloc::outcome::may_still_land;
+
+pub use crate::alloc::lease::{Takeover, wait};
 
 /// The annotation on the Lease by which a leader that stopped cleanly vouches that none of
 /// its writes (nor any earlier leader's) can still land.
@@ -66,58 +70,6 @@ pub struct LeaseRef {
     pub term: Duration,
 }
 
-/// How a leader took over: what its predecessor may still do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Takeover {
-    /// Its predecessor vouched that nothing of it can still land: allocate at once.
-    Clean,
-    /// Its predecessor sends nothing more (its term ran out, or it let go marked stopped):
-    /// wait out the longest write.
-    Unclean,
-    /// Nothing says its predecessor stopped (the Lease was missing, or freed by hand): wait
-    /// out its term and then the longest write.
-    Unknown,
-}
-
-impl Takeover {
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Takeover::Clean => "clean",
-            Takeover::Unclean => "unclean",
-            Takeover::Unknown => "unknown",
-        }
-    }
-}
-
-/// How a leader took over, from the Lease it holds and how its lock took it: clean only when
-/// the Lease names `identity` as its holder (the mark was left for whoever took it next: us)
-/// and carries the settled mark.
-pub fn takeover(lease: &Lease, identity: &str, took: Option<Took>) -> Takeover {
-    let mark = lease
-        .annotations()
-        .get(HANDOVER_ANNOTATION)
-        .map(String::as_str);
-    match (mark, took) {
-        (Some(SETTLED), _) if holder(lease) == Some(identity) => Takeover::Clean,
-        (Some(STOPPED), _) | (_, Some(Took::Expired)) => Takeover::Unclean,
-        _ => Takeover::Unknown,
-    }
-}
-
-/// How long a leader that took over as `took` waits before its first write: nothing after a
-/// clean hand-over or when nothing was ever allocated (no config carries our finalizer:
-/// `allocated_before` false), the longest write (`delay`) after a predecessor that stopped,
-/// and its whole term (`term`) more when nothing says it stopped.
-pub fn wait(took: Takeover, allocated_before: bool, delay: Duration, term: Duration) -> Duration {
-    match took {
-        Takeover::Clean => Duration::ZERO,
-        _ if !allocated_before => Duration::ZERO,
-        Takeover::Unclean => delay,
-        Takeover::Unknown => term + delay,
-    }
-}
-
 /// Whether a request's outcome is final: it can no longer land later (the one rule,
 /// [`nodeipam_alloc::outcome::may_still_land`], that the writers use too).
 pub fn definite<T>(result: &Result<T, kube::Error>) -> bool {
@@ -134,9 +86,47 @@ pub fn answer<T>(result: &Result<T, kube::Error>) -> Option<u16> {
     }
 }
 
-/// Whether `lease` is being deleted: nobody may lead on it.
-pub fn terminating(lease: &Lease) -> bool {
-    lease.metadata.deletion_timestamp.is_some()
+/// `lease` as the lock's rules read it.
+pub fn view(lease: &Lease) -> LeaseView {
+    let spec = lease.spec.as_ref();
+    LeaseView {
+        version: version(lease),
+        holder: holder(lease).map(str::to_string),
+        renewed: spec
+            .and_then(|s| s.renew_time.as_ref())
+            .map(|t| t.0.as_microsecond()),
+        duration: spec
+            .and_then(|s| s.lease_duration_seconds)
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs),
+        mark: match lease
+            .annotations()
+            .get(HANDOVER_ANNOTATION)
+            .map(String::as_str)
+        {
+            Some(SETTLED) => Some(Mark::Settled),
+            Some(STOPPED) => Some(Mark::Stopped),
+            _ => None,
+        },
+        terminating: lease.metadata.deletion_timestamp.is_some(),
+        finalized: holds_finalizer(lease),
+    }
+}
+
+/// The annotation value of `mark`.
+pub fn mark_value(mark: Mark) -> &'static str {
+    match mark {
+        Mark::Settled => SETTLED,
+        Mark::Stopped => STOPPED,
+    }
+}
+
+/// What identifies one version of a Lease: its resourceVersion (or, without one, its spec).
+fn version(lease: &Lease) -> String {
+    match lease.resource_version() {
+        Some(v) if !v.is_empty() => v,
+        _ => format!("{:?}", lease.spec),
+    }
 }
 
 /// Who the Lease names, if anyone.
@@ -149,26 +139,6 @@ pub(super) fn holder(lease: &Lease) -> Option<&str> {
 
 fn holds_finalizer(lease: &Lease) -> bool {
     lease.finalizers().iter().any(|f| f == LEASE_FINALIZER)
-}
-
-/// Whether `identity` may take our finalizer off a terminating Lease (once its own session
-/// stopped and the take-over wait passed): it holds it, or nobody does.
-pub fn releasable(lease: &Lease, identity: &str) -> bool {
-    let holder = holder(lease).filter(|h| !h.is_empty());
-    terminating(lease) && holds_finalizer(lease) && holder.is_none_or(|h| h == identity)
-}
-
-/// Why `identity` may not lead on `lease`, if it may not: it is being deleted, or another
-/// replica took it since our last read (two replicas can both lock a free Lease), whatever
-/// that read said.
-pub fn unclaimable(lease: &Lease, identity: &str) -> Option<&'static str> {
-    if terminating(lease) {
-        Some("the lease is being deleted")
-    } else if holder(lease) != Some(identity) {
-        Some("the lease names another holder")
-    } else {
-        None
-    }
 }
 
 /// Reads the Lease we hold, removes any mark (only on the version read, so nothing else
@@ -184,10 +154,11 @@ pub async fn claim(
     let Some(current) = timed(api.get_opt(&lease.name)).await? else {
         return Err(kube::Error::Service("the lease is gone".into()));
     };
-    if let Some(why) = unclaimable(&current, &lease.identity) {
+    let seen = view(&current);
+    if let Some(why) = lease::unclaimable(&seen, &lease.identity) {
         return Err(kube::Error::Service(why.into()));
     }
-    let found = takeover(&current, &lease.identity, took);
+    let found = lease::takeover(&seen, &lease.identity, took);
     if current.annotations().contains_key(HANDOVER_ANNOTATION) || !holds_finalizer(&current) {
         // Removed whatever we decided: a mark that did not vouch for us must not stay either.
         set_mark(&api, &current, None).await?;
@@ -244,15 +215,15 @@ pub async fn create(
     }
 }
 
-/// Takes our finalizer off a terminating Lease if it is [`releasable`] by us (on the version
-/// read), so that its deletion completes. The caller has waited out every write that could
-/// still land. Returns whether it did.
+/// Takes our finalizer off a terminating Lease if it is [`lease::releasable`] by us (on the
+/// version read), so that its deletion completes. The caller has waited out every write that
+/// could still land. Returns whether it did.
 pub async fn release(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
     let Some(current) = timed(api.get_opt(&lease.name)).await? else {
         return Ok(false);
     };
-    if !releasable(&current, &lease.identity) {
+    if !lease::releasable(&view(&current), &lease.identity) {
         return Ok(false);
     }
     patch_meta(&api, &current, None, false).await?;
@@ -438,66 +409,6 @@ mod tests {
         kube::Error::Api(Box::new(Status::failure("refused", "Test").with_code(code)))
     }
 
-    #[test]
-    fn only_a_settled_mark_on_a_lease_we_hold_is_a_clean_takeover() {
-        let expired = Some(Took::Expired);
-        let free = Some(Took::Free);
-        for took in [None, free, expired] {
-            assert_eq!(
-                takeover(&lease(Some("b"), Some(SETTLED)), "b", took),
-                Takeover::Clean
-            );
-        }
-        assert_eq!(
-            takeover(&lease(Some("a"), Some(SETTLED)), "b", free),
-            Takeover::Unknown,
-            "a mark left for another replica vouches for nothing"
-        );
-        assert_eq!(
-            takeover(&lease(None, Some(SETTLED)), "b", free),
-            Takeover::Unknown
-        );
-        assert_eq!(
-            takeover(&lease(Some("b"), Some("yes")), "b", free),
-            Takeover::Unknown
-        );
-        assert_eq!(takeover(&Lease::default(), "b", None), Takeover::Unknown);
-    }
-
-    #[test]
-    fn a_predecessor_stopped_only_if_its_term_ran_out_or_it_said_so() {
-        assert_eq!(
-            takeover(&lease(Some("b"), None), "b", Some(Took::Expired)),
-            Takeover::Unclean
-        );
-        assert_eq!(
-            takeover(&lease(Some("b"), Some(STOPPED)), "b", Some(Took::Free)),
-            Takeover::Unclean
-        );
-        // Free without a word: created after a deletion, or freed by hand.
-        assert_eq!(
-            takeover(&lease(Some("b"), None), "b", Some(Took::Free)),
-            Takeover::Unknown
-        );
-        // Found naming us without having taken it (written by hand).
-        assert_eq!(
-            takeover(&lease(Some("b"), None), "b", None),
-            Takeover::Unknown
-        );
-    }
-
-    #[test]
-    fn the_wait_covers_what_the_predecessor_may_still_do() {
-        let (delay, term) = (Duration::from_secs(4), Duration::from_secs(15));
-        assert_eq!(wait(Takeover::Clean, true, delay, term), Duration::ZERO);
-        assert_eq!(wait(Takeover::Unclean, true, delay, term), delay);
-        assert_eq!(wait(Takeover::Unknown, true, delay, term), term + delay);
-        // Nothing was ever allocated from any range: nothing to wait for.
-        for took in [Takeover::Clean, Takeover::Unclean, Takeover::Unknown] {
-            assert_eq!(wait(took, false, delay, term), Duration::ZERO);
-        }
-    }
-
     fn being_deleted(mut l: Lease, finalizer: bool) -> Lease {
         l.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
@@ -509,41 +420,68 @@ mod tests {
     }
 
     #[test]
-    fn only_the_holder_or_anyone_of_an_unheld_lease_releases_it_and_only_while_it_is_deleted() {
-        assert!(releasable(
-            &being_deleted(lease(Some("b"), None), true),
-            "b"
-        ));
-        assert!(releasable(&being_deleted(lease(None, None), true), "b"));
-        assert!(releasable(&being_deleted(lease(Some(""), None), true), "b"));
-        // A live holder's writes are its own to wait out.
-        assert!(!releasable(
-            &being_deleted(lease(Some("a"), None), true),
-            "b"
-        ));
-        // Not being deleted: the finalizer stays for the next leader to see.
-        let mut held = lease(Some("b"), None);
-        held.finalizers_mut().push(LEASE_FINALIZER.into());
-        assert!(!terminating(&held));
-        assert!(!releasable(&held, "b"));
-        // Nothing of ours to take off.
-        assert!(!releasable(
-            &being_deleted(lease(Some("b"), None), false),
-            "b"
-        ));
+    fn a_lease_reads_as_its_holder_times_mark_deletion_and_finalizer() {
+        let mut l = lease(Some("b"), Some(SETTLED));
+        l.metadata.resource_version = Some("7".into());
+        if let Some(spec) = l.spec.as_mut() {
+            spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("a time"),
+            ));
+            spec.lease_duration_seconds = Some(15);
+        }
+        let v = view(&l);
+        assert_eq!(v.version, "7");
+        assert_eq!(v.holder.as_deref(), Some("b"));
+        assert_eq!(v.renewed, Some(1_800_000_000_000_000));
+        assert_eq!(v.duration, Some(Duration::from_secs(15)));
+        assert_eq!(v.term(), Some(Duration::from_secs(15)));
+        assert_eq!(v.mark, Some(Mark::Settled));
+        assert!(!v.terminating && !v.finalized);
+        let gone = view(&being_deleted(l, true));
+        assert!(gone.terminating && gone.finalized);
+
+        assert_eq!(view(&lease(None, Some(STOPPED))).mark, Some(Mark::Stopped));
+        assert_eq!(
+            view(&lease(None, Some("yes"))).mark,
+            None,
+            "a mark we do not know"
+        );
+        // A negative duration holds nothing; without a version, the spec tells versions apart.
+        let mut odd = lease(Some("b"), None);
+        if let Some(spec) = odd.spec.as_mut() {
+            spec.lease_duration_seconds = Some(-1);
+        }
+        assert_eq!(view(&odd).duration, None);
+        assert_ne!(view(&odd).version, view(&lease(Some("c"), None)).version);
+        assert_eq!(mark_value(Mark::Settled), SETTLED);
+        assert_eq!(mark_value(Mark::Stopped), STOPPED);
     }
 
     #[test]
-    fn a_lease_is_claimed_only_by_its_holder_and_not_while_it_is_deleted() {
-        assert_eq!(unclaimable(&lease(Some("b"), None), "b"), None);
-        assert_eq!(unclaimable(&lease(Some("b"), Some(SETTLED)), "b"), None);
-        let taken = Some("the lease names another holder");
-        assert_eq!(unclaimable(&lease(Some("a"), None), "b"), taken);
-        assert_eq!(unclaimable(&lease(None, Some(SETTLED)), "b"), taken);
+    fn a_lease_taken_over_reads_as_the_core_decides() {
+        let free = Some(Took::Free);
+        let takeover = |l: &Lease, took| lease::takeover(&view(l), "b", took);
         assert_eq!(
-            unclaimable(&being_deleted(lease(Some("b"), None), true), "b"),
-            Some("the lease is being deleted")
+            takeover(&lease(Some("b"), Some(SETTLED)), free),
+            Takeover::Clean
         );
+        assert_eq!(
+            takeover(&lease(Some("b"), Some(STOPPED)), free),
+            Takeover::Unclean
+        );
+        assert_eq!(
+            takeover(&lease(Some("b"), Some("yes")), free),
+            Takeover::Unknown
+        );
+        assert_eq!(takeover(&Lease::default(), None), Takeover::Unknown);
+        assert!(lease::releasable(
+            &view(&being_deleted(lease(None, None), true)),
+            "b"
+        ));
+        assert!(!lease::releasable(
+            &view(&being_deleted(lease(None, None), false)),
+            "b"
+        ));
     }
 
     #[test]

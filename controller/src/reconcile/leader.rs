@@ -28,7 +28,8 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::handover::{self, LeaseRef};
-use super::lease_lock::{self, Lock, Took};
+use super::lease_lock::{Lock, Took};
+use crate::alloc::lease;
 
 /// How the current leader took its Lease, shared with the allocation loop's take-over.
 pub type TookCell = Arc<std::sync::Mutex<Option<Took>>>;
@@ -351,7 +352,8 @@ fn until(at: Option<Instant>) -> tokio::time::Instant {
 /// Decides leadership from the lock's claim, its term and the last Lease read: held only
 /// while the lock claims the Lease, the last read shows it ours (naming us, not being
 /// deleted), and our own term ([`Lock::valid_until`]: from the moment our last renewal was
-/// sent, on our monotonic clock) lasts longer than `margin`. A standby counts the same term
+/// sent, on our monotonic clock) lasts longer than `margin` ([`lease::holds`], the rule the
+/// simulator runs too). A standby counts the same term
 /// only from the moment it saw that renewal, which is later, so stepping down before it means
 /// no two replicas ever allocate at once (a new leader also waits out our last writes; see
 /// [`handover::wait`]).
@@ -395,18 +397,12 @@ impl Fence {
     /// lets that one allocate after its take-over wait, well before our renewal would fail.
     /// One read a poll (a second at most) is what that costs.
     fn observe(&mut self, lease: Option<&Lease>, now: Instant) -> Instant {
-        // Held as every replica reads it: naming us with a term (one without times is free to
-        // any other replica), and not being deleted.
-        self.ours = lease.is_some_and(|l| {
-            !handover::terminating(l)
-                && handover::holder(l) == Some(self.identity.as_str())
-                && l.spec.as_ref().and_then(lease_lock::term).is_some()
-        });
+        self.ours = lease.is_some_and(|l| lease::ours(&handover::view(l), &self.identity));
         now + self.poll
     }
 
     fn holds(&self, now: Instant) -> bool {
-        self.step_down_at().is_some_and(|at| now < at)
+        lease::holds(self.claimed, self.ours, self.valid_until, self.margin, now)
     }
 
     /// When leadership ends unless the lock renews before.
@@ -467,7 +463,7 @@ impl Standby {
 }
 
 /// When a replica may take its finalizer off a Lease being deleted: `settle` after it first
-/// read it so, while it may (see [`handover::releasable`]). It is not leading by then (a
+/// read it so, while it may (see [`lease::releasable`]). It is not leading by then (a
 /// terminating Lease is held by nobody), so its last writes had the take-over wait to land.
 #[derive(Debug, Default)]
 struct Release {
@@ -482,7 +478,7 @@ impl Release {
         opts: &LeaseOptions,
         now: Instant,
     ) -> Option<Instant> {
-        if !lease.is_some_and(|l| handover::releasable(l, &opts.identity)) {
+        if !lease.is_some_and(|l| lease::releasable(&handover::view(l), &opts.identity)) {
             self.since = None;
             return None;
         }

@@ -1,19 +1,20 @@
 //! The Lease lock: takes, renews and lets go of the Lease with compare-and-swap writes (a
 //! replace of the version read, which the API server refuses with 409 once anything changed
 //! it), so a replica acting on a stale read fails instead of overwriting the lock another
-//! replica took in between. What to do with a Lease read is [`decide`]d by a pure function
-//! and the object to write is built by pure functions; [`Lock`] only reads and writes.
+//! replica took in between. What to do with a Lease read is decided by a pure function
+//! ([`lease::decide`], in the core, where the simulator runs it too) and the object to write
+//! is built by pure functions; [`Lock`] only reads and writes.
 //!
 //! ## Time
 //! No decision compares another replica's wall clock with ours. As client-go does, a standby
 //! takes a Lease held by another replica only once it has *seen it unchanged* (the same
 //! resourceVersion) for a whole lease duration on its own monotonic clock, counted from the
-//! first answer that showed that version ([`Unchanged`]); and a holder counts its own term from
-//! the moment it *sent* the write that renewed it ([`Lock::valid_until`]). Every renewal is
-//! sent before it commits, and a standby sees it only after it commits, so the holder's term
-//! ends before any standby's count of the same version does, whatever the two wall clocks say;
-//! only the rates of the two monotonic clocks must agree to within the leader's margin. The
-//! `renewTime` written is for people and other tools.
+//! first answer that showed that version ([`lease::Unchanged`]); and a holder counts its own
+//! term from the moment it *sent* the write that renewed it ([`Lock::valid_until`]). Every
+//! renewal is sent before it commits, and a standby sees it only after it commits, so the
+//! holder's term ends before any standby's count of the same version does, whatever the two
+//! wall clocks say; only the rates of the two monotonic clocks must agree to within the
+//! leader's margin. The `renewTime` written is for people and other tools.
 //!
 //! A lock without the precondition (a merge patch of the holder, as lease managers commonly
 //! write) lets a replica whose read of an expired Lease is followed by a late write (a stall,
@@ -29,7 +30,8 @@ use kube::{Api, ResourceExt};
 use tokio::sync::Mutex;
 use tracing::debug;
 
-use super::handover::{HANDOVER_ANNOTATION, SETTLED, STOPPED, holder, timed};
+use super::handover::{HANDOVER_ANNOTATION, holder, mark_value, timed, view};
+use crate::alloc::lease::{self, Unchanged};
 
 /// Reads and conflicting writes in one attempt before it gives up until the next.
 const TRIES: usize = 3;
@@ -55,84 +57,9 @@ pub fn wall_now() -> SystemTime {
     }
 }
 
-/// What to do about a Lease just read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Step {
-    /// It names us: renew it (even if it expired; nobody took it since).
-    Renew,
-    /// Nobody holds it, or we have seen its holder leave it unchanged for a whole lease
-    /// duration: take it.
-    Take,
-    /// Another replica holds it: look again once it could have been unchanged long enough.
-    Wait(Duration),
-    /// There is no Lease (it is created elsewhere, for a first leader).
-    Missing,
-}
-
-/// What to do about `lease` as `identity`, when this replica has seen it unchanged for
-/// `unchanged` (see [`Unchanged`]). Never the holder's `renewTime` against our clock.
-pub fn decide(lease: Option<&Lease>, identity: &str, unchanged: Duration) -> Step {
-    let Some(lease) = lease else {
-        return Step::Missing;
-    };
-    match holder(lease) {
-        Some(holder) if holder == identity => Step::Renew,
-        Some(holder) if !holder.is_empty() => match lease.spec.as_ref().and_then(term) {
-            Some(term) if unchanged < term => Step::Wait(term - unchanged),
-            _ => Step::Take,
-        },
-        _ => Step::Take,
-    }
-}
-
-/// How long a holder's renewal holds the Lease: its duration, if it was ever renewed (a
-/// holder without times holds nothing).
-pub(super) fn term(spec: &LeaseSpec) -> Option<Duration> {
-    spec.renew_time.as_ref()?;
-    let seconds = u64::try_from(spec.lease_duration_seconds?).ok()?;
-    Some(Duration::from_secs(seconds))
-}
-
-/// How a replica came to hold the Lease, which says what its predecessor may still do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Took {
-    /// It had no holder: released by its holder (marked so, see [`released`]), freed by hand,
-    /// or just created.
-    Free,
-    /// We saw it unchanged for a whole lease duration: its holder's term ran out.
-    Expired,
-}
-
-/// The Lease version this replica last read and when it first read it, on its monotonic
-/// clock: how long it has seen the Lease unchanged.
-#[derive(Debug, Default)]
-pub struct Unchanged {
-    seen: Option<(String, Instant)>,
-}
-
-impl Unchanged {
-    /// A Lease read whose answer arrived at `at` (`None`: missing). Returns how long this
-    /// version has been seen unchanged. Counting from the answer, never from when the read was
-    /// sent, only ever shortens the count.
-    pub fn note(&mut self, lease: Option<&Lease>, at: Instant) -> Duration {
-        let version = lease.map(version).unwrap_or_default();
-        match &self.seen {
-            Some((v, since)) if *v == version => at.saturating_duration_since(*since),
-            _ => {
-                self.seen = Some((version, at));
-                Duration::ZERO
-            }
-        }
-    }
-}
-
-/// What identifies one version of a Lease: its resourceVersion (or, without one, its spec).
-fn version(lease: &Lease) -> String {
-    match lease.resource_version() {
-        Some(v) if !v.is_empty() => v,
-        _ => format!("{:?}", lease.spec),
-    }
-}
+/// The rules live in the pure core, over the Lease as this lock reads it
+/// ([`handover::view`]).
+pub use crate::alloc::lease::{Step, Took};
 
 fn micro(at: SystemTime) -> Option<MicroTime> {
     k8s_openapi::jiff::Timestamp::try_from(at)
@@ -169,9 +96,9 @@ pub fn taken(lease: &Lease, identity: &str, duration: u64, now: SystemTime) -> L
 }
 
 /// `lease` let go by a holder that sends nothing more: no holder and no times, so a standby
-/// takes it at once, and marked [`STOPPED`] (unless it is marked [`SETTLED`] already), so the
-/// standby knows its predecessor is quiet. A Lease freed any other way (by hand) says nothing
-/// of the sort.
+/// takes it at once, and marked stopped (unless it is marked settled already:
+/// [`lease::release_mark`]), so the standby knows its predecessor is quiet. A Lease freed any
+/// other way (by hand) says nothing of the sort.
 pub fn released(lease: &Lease) -> Lease {
     let mut out = base(lease);
     let spec = out.spec.get_or_insert_with(LeaseSpec::default);
@@ -179,10 +106,9 @@ pub fn released(lease: &Lease) -> Lease {
     spec.acquire_time = None;
     spec.renew_time = None;
     spec.lease_duration_seconds = None;
-    let marks = out.annotations_mut();
-    if marks.get(HANDOVER_ANNOTATION).map(String::as_str) != Some(SETTLED) {
-        marks.insert(HANDOVER_ANNOTATION.into(), STOPPED.into());
-    }
+    let mark = lease::release_mark(view(lease).mark);
+    out.annotations_mut()
+        .insert(HANDOVER_ANNOTATION.into(), mark_value(mark).into());
     out
 }
 
@@ -200,7 +126,7 @@ pub struct Lock {
     retry: Duration,
     state: Mutex<State>,
     /// Every read of the Lease, ours and the election's: how long it has been unchanged.
-    unchanged: std::sync::Mutex<Unchanged>,
+    unchanged: std::sync::Mutex<Unchanged<Instant>>,
     /// Our hold on the Lease: when we sent the write that last made or kept us its holder,
     /// and how we came to hold it.
     held: std::sync::Mutex<Option<(Instant, Option<Took>)>>,
@@ -260,7 +186,7 @@ impl Lock {
 
     /// A read of the Lease whose answer just arrived (the election's reads count too).
     pub fn note(&self, lease: Option<&Lease>) -> Duration {
-        lock(&self.unchanged).note(lease, Instant::now())
+        lock(&self.unchanged).note(lease.map(view).as_ref(), Instant::now())
     }
 
     /// Waits until this replica gains or loses the Lease, taking and renewing it on the way;
@@ -298,7 +224,7 @@ impl Lock {
         })
     }
 
-    /// What [`decide`] says about `read` (whose answer just arrived), done; `None` when the
+    /// What [`lease::decide`] says about `read` (whose answer just arrived), done; `None` when the
     /// write met a newer version.
     pub async fn act(&self, read: Option<&Lease>) -> Result<Option<Attempt>, kube::Error> {
         let unchanged = self.note(read);
@@ -311,14 +237,17 @@ impl Lock {
                 next,
             }))
         };
-        let (write, took) = match (decide(read, &self.identity, unchanged), read) {
+        let seen = read.map(view);
+        let (write, took) = match (
+            lease::decide(seen.as_ref(), &self.identity, unchanged),
+            read,
+        ) {
             (Step::Wait(left), _) => return wait(sent + left),
             (Step::Missing, _) | (_, None) => return wait(sent + self.retry),
             (Step::Renew, Some(read)) => (renewed(read, self.duration, now), None),
             (Step::Take, Some(read)) => {
-                let free = holder(read).is_none_or(str::is_empty);
-                let took = if free { Took::Free } else { Took::Expired };
-                (taken(read, &self.identity, self.duration, now), Some(took))
+                let took = seen.as_ref().map(lease::took);
+                (taken(read, &self.identity, self.duration, now), took)
             }
         };
         if !self.replace(&write).await? {
@@ -337,7 +266,7 @@ impl Lock {
         }))
     }
 
-    /// Lets the Lease go if it names us, on the version read, marked [`STOPPED`]: the caller
+    /// Lets the Lease go if it names us, on the version read, marked stopped: the caller
     /// sends nothing more as leader.
     pub async fn release(&self) -> Result<(), kube::Error> {
         for _ in 0..TRIES {
@@ -383,6 +312,7 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reconcile::handover::{SETTLED, STOPPED};
 
     fn at(s: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s)
@@ -404,68 +334,6 @@ mod tests {
             ..LeaseSpec::default()
         });
         l
-    }
-
-    #[test]
-    fn ours_is_renewed_anothers_is_waited_for_until_seen_unchanged_a_free_one_is_taken() {
-        assert_eq!(decide(None, "me", secs(0)), Step::Missing);
-        let mine = lease(Some("me"), Some(95), Some(15));
-        assert_eq!(decide(Some(&mine), "me", secs(0)), Step::Renew);
-        assert_eq!(
-            decide(Some(&lease(Some("me"), Some(10), Some(15))), "me", secs(99)),
-            Step::Renew,
-            "ours, expired: nobody took it since"
-        );
-        let theirs = lease(Some("b"), Some(95), Some(15));
-        assert_eq!(decide(Some(&theirs), "me", secs(0)), Step::Wait(secs(15)));
-        assert_eq!(decide(Some(&theirs), "me", secs(11)), Step::Wait(secs(4)));
-        assert_eq!(
-            decide(Some(&theirs), "me", secs(15)),
-            Step::Take,
-            "unchanged for a whole duration"
-        );
-        assert_eq!(
-            decide(Some(&lease(Some("b"), None, Some(15))), "me", secs(0)),
-            Step::Take,
-            "a holder without times holds nothing"
-        );
-        assert_eq!(
-            decide(Some(&lease(Some(""), Some(95), Some(15))), "me", secs(0)),
-            Step::Take
-        );
-        assert_eq!(
-            decide(Some(&lease(None, None, None)), "me", secs(0)),
-            Step::Take
-        );
-        assert_eq!(decide(Some(&Lease::default()), "me", secs(0)), Step::Take);
-    }
-
-    #[test]
-    fn a_renewal_time_far_in_the_past_is_not_an_expiry() {
-        // The holder's clock is an hour behind ours (or ours an hour ahead: an NTP step, a VM
-        // resumed): its fresh renewal reads as long expired by our wall clock. Only how long
-        // we have seen this version counts.
-        let mut skewed = lease(Some("b"), Some(0), Some(15));
-        if let Some(spec) = skewed.spec.as_mut() {
-            spec.renew_time = micro(SystemTime::now() - secs(3600));
-        }
-        assert_eq!(decide(Some(&skewed), "me", secs(1)), Step::Wait(secs(14)));
-    }
-
-    #[test]
-    fn a_version_counts_from_the_first_answer_that_showed_it() {
-        let t0 = Instant::now();
-        let mut u = Unchanged::default();
-        let mut l = lease(Some("b"), Some(0), Some(15));
-        assert_eq!(u.note(Some(&l), t0), secs(0));
-        assert_eq!(u.note(Some(&l), t0 + secs(5)), secs(5));
-        // A renewal (a new version) starts the count again.
-        l.metadata.resource_version = Some("8".into());
-        assert_eq!(u.note(Some(&l), t0 + secs(6)), secs(0));
-        assert_eq!(u.note(Some(&l), t0 + secs(9)), secs(3));
-        // Gone and back in the same version: counted afresh.
-        assert_eq!(u.note(None, t0 + secs(10)), secs(0));
-        assert_eq!(u.note(Some(&l), t0 + secs(11)), secs(0));
     }
 
     #[test]
@@ -509,7 +377,7 @@ mod tests {
         );
         assert_eq!(gone.annotations().get("k").map(String::as_str), Some("v"));
         assert_eq!(
-            decide(Some(&gone), "b", secs(0)),
+            lease::decide(Some(&view(&gone)), "b", secs(0)),
             Step::Take,
             "a released Lease is free at once"
         );
@@ -567,7 +435,7 @@ mod tests {
                 let mut now = 0u64;
                 let base = Instant::now();
                 let mono = |t: u64| base + secs(t);
-                let mut seen: [Unchanged; 3] = Default::default();
+                let mut seen: [Unchanged<Instant>; 3] = Default::default();
                 let mut reads: [Option<(Lease, Duration)>; 3] = Default::default();
                 let mut holds_until: [Option<u64>; 3] = [None; 3];
                 for op in ops {
@@ -575,14 +443,14 @@ mod tests {
                         Op::Read(r, delay) => {
                             let read = store.clone();
                             now += delay;
-                            let unchanged = seen[r].note(Some(&read), mono(now));
+                            let unchanged = seen[r].note(Some(&view(&read)), mono(now));
                             reads[r] = Some((read, unchanged));
                         }
                         Op::Wait(s) => now += s,
                         Op::Write(r) => {
                             let Some((read, unchanged)) = reads[r].take() else { continue };
                             let wall = at(skew[r]) + secs(now);
-                            let write = match decide(Some(&read), ids[r], unchanged) {
+                            let write = match lease::decide(Some(&view(&read)), ids[r], unchanged) {
                                 Step::Renew => renewed(&read, DURATION, wall),
                                 Step::Take => taken(&read, ids[r], DURATION, wall),
                                 Step::Wait(_) | Step::Missing => continue,
