@@ -19,6 +19,9 @@ use super::outcome::WriteOutcome;
 pub struct WriteJob {
     pub node: String,
     pub uid: Option<String>,
+    /// The Node's resourceVersion as last read: the write lands only on that version (see
+    /// docs/single-writer.md, "the fence"). None only for Nodes read without one (tests).
+    pub version: Option<String>,
     /// The node's labels when its blocks were chosen, to choose again if this write is given up.
     pub labels: BTreeMap<String, String>,
     pub config: String,

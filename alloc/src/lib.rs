@@ -1,7 +1,7 @@
 //! The allocation core, pure: no kube client, no tokio, no clock (this crate depends on none
 //! of them, so it cannot name them). The bitmaps (`cidrset`), the allocation state (`ipam`),
-//! config selection, write outcomes, status, the pod network and the leadership rules
-//! (`lease`) are decided here, and `machine` puts them together behind one
+//! config selection, write outcomes, status, the pod network, the leadership rules
+//! (`lease`) and the seal of a take-over (`seal`) are decided here, and `machine` puts them together behind one
 //! `handle(input) -> effects`.
 
 pub mod cidrset;
@@ -14,5 +14,6 @@ pub mod node;
 pub mod outcome;
 pub mod podnetwork;
 pub mod pool;
+pub mod seal;
 pub mod selection;
 pub mod status;

@@ -276,6 +276,8 @@ struct CarveInFlight {
 #[derive(Clone, Debug)]
 struct PendingNode {
     uid: Option<String>,
+    /// Its resourceVersion as last read, for the write's precondition.
+    version: Option<String>,
     labels: BTreeMap<String, String>,
     warned: bool,
     /// Since when it has waited only behind gates, if it does.
@@ -700,7 +702,7 @@ impl Machine {
                 };
                 self.settle_leaks(node, seen);
             }
-            NodeNow::Empty { uid } => {
+            NodeNow::Empty { uid, .. } => {
                 debug!(node, "missing from the relist but still there");
                 let seen = NodeSeen::Object {
                     uid: uid.as_deref(),
@@ -737,7 +739,10 @@ impl Machine {
         }
         let uid = node.uid();
         match node.cidrs() {
-            Ok(cidrs) if cidrs.is_empty() => self.on_empty_node(name, uid, node.labels().clone()),
+            Ok(cidrs) if cidrs.is_empty() => {
+                let version = node.metadata.resource_version.clone();
+                self.on_empty_node(name, uid, version, node.labels().clone());
+            }
             Ok(cidrs) => self.on_node_with_cidrs(&name, uid.as_deref(), &cidrs),
             Err(message) => {
                 // Immutable garbage: nothing we may change; say so once.
@@ -803,6 +808,7 @@ impl Machine {
         &mut self,
         name: String,
         uid: Option<String>,
+        version: Option<String>,
         labels: BTreeMap<String, String>,
     ) {
         match self.ipam.node(&name).map(|r| r.uid.clone()) {
@@ -821,6 +827,7 @@ impl Machine {
             });
         let node = PendingNode {
             uid,
+            version,
             labels,
             warned,
             waiting_since,
@@ -944,7 +951,7 @@ impl Machine {
         if p.retry_at.is_some_and(|at| at > self.now.mono) {
             return;
         }
-        let (uid, labels) = (p.uid.clone(), p.labels.clone());
+        let (uid, version, labels) = (p.uid.clone(), p.version.clone(), p.labels.clone());
         match self.ipam.allocate(name, uid.as_deref(), &labels) {
             Ok(a) => {
                 self.pending.remove(name);
@@ -965,6 +972,7 @@ impl Machine {
                 self.push(Effect::Write(WriteJob {
                     node: name.to_string(),
                     uid,
+                    version,
                     labels,
                     config: a.config,
                     cidrs: a.cidrs,
@@ -1105,12 +1113,13 @@ impl Machine {
     /// The same blocks again, unless the API server refused them too often.
     fn retry_write(&mut self, job: WriteJob, outcome: &WriteOutcome) {
         let ambiguous = job.was_ambiguous || matches!(outcome, WriteOutcome::Ambiguous { .. });
+        // A conflict is the Node changing under us, not a refusal of the blocks.
         let rejected = matches!(outcome, WriteOutcome::Rejected { .. });
         let rejections = job.rejections + u32::from(rejected);
         let why = match outcome {
-            WriteOutcome::Rejected { reason, .. } | WriteOutcome::Ambiguous { reason, .. } => {
-                reason.clone()
-            }
+            WriteOutcome::Rejected { reason, .. }
+            | WriteOutcome::Conflict { reason, .. }
+            | WriteOutcome::Ambiguous { reason, .. } => reason.clone(),
             other => format!("{other:?}"),
         };
         if let Some((source, range)) = job
@@ -1144,10 +1153,21 @@ impl Machine {
         }
         warn!(node = %job.node, attempt, ?outcome, "podCIDR write did not land; retrying the same blocks");
         self.metric(Metric::Error("node_write"));
+        // The same blocks, on the version of the Node read since, if one was.
+        let version = match outcome {
+            WriteOutcome::Rejected { now, .. }
+            | WriteOutcome::Conflict { now, .. }
+            | WriteOutcome::Ambiguous { now, .. } => match now {
+                NodeNow::Empty { version, .. } => version.clone().or(job.version.clone()),
+                _ => job.version.clone(),
+            },
+            _ => job.version.clone(),
+        };
         self.push(Effect::Write(WriteJob {
             attempt,
             rejections,
             was_ambiguous: ambiguous,
+            version,
             ..job
         }));
     }
@@ -1167,6 +1187,7 @@ impl Machine {
         }
         let again = PendingNode {
             uid: job.uid,
+            version: job.version,
             labels: job.labels,
             warned: false,
             waiting_since: None,
@@ -1214,6 +1235,7 @@ impl Machine {
         self.note(note);
         let parked = PendingNode {
             uid: job.uid,
+            version: job.version,
             labels: job.labels,
             warned: true,
             waiting_since: None,

@@ -17,8 +17,13 @@ pub enum WriteOutcome {
     },
     /// The Node does not exist (404 on the patch): nothing was written.
     Missing,
-    /// The server refused the patch (a 4xx such as 409 or 422): nothing was written.
+    /// The server refused the patch (a 4xx such as 400 or 422): nothing was written.
     Rejected { reason: String, now: NodeNow },
+    /// The Node changed since the version the patch was sent for, or is another object (409):
+    /// nothing was written. Not a refusal of the blocks: a kubelet updating a new Node's status
+    /// between our read and our write is the usual cause, and the next attempt carries the
+    /// version read again.
+    Conflict { reason: String, now: NodeNow },
     /// Not answered in a way that rules it out (timeout, any 5xx, connection lost: see
     /// [`may_still_land`]): the write may or may not have landed.
     Ambiguous { reason: String, now: NodeNow },
@@ -46,6 +51,7 @@ pub fn classify(status: Option<u16>) -> Answer {
     match status {
         Some(code) if (200..300).contains(&code) => Answer::Applied,
         Some(404) => Answer::Missing,
+        Some(409) => Answer::Conflict,
         Some(429) => Answer::Throttled,
         s if may_still_land(s) => Answer::Ambiguous,
         _ => Answer::Rejected,
@@ -58,6 +64,8 @@ pub enum Answer {
     Applied,
     Missing,
     Throttled,
+    /// 409: the version (or UID) the write was sent for is no longer the Node's.
+    Conflict,
     Rejected,
     Ambiguous,
 }
@@ -71,6 +79,8 @@ pub enum NodeNow {
     },
     Empty {
         uid: Option<String>,
+        /// Its resourceVersion: the precondition of the next write.
+        version: Option<String>,
     },
     Gone,
     Unknown(String),
@@ -109,13 +119,17 @@ pub fn decide(
         WriteOutcome::Missing if uid.is_none() && was_ambiguous => Decision::Leak,
         WriteOutcome::Missing => Decision::Release,
         WriteOutcome::Throttled => Decision::Retry,
-        WriteOutcome::Rejected { now, .. } | WriteOutcome::Ambiguous { now, .. } => {
+        WriteOutcome::Rejected { now, .. }
+        | WriteOutcome::Conflict { now, .. }
+        | WriteOutcome::Ambiguous { now, .. } => {
             let ambiguous = was_ambiguous || matches!(outcome, WriteOutcome::Ambiguous { .. });
             match now {
                 NodeNow::Has { uid, cidrs } => from_node(ours, uid.clone(), cidrs),
                 // Same object, still empty: the write did not land (yet); writing the same
                 // blocks again is idempotent.
-                NodeNow::Empty { uid: now_uid } if uid.is_none() || now_uid.as_deref() == uid => {
+                NodeNow::Empty { uid: now_uid, .. }
+                    if uid.is_none() || now_uid.as_deref() == uid =>
+                {
                     Decision::Retry
                 }
                 // A new object of the same name: the UID precondition keeps our write off it.
@@ -159,7 +173,8 @@ mod tests {
         assert_eq!(classify(Some(200)), Answer::Applied);
         assert_eq!(classify(Some(404)), Answer::Missing);
         assert_eq!(classify(Some(429)), Answer::Throttled);
-        for code in [400, 403, 409, 422] {
+        assert_eq!(classify(Some(409)), Answer::Conflict);
+        for code in [400, 403, 422] {
             assert_eq!(classify(Some(code)), Answer::Rejected, "{code}");
         }
     }
@@ -233,6 +248,7 @@ mod tests {
             (
                 amb(NodeNow::Empty {
                     uid: Some("u1".into()),
+                    version: None,
                 }),
                 u,
                 false,
@@ -241,10 +257,35 @@ mod tests {
             (
                 amb(NodeNow::Empty {
                     uid: Some("u2".into()),
+                    version: None,
                 }),
                 u,
                 false,
                 Decision::Release,
+            ),
+            (
+                WriteOutcome::Conflict {
+                    reason: "409".into(),
+                    now: NodeNow::Empty {
+                        uid: Some("u1".into()),
+                        version: Some("8".into()),
+                    },
+                },
+                u,
+                false,
+                Decision::Retry,
+            ),
+            (
+                WriteOutcome::Conflict {
+                    reason: "409".into(),
+                    now: has(&theirs),
+                },
+                u,
+                true,
+                Decision::Adopt {
+                    uid: Some("u1".into()),
+                    cidrs: theirs.clone(),
+                },
             ),
             (amb(NodeNow::Gone), u, false, Decision::Release),
             (amb(NodeNow::Gone), None, false, Decision::Leak),

@@ -117,9 +117,11 @@ const LEADERSHIP_STEPS: usize = 300;
 /// The seeds CI runs (about 12 s on one core).
 const LEADERSHIP_SCHEDULES: u64 = 25_000;
 const LEADERSHIP: &str = "leadership_schedules_keep_one_writer";
+const BEYOND: &str = "beyond_the_bound_a_late_write_is_sealed_off";
 
 /// As [`report`], for a leadership schedule: shrunk, and told step by step.
 fn leadership_report(
+    test: &str,
     seed: u64,
     tried: (u64, usize),
     setup: &sim::leadership::Setup,
@@ -135,7 +137,7 @@ fn leadership_report(
     panic!(
         "invariant broken at step {at} of seed Some({seed}) ({} seeds, {} steps tried): {violation}\n\
          shrunk to {} steps ({}):\n{setup:?}\n{told}\n\
-         replay: NODEIPAM_SIM_SEED={seed} cargo test -p nodeipam-alloc --test simulator -- --exact {LEADERSHIP} --nocapture",
+         replay: NODEIPAM_SIM_SEED={seed} cargo test -p nodeipam-alloc --test simulator -- --exact {test} --nocapture",
         tried.0,
         tried.1 + at + 1,
         small.len(),
@@ -147,11 +149,25 @@ fn leadership_report(
 /// never), no block is ever on two Nodes and no two processes ever hold per the fence.
 #[test]
 fn leadership_schedules_keep_one_writer() {
+    leadership_search(LEADERSHIP, false);
+}
+
+/// Beyond it: a write may land up to a minute after it was sent, long after the take-over
+/// wait and after the successor listed. The seal (every podCIDR write on the version it was
+/// chosen for; the successor's write to every empty Node) keeps every block on one Node.
+#[test]
+fn beyond_the_bound_a_late_write_is_sealed_off() {
+    leadership_search(BEYOND, true);
+}
+
+/// The seeded search of the leadership schedules: `NODEIPAM_SIM_SEED` replays one,
+/// `NODEIPAM_SIM_SECONDS` or `NODEIPAM_SIM_SCHEDULES` bounds it.
+fn leadership_search(test: &str, beyond: bool) {
     use sim::leadership::{generate, run};
     if let Some(seed) = env::<u64>("NODEIPAM_SIM_SEED") {
-        let (setup, actions) = generate(seed, LEADERSHIP_STEPS, false);
+        let (setup, actions) = generate(seed, LEADERSHIP_STEPS, beyond);
         if run(&setup, &actions).is_err() {
-            leadership_report(seed, (1, 0), &setup, &actions);
+            leadership_report(test, seed, (1, 0), &setup, &actions);
         }
         return;
     }
@@ -162,35 +178,19 @@ fn leadership_schedules_keep_one_writer() {
     let mut seed = first;
     let mut steps = 0usize;
     while budget.map_or(seed - first < schedules, |b| started.elapsed() < b) {
-        let (setup, actions) = generate(seed, LEADERSHIP_STEPS, false);
+        let (setup, actions) = generate(seed, LEADERSHIP_STEPS, beyond);
         if run(&setup, &actions).is_err() {
-            leadership_report(seed, (seed - first + 1, steps), &setup, &actions);
+            leadership_report(test, seed, (seed - first + 1, steps), &setup, &actions);
         }
         steps += actions.len();
         seed += 1;
     }
     println!(
-        "leadership: seeds {first}..{seed} ({} schedules, {steps} steps) kept one writer in {:.1?}",
+        "{test}: seeds {first}..{seed} ({} schedules, {steps} steps) kept one writer in {:.1?}",
         seed - first,
         started.elapsed()
     );
     assert!(seed > first, "the budget ran no schedule");
-}
-
-/// The known limitation, shown: once a write may land up to a minute after it was sent
-/// (beyond the take-over wait), a block is given twice. Passes when the search finds it.
-#[test]
-fn beyond_the_bound_a_late_write_lands_on_a_block_given_again() {
-    use sim::leadership::{generate, run};
-    let found = (0..LEADERSHIP_SCHEDULES).find_map(|seed| {
-        let (setup, actions) = generate(seed, LEADERSHIP_STEPS, true);
-        run(&setup, &actions).err().map(|(at, v)| (seed, at, v))
-    });
-    let Some((seed, at, violation)) = found else {
-        panic!("no schedule broke an invariant beyond the bound: is the bound still modelled?");
-    };
-    println!("beyond the bound: seed {seed} broke it at step {at}: {violation}");
-    assert_eq!(violation.rule, "a block on two nodes", "seed {seed}");
 }
 
 #[test]

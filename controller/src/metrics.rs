@@ -57,6 +57,11 @@ pub struct Handover {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SealResult {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
     pub result: String,
 }
@@ -81,6 +86,7 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     pub leader: Gauge,
     pub takeovers: Family<Handover, Counter>,
+    pub seals: Family<SealResult, Counter>,
     /// When the allocation loop last took a step (seconds since the epoch): liveness.
     pub allocation_step: Gauge,
     pub admissions: Family<Outcome, Counter>,
@@ -136,6 +142,7 @@ impl Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(0.0001, 4.0, 10)),
             leader: Gauge::default(),
             takeovers: Family::default(),
+            seals: Family::default(),
             allocation_step: Gauge::default(),
             admissions: Family::default(),
             pool_ranges: Family::default(),
@@ -250,6 +257,11 @@ impl Metrics {
             m.takeovers.clone(),
         );
         own.register(
+            "takeover_sealed_nodes",
+            "Nodes without podCIDRs a new leader wrote to before its first podCIDR write, so that no write of a previous leader can land on them: sealed (the seal landed, or the node is gone) or unsealed (no answer settled it: only the take-over wait holds a late write back)",
+            m.seals.clone(),
+        );
+        own.register(
             "allocation_loop_last_step_timestamp_seconds",
             "When the leader's allocation loop last handled an event or tick",
             m.allocation_step.clone(),
@@ -285,6 +297,17 @@ impl Metrics {
 
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+    }
+
+    /// A take-over's seal: how many Nodes it sealed and how many it could not.
+    pub fn sealed(&self, sealed: usize, unsealed: usize) {
+        for (result, n) in [("sealed", sealed), ("unsealed", unsealed)] {
+            self.seals
+                .get_or_create(&SealResult {
+                    result: result.into(),
+                })
+                .inc_by(n as u64);
+        }
     }
 
     /// This replica became the allocating leader; `handover` is clean, unclean or unknown.

@@ -1066,7 +1066,8 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
     let nodes = wait_all_allocated_for(&admin, 1, Duration::from_secs(240)).await;
     assert_eq!(nodes, created + 1);
     assert_invariant(&admin, &[]).await;
-    // A fresh Lease: whoever took it had nothing to wait out.
+    // A fresh Lease, marked stopped: whoever took it sealed the empty nodes (a write of a
+    // leader deposed earlier may still arrive) and waited out the write timeout.
     assert!(!lease_being_deleted(&admin).await);
     let holder = lease_holder(&admin)
         .await
@@ -1076,17 +1077,16 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
     } else {
         (&b, &a)
     };
-    // replica-a's first start (no Lease yet) and the take of the fresh one.
+    // replica-a's first start (no Lease yet) was clean; the take of the fresh one unclean.
     let clean = takeovers(&a, "clean").await + takeovers(&b, "clean").await;
+    let unclean = takeovers(&a, "unclean").await + takeovers(&b, "unclean").await;
     assert_eq!(
-        clean,
-        2.0,
+        (clean, unclean),
+        (1.0, 1.0),
         "replica-a:\n{}\nreplica-b:\n{}",
         a.metrics().await,
         b.metrics().await
     );
-    assert_eq!(takeovers(&a, "unclean").await, 0.0, "{}", a.log_tail());
-    assert_eq!(takeovers(&b, "unclean").await, 0.0, "{}", b.log_tail());
     let released = "the lease is being deleted and our writes are over: let it go";
     assert!(
         a.log_text().contains(released),

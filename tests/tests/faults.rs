@@ -301,3 +301,86 @@ async fn a_throttled_node_write_is_retried_and_lands() {
     assert_invariant(&admin, &[]).await;
     pair.stop().await;
 }
+
+/// The seal, shown where no timing can help: replica-a's podCIDR write for node zzz-late is
+/// answered 500 at once and reaches the API server 40 s later, long after replica-a was
+/// killed, replica-b took over (the lease's term and the write timeout) and gave the block
+/// replica-a had chosen, the last one of the config, to node aaa-new. The write carries the
+/// version of zzz-late replica-a read; replica-b's seal moved zzz-late past it, so the write
+/// arrives to a conflict and no two nodes share a block. Without the seal (or without the
+/// version on the write), it lands and zzz-late and aaa-new hold the same block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_lands_after_the_take_over_wait_is_sealed_off() {
+    // Two blocks: warm holds the first, the second is the one both leaders choose.
+    let Pair {
+        cp,
+        admin,
+        _dir,
+        proxy,
+        mut a,
+        mut b,
+    } = Pair::start("10.87.0.0/23", 24).await;
+    let late = proxy.add(Rule::new(
+        Some(Method::PATCH),
+        "/api/v1/nodes/zzz-late",
+        Action::Answer {
+            status: 500,
+            then_land_after: Some(Duration::from_secs(40)),
+        },
+    ));
+    create_node(&admin, "zzz-late", &[]).await;
+    wait_for(
+        "replica-a's write to node zzz-late to be answered 500",
+        || async { (late.matched() >= 1).then_some(()) },
+    )
+    .await;
+    let sent = Instant::now();
+    a.signal(Signal::KILL);
+    a.wait_exit().await;
+    create_node(&admin, "aaa-new", &[]).await;
+    b.wait_leader_metric(1.0).await;
+    let given = wait_cidrs(&admin, "aaa-new").await;
+    assert_eq!(
+        given,
+        vec!["10.87.1.0/24".to_string()],
+        "replica-b gives the block replica-a chose to another node"
+    );
+    assert!(
+        sent.elapsed() < Duration::from_secs(40),
+        "the take-over took longer than the write's delay: the test shows nothing"
+    );
+    let landed = wait_for("replica-a's write to arrive at the API server", || async {
+        proxy.log().into_iter().find(|e| {
+            e.path.ends_with("/nodes/zzz-late")
+                && e.origin == nodeipam_testenv::fault_proxy::Origin::Landed
+        })
+    })
+    .await;
+    assert_invariant(&admin, &[]).await;
+    assert_eq!(
+        landed.status, 409,
+        "the late write met the seal: {landed:?}"
+    );
+    let node = get_node(&admin, "zzz-late").await.expect("node zzz-late");
+    assert_eq!(
+        node.spec.and_then(|s| s.pod_cidrs),
+        None,
+        "zzz-late stays empty"
+    );
+    let sealed = b
+        .gauge(
+            "nodeipam_takeover_sealed_nodes_total",
+            &[("result", "sealed")],
+        )
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        sealed >= 1.0,
+        "replica-b sealed zzz-late: {sealed}\n{}",
+        b.log_tail()
+    );
+    assert_eq!(takeovers(&b, "unclean").await, 1.0, "{}", b.log_tail());
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().await.success());
+    cp.stop().await;
+}

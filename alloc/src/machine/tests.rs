@@ -244,6 +244,7 @@ fn refused_writes_are_retried_then_given_up_and_the_node_parked() {
                 reason: "403 Forbidden".into(),
                 now: NodeNow::Empty {
                     uid: Some("u-a".into()),
+                    version: None,
                 },
             },
         })
@@ -1312,7 +1313,10 @@ fn land_publications(m: &mut Machine, now: Now, effects: &[Effect]) {
 fn leak_after_refusals(m: &mut Machine, now: Now, job: &WriteJob) -> Vec<Effect> {
     let uid = job.uid.clone();
     let outcome = |ambiguous: bool| {
-        let now = NodeNow::Empty { uid: uid.clone() };
+        let now = NodeNow::Empty {
+            uid: uid.clone(),
+            version: None,
+        };
         if ambiguous {
             WriteOutcome::Ambiguous {
                 reason: "no answer within 10s".into(),

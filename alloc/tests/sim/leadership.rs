@@ -52,6 +52,7 @@ use std::time::Duration;
 
 use nodeipam_alloc::lease::{self, LeaseView, Mark, Step, Took, Unchanged};
 use nodeipam_alloc::outcome::{Answer, classify, may_still_land};
+use nodeipam_alloc::seal;
 
 use super::{Rng, Violation};
 
@@ -238,6 +239,8 @@ fn marked(read: &LeaseView, mark: Option<Mark>) -> LeaseView {
 struct Node {
     name: u8,
     block: Option<u32>,
+    /// Its resourceVersion: every change moves it on.
+    version: u64,
 }
 
 /// A node write in the world.
@@ -246,6 +249,8 @@ struct Flight {
     session: u64,
     node: usize,
     block: u32,
+    /// The node's version the write was sent for: it lands on that version only.
+    version: u64,
     sent: Duration,
     /// The answer and when it arrives (`None`: never; the sender gives up a write timeout
     /// after it sent, on its own clock).
@@ -300,6 +305,8 @@ struct View {
     /// How far the watch has delivered the world's changes.
     cursor: usize,
     nodes: BTreeMap<usize, Option<u32>>,
+    /// The version of each node last read, for the next write's precondition.
+    versions: BTreeMap<usize, u64>,
     /// Blocks this session gave and is not sure of yet, and whether a write is in flight.
     mine: BTreeMap<usize, (u32, bool)>,
 }
@@ -308,6 +315,8 @@ enum Session {
     Off,
     Waiting {
         until: Duration,
+        /// When it seals the nodes (`seal::after`), until it has.
+        seal_at: Option<Duration>,
     },
     Active(View),
     /// Stopping: sends nothing more, waits for what it sent.
@@ -475,19 +484,22 @@ impl Sim {
     fn commit(&mut self, i: usize) {
         let (node, block) = (self.flights[i].node, self.flights[i].block);
         self.flights[i].commit_at = None;
-        let landed = self.nodes[node].block.is_none();
+        let current = self.nodes[node].version == self.flights[i].version;
+        let landed = self.nodes[node].block.is_none() && current;
         if landed {
             self.nodes[node].block = Some(block);
+            self.nodes[node].version += 1;
             self.changes.push(node);
         }
-        let same = self.nodes[node].block == Some(block);
         let f = &mut self.flights[i];
-        if f.status.is_some_and(|s| (200..300).contains(&s)) && !same {
-            f.status = Some(422);
+        if f.status.is_some_and(|s| (200..300).contains(&s)) && !landed {
+            f.status = Some(if current { 422 } else { 409 });
         }
         let (name, proc) = (self.nodes[node].name, self.flights[i].proc);
         let what = if landed {
             "lands"
+        } else if !current {
+            "arrives for an older version: conflict"
         } else {
             "lands on a taken node: refused"
         };
@@ -496,7 +508,11 @@ impl Sim {
 
     fn add_node(&mut self, name: u8) {
         if self.nodes.iter().all(|n| n.name != name) {
-            self.nodes.push(Node { name, block: None });
+            self.nodes.push(Node {
+                name,
+                block: None,
+                version: 0,
+            });
             self.changes.push(self.nodes.len() - 1);
         }
     }
@@ -780,8 +796,8 @@ impl Sim {
                 ..cur.clone()
             };
             self.store.replace(&cur, done);
-            let created = self.store.create(Some(Mark::Settled));
-            self.say(|_| format!("{id} lets the deleted lease go (created settled: {created})"));
+            let created = self.store.create(Some(Mark::Stopped));
+            self.say(|_| format!("{id} lets the deleted lease go (created stopped: {created})"));
         }
     }
 
@@ -803,7 +819,13 @@ impl Sim {
         }
         match p.session {
             Session::Off => self.take_over(slot),
-            Session::Waiting { until } if until <= mono => {
+            Session::Waiting {
+                seal_at: Some(at), ..
+            } if at <= mono => self.seal(slot),
+            Session::Waiting {
+                until,
+                seal_at: None,
+            } if until <= mono => {
                 if self.claim(slot).is_some() {
                     self.list(slot);
                 }
@@ -818,14 +840,45 @@ impl Sim {
             return;
         };
         let wait = lease::wait(took, self.allocated, WRITE_TIMEOUT, DURATION);
-        let until = self.mono(slot) + wait;
+        let after = seal::after(took, self.allocated, DURATION);
+        let mono = self.mono(slot);
         let p = self.proc(slot);
-        p.session = Session::Waiting { until };
+        p.session = Session::Waiting {
+            until: mono + wait,
+            seal_at: after.map(|a| mono + a),
+        };
         let id = p.identity.clone();
-        self.say(|_| format!("{id} takes over {took:?}: waits {wait:?}"));
-        if wait.is_zero() {
+        self.say(|_| format!("{id} takes over {took:?}: waits {wait:?}, seals after {after:?}"));
+        if after == Some(Duration::ZERO) {
+            self.seal(slot);
+        }
+        if wait.is_zero() && matches!(self.proc(slot).session, Session::Waiting { .. }) {
             self.list(slot);
         }
+    }
+
+    /// The seal (`reconcile::seal`): a write to every node without a block moves its version
+    /// on, so that no write sent for an older version can land. One step: its list, its
+    /// writes and their answers (a write of a predecessor landing in between is in the list
+    /// the session makes after).
+    fn seal(&mut self, slot: usize) {
+        let mut sealed = Vec::new();
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            if n.block.is_none() {
+                n.version += 1;
+                sealed.push(i);
+                self.changes.push(i);
+            }
+        }
+        let p = self.proc(slot);
+        if let Session::Waiting { seal_at, .. } = &mut p.session {
+            *seal_at = None;
+        }
+        let id = p.identity.clone();
+        self.say(|s| {
+            let names: Vec<u8> = sealed.iter().map(|i| s.nodes[*i].name).collect();
+            format!("{id} seals nodes {names:?}")
+        });
     }
 
     /// `handover::claim`: the Lease must name us and not be being deleted; the mark comes
@@ -855,6 +908,9 @@ impl Sim {
             nodes: (self.nodes.iter().enumerate())
                 .map(|(i, n)| (i, n.block))
                 .collect(),
+            versions: (self.nodes.iter().enumerate())
+                .map(|(i, n)| (i, n.version))
+                .collect(),
             mine: BTreeMap::new(),
         };
         let p = self.proc(slot);
@@ -880,6 +936,7 @@ impl Sim {
         };
         for &i in &changes[v.cursor..] {
             v.nodes.insert(i, nodes[i].block);
+            v.versions.insert(i, nodes[i].version);
             // On a node that holds a block, ours (the same, or one that can no longer land)
             // is settled.
             if nodes[i].block.is_some() {
@@ -901,6 +958,7 @@ impl Sim {
             return;
         };
         v.mine.insert(node, (block, true));
+        let version = v.versions.get(&node).copied().unwrap_or_default();
         let (uid, session) = (p.uid, v.id);
         p.flying += 1;
         let (status, answer, commit) = fate(rng, self.bound());
@@ -914,6 +972,7 @@ impl Sim {
             session,
             node,
             block,
+            version,
             sent: mono,
             status,
             answer_at,
@@ -973,7 +1032,7 @@ impl Sim {
     fn answered(&mut self, slot: usize, i: usize) {
         let f = &self.flights[i];
         let (status, node, block, session) = (f.status, f.node, f.block, f.session);
-        let now_block = self.nodes[node].block;
+        let (now_block, now_version) = (self.nodes[node].block, self.nodes[node].version);
         let p = self.proc(slot);
         p.flying -= 1;
         p.unanswered |= may_still_land(status);
@@ -985,8 +1044,14 @@ impl Sim {
         }
         match (classify(status), now_block) {
             (Answer::Applied, _) => settle(v, node, Some(block)),
-            (Answer::Throttled, _) | (_, None) => {
+            (Answer::Throttled, _) => {
                 v.mine.insert(node, (block, false));
+            }
+            // Refused or in doubt, and the node read again is empty: the same block again,
+            // on the version read.
+            (_, None) => {
+                v.mine.insert(node, (block, false));
+                v.versions.insert(node, now_version);
             }
             // Refused or in doubt, and the node read again holds a block: ours is settled.
             (_, held) => settle(v, node, held),

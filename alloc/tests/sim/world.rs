@@ -214,8 +214,11 @@ impl World {
     pub fn read_node(&self, name: &str) -> NodeNow {
         match self.nodes.get(name) {
             None => NodeNow::Gone,
+            // Versions are the leadership simulator's (sim/leadership.rs): here a write
+            // lands on any version of its object.
             Some(n) if n.cidrs.is_empty() => NodeNow::Empty {
                 uid: Some(n.uid.clone()),
+                version: None,
             },
             Some(n) => NodeNow::Has {
                 uid: Some(n.uid.clone()),

@@ -185,23 +185,22 @@ pub async fn mark(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Error
     Ok(true)
 }
 
-/// Creates the Lease unless it exists; marked settled only by a replica that knows nothing of
-/// it can still land (`settled`: the one that just let the last Lease go, its writes over).
-/// Any other replica creates it unmarked: a missing Lease may have been deleted by hand under
-/// a live leader. True if this call created it.
+/// Creates the Lease unless it exists, with `mark` ([`STOPPED`] from the replica that just let
+/// the last Lease go, its own sending over). Any other replica creates it unmarked: a missing
+/// Lease may have been deleted by hand under a live leader. True if this call created it.
 pub async fn create(
     client: &Client,
     namespace: &str,
     name: &str,
-    settled: bool,
+    mark: Option<&str>,
 ) -> Result<bool, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let mut fresh = Lease::default();
     fresh.metadata.name = Some(name.to_string());
-    if settled {
+    if let Some(mark) = mark {
         fresh
             .annotations_mut()
-            .insert(HANDOVER_ANNOTATION.into(), SETTLED.into());
+            .insert(HANDOVER_ANNOTATION.into(), mark.into());
     }
     fresh.spec = Some(Default::default());
     let params = PostParams {
@@ -301,10 +300,17 @@ impl InFlight {
     /// A session begins (after the take-over wait or a clean hand-over, which covers every
     /// earlier request): new requests may start, and only its own count from here.
     pub fn begin(&self) {
+        self.begin_in_doubt(false);
+    }
+
+    /// [`begin`](Self::begin), in doubt from the start when `doubt`: the take-over could not
+    /// seal every Node, so only the wait holds back a predecessor's late writes, and this
+    /// session must not vouch for more than that.
+    pub fn begin_in_doubt(&self, doubt: bool) {
         let mut s = self.lock();
         s.closed = false;
         // A request of an aborted session still unwinding keeps the doubt.
-        s.unanswered = s.count > 0;
+        s.unanswered = s.count > 0 || doubt;
     }
 
     /// Sends one mutating request, accounted for: refused once the session is handing over,

@@ -137,7 +137,7 @@ async fn build_lock(
     opts: &LeaseOptions,
     retry: Duration,
 ) -> Result<Lock, kube::Error> {
-    if handover::create(client, &opts.namespace, &opts.name, false).await? {
+    if handover::create(client, &opts.namespace, &opts.name, None).await? {
         info!(lease = %opts.name, "created the lease");
     }
     Ok(Lock::new(
@@ -501,8 +501,13 @@ async fn finish_deletion(client: &Client, opts: &LeaseOptions) {
     match handover::release(client, &lease).await {
         Ok(true) => {
             info!(lease = %opts.name, "the lease is being deleted and our writes are over: let it go");
-            match handover::create(client, &opts.namespace, &opts.name, true).await {
-                Ok(true) => info!(lease = %opts.name, "created the next lease, marked settled"),
+            // Marked stopped, not settled: writes of an earlier leader may be in flight still
+            // (one that was deposed while this one never led), and only the next leader's
+            // seal holds them back whenever they arrive (docs/single-writer.md, step 1c).
+            match handover::create(client, &opts.namespace, &opts.name, Some(handover::STOPPED))
+                .await
+            {
+                Ok(true) => info!(lease = %opts.name, "created the next lease, marked stopped"),
                 Ok(false) => debug!("the next lease exists already"),
                 Err(e) => debug!(error = %e, "creating the next lease failed; a standby will"),
             }

@@ -10,6 +10,7 @@ pub mod lease_lock;
 pub mod node_writer;
 pub mod pool_writer;
 pub mod publisher;
+pub mod seal;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -248,13 +249,13 @@ pub async fn run_until(
             // A standby, or a leader still waiting: it sent nothing to vouch for.
             true = turns(&mut stop, true) => return false,
         }
-        tokio::select! {
-            () = take_over(&ctx) => {}
+        let unsealed = tokio::select! {
+            unsealed = take_over(&ctx) => unsealed,
             _ = turns(&mut leadership, false) => continue,
             true = turns(&mut stop, true) => return false,
-        }
+        };
         info!("leadership held: rebuilding allocation state from the API");
-        ctx.in_flight.begin();
+        ctx.in_flight.begin_in_doubt(unsealed);
         ctx.metrics.allocation_stepped();
         ctx.metrics.set_leader(true);
         let session = driver::run(ctx.clone());
@@ -296,12 +297,12 @@ async fn turns(signal: &mut watch::Receiver<bool>, value: bool) -> bool {
 /// waits as [`handover::wait`] says (writes of a previous leader, or of an earlier session of
 /// ours, still landing; and a predecessor that may still be sending), then claims again:
 /// another replica may have displaced us meanwhile, and our last read of the Lease would not
-/// say so before the next one.
-async fn take_over(ctx: &Context) {
+/// say so before the next one. True when its seal left Nodes unsealed.
+async fn take_over(ctx: &Context) -> bool {
     let delay = ctx.options.takeover_delay;
     let Some(lease) = &ctx.options.lease else {
         tokio::time::sleep(delay).await;
-        return;
+        return false;
     };
     let took = claim(ctx, lease).await;
     let allocated_before = took != handover::Takeover::Clean && allocated_before(ctx).await;
@@ -332,10 +333,22 @@ async fn take_over(ctx: &Context) {
             "leadership gained on a lease that was missing or freed by hand: a previous leader may still be writing until its term ends; waiting it out and letting its writes settle"
         ),
     }
+    // The seal runs within the wait: it ends the timing assumption for podCIDR writes, and
+    // the wait still covers the other writes (docs/single-writer.md, step 2).
+    let seal = async {
+        let Some(after) = crate::alloc::seal::after(took, allocated_before, lease.term) else {
+            return false;
+        };
+        tokio::time::sleep(after).await;
+        let done = seal::run(ctx, &lease.identity).await;
+        ctx.metrics.sealed(done.sealed, done.unsealed);
+        done.unsealed > 0
+    };
+    let ((), unsealed) = tokio::join!(tokio::time::sleep(wait), seal);
     if !wait.is_zero() {
-        tokio::time::sleep(wait).await;
         claim(ctx, lease).await;
     }
+    unsealed
 }
 
 /// Whether any NodeIPAMConfig carries our finalizer: a block was (or may be being) handed out

@@ -99,10 +99,15 @@ async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
     let api: Api<IpamNode> = Api::all(ctx.client.clone());
     let cidrs: Vec<String> = job.cidrs.iter().map(ToString::to_string).collect();
     // The UID makes the patch a precondition on this very object: it can never land on a
-    // node recreated under the same name.
+    // node recreated under the same name. The resourceVersion makes it land only on the
+    // version we read: a successor's fence (a write to every Node without podCIDRs) makes
+    // any write sent before it fail, however late it arrives (docs/single-writer.md).
     let mut metadata = json!({ "annotations": { CONFIG_ANNOTATION: job.config } });
     if let Some(uid) = &job.uid {
         metadata["uid"] = json!(uid);
+    }
+    if let Some(version) = &job.version {
+        metadata["resourceVersion"] = json!(version);
     }
     let patch = json!({
         "metadata": metadata,
@@ -143,6 +148,13 @@ async fn failed(
     match classify(answer) {
         Answer::Missing => WriteOutcome::Missing,
         Answer::Throttled => WriteOutcome::Throttled,
+        Answer::Conflict => {
+            debug!(node = %job.node, %reason, "podCIDR write sent for an older version of the node");
+            WriteOutcome::Conflict {
+                reason,
+                now: reread(ctx, &job.node).await,
+            }
+        }
         Answer::Rejected => {
             debug!(node = %job.node, %reason, "podCIDR write rejected");
             WriteOutcome::Rejected {
@@ -166,6 +178,7 @@ pub async fn reread(ctx: &Context, name: &str) -> NodeNow {
         Ok(Some(node)) => match node.cidrs() {
             Ok(c) if c.is_empty() => NodeNow::Empty {
                 uid: node.metadata.uid,
+                version: node.metadata.resource_version,
             },
             Ok(c) => NodeNow::Has {
                 uid: node.metadata.uid,
