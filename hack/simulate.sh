@@ -6,7 +6,8 @@
 #       "# simulator", one at a time, and runs the simulator with CI's budget: every one must
 #       be found. Prints a table (seeds and steps until the failure, the rule it broke).
 #       A patch marked "# simulator leadership" is run against the leadership simulator
-#       (alloc/tests/sim/leadership.rs) instead of the allocation one.
+#       (alloc/tests/sim/leadership.rs) instead of the allocation one; "# simulator
+#       leadership beyond" against its search with writes landing beyond the take-over wait.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$NODEIPAM_ROOT"
@@ -44,7 +45,11 @@ for name in "${names[@]}"; do
   out="$NODEIPAM_CACHE/simulate-$name.log"
   start=$SECONDS
   which=seeded_schedules_keep_every_invariant
-  if grep -q '^# simulator leadership' "$patch"; then which=leadership_schedules_keep_one_writer; fi
+  if grep -q '^# simulator leadership beyond' "$patch"; then
+    which=beyond_the_bound_a_late_write_is_sealed_off
+  elif grep -q '^# simulator leadership' "$patch"; then
+    which=leadership_schedules_keep_one_writer
+  fi
   log "mutation $name: simulating ($which) for up to ${budget}s"
   if ! cargo test --quiet --locked -p nodeipam-alloc --test simulator --no-run >"$out" 2>&1; then
     verdict="DOES NOT BUILD (see $out)"
