@@ -684,6 +684,15 @@ impl Ipam {
         ended
     }
 
+    /// How many blocks leaks keep occupied now.
+    pub fn leaked_blocks(&self) -> u64 {
+        self.leaks
+            .values()
+            .flatten()
+            .map(|l| l.cidrs.len() as u64)
+            .sum()
+    }
+
     /// Nodes with leaks, with the UID of their first: what a relist that lacks them asks about.
     pub fn leaked_nodes(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
         self.leaks

@@ -174,6 +174,8 @@ pub enum Effect {
 pub enum Metric {
     Allocated(IpNet),
     Released(IpNet),
+    /// Blocks leaked now (kept occupied after an ambiguous write): up when a write is given
+    /// up, down when a leak ends.
     Leaked(u64),
     AssignmentFailure,
     Error(&'static str),
@@ -874,6 +876,7 @@ impl Machine {
             return;
         }
         info!(node = %name, ?ended, "leaked blocks settled: the write can no longer land");
+        self.metric(Metric::Leaked(self.ipam.leaked_blocks()));
         self.touch(&ended);
         let freed: Vec<IpNet> = ended
             .into_iter()
@@ -1263,7 +1266,7 @@ impl Machine {
     /// land, rather than risk a duplicate.
     fn leak(&mut self, job: &WriteJob) -> Vec<IpNet> {
         let leaked = self.ipam.leak(&job.node, job.ticket);
-        self.metric(Metric::Leaked(leaked.len() as u64));
+        self.metric(Metric::Leaked(self.ipam.leaked_blocks()));
         self.touch(&leaked);
         leaked
     }

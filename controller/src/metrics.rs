@@ -228,7 +228,7 @@ impl Metrics {
         );
         own.register(
             "leaked_blocks",
-            "Blocks kept occupied after an ambiguous write, until restart",
+            "Blocks kept occupied now after an ambiguous write, until the write can no longer land",
             m.leaked_blocks.clone(),
         );
         own.register(

@@ -384,3 +384,59 @@ async fn a_write_that_lands_after_the_take_over_wait_is_sealed_off() {
     assert!(b.wait_exit().await.success());
     cp.stop().await;
 }
+
+/// A leak is counted while it lasts, not forever: replica-a's write for node leaky is
+/// answered 500 and every retry is refused (422) until it gives the write up (eight refusals,
+/// about 51 s of backoff), keeping the block occupied (a leak: the first write may still
+/// land); 75 s after it was sent the write does land, the node shows the block, and the leak
+/// ends. `nodeipam_leaked_blocks` goes 1 → 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leak_that_ends_is_no_longer_counted() {
+    let pair = Pair::start("10.88.0.0/16", 24).await;
+    let (admin, proxy) = (pair.admin.clone(), &pair.proxy);
+    let first = proxy.add(
+        Rule::new(
+            Some(Method::PATCH),
+            "/api/v1/nodes/leaky",
+            Action::Answer {
+                status: 500,
+                then_land_after: Some(Duration::from_secs(75)),
+            },
+        )
+        .times(1),
+    );
+    let refused = proxy.add(Rule::new(
+        Some(Method::PATCH),
+        "/api/v1/nodes/leaky",
+        Action::Answer {
+            status: 422,
+            then_land_after: None,
+        },
+    ));
+    create_node(&admin, "leaky", &[]).await;
+    let leaked = || async {
+        pair.a
+            .gauge("nodeipam_leaked_blocks", &[])
+            .await
+            .unwrap_or(0.0)
+    };
+    wait_for(
+        "replica-a to give the write up and leak its block",
+        || async { (leaked().await == 1.0).then_some(()) },
+    )
+    .await;
+    assert_eq!(first.matched(), 1);
+    assert!(refused.matched() >= 1, "the retries were refused");
+    let cidrs = wait_cidrs(&admin, "leaky").await;
+    assert_eq!(
+        cidrs,
+        vec!["10.88.1.0/24".to_string()],
+        "the late write landed"
+    );
+    wait_for("the leak to end and the gauge to say so", || async {
+        (leaked().await == 0.0).then_some(())
+    })
+    .await;
+    assert_invariant(&admin, &[]).await;
+    pair.stop().await;
+}

@@ -1420,6 +1420,18 @@ fn a_config_deleted_while_a_block_is_leaked_keeps_its_finalizer_and_stays_publis
 }
 
 #[test]
+fn a_leak_is_counted_while_it_lasts() {
+    let mut m = with_a_leak();
+    // The leaked write landed after all: the node shows its block, and the leak is over.
+    let landed = node("a", "u-a", &[], &["10.0.0.0/30"]);
+    let out = m.handle(at(2), Input::Node(Watch::Applied(landed)));
+    assert!(
+        metrics(&out).contains(&Metric::Leaked(0)),
+        "the gauge comes down when the leak ends: {out:?}"
+    );
+}
+
+#[test]
 fn a_config_whose_leaked_node_is_deleted_drains() {
     let mut m = with_a_leak();
     m.handle(

@@ -85,6 +85,9 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
         rereads: JoinSet::new(),
     };
     let clock = Clock::start();
+    // A new state, rebuilt from the Nodes: no leak of an earlier session is ours to count (the
+    // take-over sealed or waited out every write that could still land).
+    ctx.metrics.leaked_blocks.set(0);
     ctx.metrics.allocation_stepped();
     let mut status_tick = tokio::time::interval(ctx.options.status_interval);
     let mut resync = tokio::time::interval(RESYNC);
@@ -213,7 +216,9 @@ fn record(metrics: &Metrics, metric: Metric) {
             metrics.releases.get_or_create(&cidr_label(&range)).inc();
         }
         Metric::Leaked(n) => {
-            metrics.leaked_blocks.inc_by(i64::try_from(n).unwrap_or(0));
+            metrics
+                .leaked_blocks
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         Metric::AssignmentFailure => {
             metrics.assignment_failures.inc();
