@@ -1,7 +1,7 @@
 //! What nodeipam's allocation loop recomputes on every status tick (200 ms) while any config
 //! is dirty, e.g. during a burst: `Ipam::config_facts` and `Ipam::unmanaged`, for a cluster of
 //! 5,000 and 50,000 nodes in one NodeIPAMConfig (10.0.0.0/8, a /24 each). Evidence for
-//! BENCHMARKS.md ("bottlenecks"); one call each per iteration.
+//! docs/benchmarks-history.md ("Profiled and improved"); one call each per iteration.
 
 use std::hint::black_box;
 
