@@ -254,6 +254,7 @@ pub async fn run_until(
             true = turns(&mut stop, true) => return false,
         }
         info!("leadership held: rebuilding allocation state from the API");
+        let running = Running::begin(ctx.options.lease.as_ref());
         ctx.in_flight.begin();
         ctx.metrics.allocation_stepped();
         ctx.metrics.set_leader(true);
@@ -273,6 +274,7 @@ pub async fn run_until(
                 return settled;
             }
         };
+        drop(running);
         ctx.metrics.set_leader(false);
         if let Err(e) = ended {
             ctx.metrics.reconcile_error(e.kind());
@@ -282,6 +284,29 @@ pub async fn run_until(
                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
                 true = turns(&mut stop, true) => return false,
             }
+        }
+    }
+}
+
+/// Says, from the moment a session begins (its take-over wait over) until it is dropped, that
+/// an allocation session runs ([`leader::SessionCell`]): the election reads it when it finds
+/// the Lease being deleted.
+struct Running<'a>(Option<&'a leader::SessionCell>);
+
+impl<'a> Running<'a> {
+    fn begin(lease: Option<&'a handover::LeaseRef>) -> Self {
+        let cell = lease.map(|l| &l.session);
+        if let Some(cell) = cell {
+            cell.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        Running(cell)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(cell) = self.0 {
+            cell.store(false, std::sync::atomic::Ordering::SeqCst);
         }
     }
 }
