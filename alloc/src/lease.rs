@@ -233,6 +233,25 @@ pub fn releasable(view: &LeaseView, identity: &str) -> bool {
     view.terminating && view.finalized && holder.is_none_or(|h| h == identity)
 }
 
+/// The mark of the Lease that `identity` creates once it let `deleted` go (a terminating
+/// Lease it took our finalizer off, [`releasable`] by it, its own writes over): settled only
+/// when `deleted` names `identity` and `led`, none otherwise, so that whoever takes the next
+/// Lease waits out a whole term first ([`Takeover::Unknown`]).
+///
+/// `led`: this replica was leading with its session begun (its take-over wait over, so that
+/// nothing of an earlier leader could still land) right up to the read that first found
+/// `deleted` [`releasable`]. Our own writes being over is not enough: a Lease freed or renamed
+/// by hand before it was deleted names nobody, or a replica that took it meanwhile and never
+/// led on it, and the leader the hand edit displaced may still send until its own term ends.
+///
+/// `answered`: every write of that session got an answer that rules it out
+/// ([`crate::outcome::may_still_land`] false), as for a settled hand-over. The settle before
+/// the Lease is let go is only the write timeout; a write without such an answer may land
+/// after it (found by the beyond-the-bound search, seed 106).
+pub fn next_mark(deleted: &LeaseView, identity: &str, led: bool, answered: bool) -> Option<Mark> {
+    (led && answered && deleted.names(identity)).then_some(Mark::Settled)
+}
+
 /// Why `identity` may not lead on `view`, if it may not: it is being deleted, or another
 /// replica took it since our last read (two replicas can both lock a free Lease), whatever
 /// that read said.

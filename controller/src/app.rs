@@ -63,6 +63,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let identity = identity(args.identity.as_deref());
     let took = crate::reconcile::leader::TookCell::default();
+    let session = crate::reconcile::leader::SessionCell::default();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Tasks::default();
     let failure = Arc::new(std::sync::Mutex::new(None));
@@ -177,6 +178,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             name: args.lease_name.clone(),
             identity: identity.clone(),
             took: took.clone(),
+            session: session.clone(),
             term: Duration::from_secs(timing.duration),
         }),
         // The client limits every request (--kube-api-qps); the writer adds no second limit.
@@ -208,6 +210,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 // As long as the allocation loop waits for its last writes when it stops.
                 settle: write_timeout(timing.grace) + Duration::from_secs(1),
                 took: took.clone(),
+                session: session.clone(),
             },
             Tuning {
                 retry: timing.retry,
@@ -338,6 +341,7 @@ async fn hand_over(
         name: args.lease_name.clone(),
         identity: identity.to_string(),
         took: took.clone(),
+        session: Default::default(),
         term: args.lease_duration(),
     };
     match handover::mark(client, &lease).await {

@@ -799,6 +799,7 @@ impl Running {
                     duration: LEASE_DURATION,
                     grace: LEASE_GRACE,
                     took: Default::default(),
+                    session: Default::default(),
                     settle: write_timeout(LEASE_GRACE) + Duration::from_secs(1),
                 },
             )

@@ -1066,8 +1066,7 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
     let nodes = wait_all_allocated_for(&admin, 1, Duration::from_secs(240)).await;
     assert_eq!(nodes, created + 1);
     assert_invariant(&admin, &[]).await;
-    // A fresh Lease, marked stopped: whoever took it sealed the empty nodes (a write of a
-    // leader deposed earlier may still arrive) and waited out the write timeout.
+    // A fresh Lease: whoever took it had nothing to wait out.
     assert!(!lease_being_deleted(&admin).await);
     let holder = lease_holder(&admin)
         .await
@@ -1077,16 +1076,17 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
     } else {
         (&b, &a)
     };
-    // replica-a's first start (no Lease yet) was clean; the take of the fresh one unclean.
+    // replica-a's first start (no Lease yet) and the take of the fresh one.
     let clean = takeovers(&a, "clean").await + takeovers(&b, "clean").await;
-    let unclean = takeovers(&a, "unclean").await + takeovers(&b, "unclean").await;
     assert_eq!(
-        (clean, unclean),
-        (1.0, 1.0),
+        clean,
+        2.0,
         "replica-a:\n{}\nreplica-b:\n{}",
         a.metrics().await,
         b.metrics().await
     );
+    assert_eq!(takeovers(&a, "unclean").await, 0.0, "{}", a.log_tail());
+    assert_eq!(takeovers(&b, "unclean").await, 0.0, "{}", b.log_tail());
     let released = "the lease is being deleted and our writes are over: let it go";
     assert!(
         a.log_text().contains(released),
@@ -1101,6 +1101,109 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
     for r in [leader, other] {
         r.assert_never_forbidden();
     }
+    a.signal(Signal::TERM);
+    b.signal(Signal::TERM);
+    assert!(a.wait_exit().await.success());
+    assert!(b.wait_exit().await.success());
+    cp.stop().await;
+}
+
+/// A Lease freed by hand (its holder cleared) under a live leader and then deleted the
+/// ordinary way: our finalizer keeps it, terminating, naming nobody or the standby that took
+/// it meanwhile, neither of which led on it, while the leader the hand edit displaced may go
+/// on sending until its own term ends (it stops at its next read, unless that read fails or
+/// it is paused). So the replica that lets it go creates the next Lease unmarked, not
+/// settled, and whoever takes that waits out a whole term and the write timeout before it
+/// writes: an `unknown` take-over (docs/single-writer.md, step 1c).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_freed_by_hand_then_deleted_makes_the_next_leader_wait_out_the_term() {
+    const FLAGS: &[&str] = &["--lease-duration=15", "--lease-grace=5"];
+    // `solo` keeps the rest (the temporary folder) alive to the end.
+    let (solo, mut b) = Solo::serving_with_standby(FLAGS, "10.79.0.0/16", 24, "before").await;
+    let Solo {
+        cp, admin, mut a, ..
+    } = solo;
+    // replica-a's first start: no config carried our finalizer, nothing to wait for.
+    let clean = takeovers(&a, "clean").await + takeovers(&b, "clean").await;
+    assert_eq!(clean, 1.0, "{}", a.log_tail());
+
+    // Just after a renewal, so that replica-a's lock is not due again for 10 s: the standby,
+    // which reads the Lease every second, is the one that finds it free.
+    let renewed = lease_renewed(&admin).await;
+    wait_for("replica-a to renew the lease", || async {
+        (lease_renewed(&admin).await != renewed).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let leases = Api::<Lease>::namespaced(admin.clone(), NAMESPACE);
+    let free = json!({ "spec": { "holderIdentity": null } });
+    leases
+        .patch(LEASE, &PatchParams::default(), &Patch::Merge(&free))
+        .await
+        .expect("free the lease by hand");
+    leases
+        .delete(LEASE, &DeleteParams::default())
+        .await
+        .expect("delete the lease");
+    assert!(
+        lease_being_deleted(&admin).await,
+        "our finalizer keeps the lease"
+    );
+
+    // The next Lease, as first seen (nobody takes it for seconds: both locks claim the old
+    // one until their next renewal): not marked settled.
+    let next = wait_for("the next lease", || async {
+        lease(&admin)
+            .await
+            .filter(|l| l.metadata.deletion_timestamp.is_none())
+    })
+    .await;
+    assert_ne!(
+        next.annotations()
+            .get(HANDOVER_ANNOTATION)
+            .map(String::as_str),
+        Some(SETTLED),
+        "the next lease vouches for a leader displaced by hand:\nreplica-a:\n{}\nreplica-b:\n{}",
+        a.log_tail(),
+        b.log_tail()
+    );
+    let logs = || format!("{}\n{}", a.log_text(), b.log_text());
+    assert!(
+        logs().contains("created the next lease unmarked"),
+        "replica-a:\n{}\nreplica-b:\n{}",
+        a.log_tail(),
+        b.log_tail()
+    );
+    assert!(!logs().contains("created the next lease, marked settled"));
+
+    // Whoever takes it counts an unknown take-over and waits it out before it writes.
+    wait_for("the next leader's take-over", || async {
+        let unknown = takeovers(&a, "unknown").await + takeovers(&b, "unknown").await;
+        (unknown >= 1.0).then_some(())
+    })
+    .await;
+    create_node(&admin, "after", &[]).await;
+    wait_cidrs(&admin, "after").await;
+    assert_invariant(&admin, &[]).await;
+    let unknown = takeovers(&a, "unknown").await + takeovers(&b, "unknown").await;
+    assert_eq!(unknown, 1.0, "{}\n{}", a.log_tail(), b.log_tail());
+    let clean = takeovers(&a, "clean").await + takeovers(&b, "clean").await;
+    assert_eq!(clean, 1.0, "{}\n{}", a.log_tail(), b.log_tail());
+    for r in [&a, &b] {
+        assert_eq!(takeovers(r, "unclean").await, 0.0, "{}", r.log_tail());
+        r.assert_never_forbidden();
+    }
+    let released = |r: &Replica| r.log_text().contains("created the next lease unmarked");
+    eprintln!(
+        "lease freed by hand and deleted: {} let it go and created the next one unmarked; {} \
+         took that over unknown",
+        if released(&a) {
+            "replica-a"
+        } else {
+            "replica-b"
+        },
+        lease_holder(&admin).await.unwrap_or_default(),
+    );
     a.signal(Signal::TERM);
     b.signal(Signal::TERM);
     assert!(a.wait_exit().await.success());
@@ -1226,10 +1329,8 @@ async fn a_lone_replica_whose_lease_is_deleted_leads_again_on_a_fresh_one() {
     .await;
     create_node(&admin, "after", &[]).await;
     wait_cidrs(&admin, "after").await;
-    // The fresh Lease is marked stopped: its next leader (replica-a again) seals and waits
-    // out the write timeout, since a leader deposed before may have writes in flight.
-    assert_eq!(takeovers(&a, "clean").await, 1.0, "{}", a.log_tail());
-    assert_eq!(takeovers(&a, "unclean").await, 1.0, "{}", a.log_tail());
+    assert_eq!(takeovers(&a, "clean").await, 2.0, "{}", a.log_tail());
+    assert_eq!(takeovers(&a, "unclean").await, 0.0);
     assert_invariant(&admin, &[]).await;
     a.assert_never_forbidden();
     stop(&mut a, cp).await;

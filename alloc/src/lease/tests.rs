@@ -236,6 +236,31 @@ fn only_the_holder_or_anyone_of_an_unheld_lease_releases_it_and_only_while_it_is
 }
 
 #[test]
+fn the_next_lease_is_settled_only_after_one_we_held_and_led_on_up_to_its_deletion() {
+    let ours = being_deleted(marked(Some("b"), None), true);
+    assert_eq!(next_mark(&ours, "b", true, true), Some(Mark::Settled));
+    // We led, but a write of ours went without an answer that rules it out: it may land
+    // after the settle.
+    assert_eq!(next_mark(&ours, "b", true, false), None);
+    // We took it and never led on it (our take-over wait was not over, or it was renamed to
+    // us by hand): whoever it displaced may still send until its term ends.
+    assert_eq!(next_mark(&ours, "b", false, true), None);
+    // Freed by hand before it was deleted: the leader the edit displaced may still send.
+    for holder in [None, Some("")] {
+        let free = being_deleted(marked(holder, None), true);
+        assert!(releasable(&free, "b"), "any replica lets it go");
+        assert_eq!(next_mark(&free, "b", true, true), None, "{holder:?}");
+        assert_eq!(next_mark(&free, "b", false, true), None, "{holder:?}");
+    }
+    // Renamed to another: not ours to vouch for (nor to let go).
+    let theirs = being_deleted(marked(Some("a"), None), true);
+    assert_eq!(next_mark(&theirs, "b", true, true), None);
+    // A mark on the Lease let go vouches for nothing about the next one.
+    let marked_free = being_deleted(marked(None, Some(Mark::Settled)), true);
+    assert_eq!(next_mark(&marked_free, "b", true, true), None);
+}
+
+#[test]
 fn a_lease_is_claimed_only_by_its_holder_and_not_while_it_is_deleted() {
     assert_eq!(unclaimable(&marked(Some("b"), None), "b"), None);
     assert_eq!(

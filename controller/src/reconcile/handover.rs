@@ -20,11 +20,13 @@
 //!
 //! A leader puts [`LEASE_FINALIZER`] on its Lease before its first write and takes it off
 //! only with the mark, or once a deletion of the Lease stopped it and its writes had time to
-//! land; then it creates the next Lease marked settled itself. So a Lease deleted under a
-//! live leader stays (terminating, led by nobody) until that leader is quiet. Deciding is
-//! pure and lives in the core (`nodeipam_alloc::lease`: `takeover`, `wait`, `releasable`,
-//! `unclaimable`, run on the Lease as [`view`] reads it); `claim`, `mark`, `create` and
-//! `release` only read and write it.
+//! land; then it creates the next Lease itself, marked settled if it led on the one let go
+//! up to its deletion (`lease::next_mark`; unmarked after a hand edit, whose displaced
+//! leader may still send). So a Lease deleted under a live leader stays (terminating, led by
+//! nobody) until that leader is quiet. Deciding is pure and lives in the core
+//! (`nodeipam_alloc::lease`: `takeover`, `wait`, `releasable`, `next_mark`, `unclaimable`,
+//! run on the Lease as [`view`] reads it); `claim`, `mark`, `create` and `release` only read
+//! and write it.
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -66,6 +68,9 @@ pub struct LeaseRef {
     pub identity: String,
     /// How the election's lock took the Lease, set each time it claims it.
     pub took: super::leader::TookCell,
+    /// Whether our allocation session runs, its take-over wait over (set by the allocation
+    /// loop, read by the election).
+    pub session: super::leader::SessionCell,
     /// The lease duration: how long a predecessor that did not say it stopped may go on.
     pub term: Duration,
 }
@@ -185,14 +190,15 @@ pub async fn mark(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Error
     Ok(true)
 }
 
-/// Creates the Lease unless it exists, with `mark` ([`STOPPED`] from the replica that just let
-/// the last Lease go, its own sending over). Any other replica creates it unmarked: a missing
-/// Lease may have been deleted by hand under a live leader. True if this call created it.
+/// Creates the Lease unless it exists, with `mark`: settled only by a replica that knows
+/// nothing of any leader can still land (the one that just let the last Lease go, as
+/// [`lease::next_mark`] says). Any other replica creates it unmarked (`None`): a missing Lease
+/// may have been deleted by hand under a live leader. True if this call created it.
 pub async fn create(
     client: &Client,
     namespace: &str,
     name: &str,
-    mark: Option<&str>,
+    mark: Option<Mark>,
 ) -> Result<bool, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let mut fresh = Lease::default();
@@ -200,7 +206,7 @@ pub async fn create(
     if let Some(mark) = mark {
         fresh
             .annotations_mut()
-            .insert(HANDOVER_ANNOTATION.into(), mark.into());
+            .insert(HANDOVER_ANNOTATION.into(), mark_value(mark).into());
     }
     fresh.spec = Some(Default::default());
     let params = PostParams {
@@ -215,18 +221,19 @@ pub async fn create(
 }
 
 /// Takes our finalizer off a terminating Lease if it is [`lease::releasable`] by us (on the
-/// version read), so that its deletion completes. The caller has waited out every write that
-/// could still land. Returns whether it did.
-pub async fn release(client: &Client, lease: &LeaseRef) -> Result<bool, kube::Error> {
+/// version read), so that its deletion completes. The caller has waited out every write of
+/// ours that could still land. Returns the Lease let go, as [`view`] read it, if it did.
+pub async fn release(client: &Client, lease: &LeaseRef) -> Result<Option<LeaseView>, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
     let Some(current) = timed(api.get_opt(&lease.name)).await? else {
-        return Ok(false);
+        return Ok(None);
     };
-    if !lease::releasable(&view(&current), &lease.identity) {
-        return Ok(false);
+    let seen = view(&current);
+    if !lease::releasable(&seen, &lease.identity) {
+        return Ok(None);
     }
     patch_meta(&api, &current, None, false).await?;
-    Ok(true)
+    Ok(Some(seen))
 }
 
 /// Sets (or with `None` removes) the mark on the version of the Lease `current` is, and on no
@@ -327,6 +334,13 @@ impl InFlight {
         let result = request.await;
         ticket.finish(definite(&result));
         result
+    }
+
+    /// Whether a request of the session may still land: one is in flight (a dropped session's
+    /// still unwinding), or one ended without an answer that rules it out.
+    pub fn in_doubt(&self) -> bool {
+        let s = self.lock();
+        s.count > 0 || s.unanswered
     }
 
     /// Starts no more requests and waits (up to `limit`) for those in flight. True when every

@@ -18,7 +18,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -33,6 +33,43 @@ use crate::alloc::lease;
 
 /// How the current leader took its Lease, shared with the allocation loop's take-over.
 pub type TookCell = Arc<std::sync::Mutex<Option<Took>>>;
+
+/// Whether an allocation session runs: its take-over wait is over (so nothing of an earlier
+/// leader can still land) and it has not ended. Set by the allocation loop
+/// (`reconcile::run_until`), read by the election when it first finds the Lease being
+/// deleted: only a replica that led on it up to then creates the next one marked settled
+/// ([`lease::next_mark`]).
+pub type SessionCell = Arc<SessionState>;
+
+/// What the allocation loop tells the election of its session (see [`SessionCell`]).
+#[derive(Debug, Default)]
+pub struct SessionState {
+    running: AtomicBool,
+    /// The last session ended with a write in flight or unanswered (`InFlight::in_doubt`).
+    doubt: AtomicBool,
+}
+
+impl SessionState {
+    /// A session begins, its take-over wait over.
+    pub fn begin(&self) {
+        self.doubt.store(false, Ordering::SeqCst);
+        self.running.store(true, Ordering::SeqCst);
+    }
+
+    /// The session ended; `doubt`: a write of it may still land.
+    pub fn end(&self, doubt: bool) {
+        self.doubt.store(doubt, Ordering::SeqCst);
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    pub fn running(&self) -> bool {
+        self.running.load(Ordering::SeqCst)
+    }
+
+    pub fn in_doubt(&self) -> bool {
+        self.doubt.load(Ordering::SeqCst)
+    }
+}
 
 /// How long one read of the Lease may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -75,6 +112,8 @@ pub struct LeaseOptions {
     pub settle: Duration,
     /// Set to how the lock took the Lease each time it claims it.
     pub took: TookCell,
+    /// Whether this replica's allocation session runs (set by the allocation loop).
+    pub session: SessionCell,
 }
 
 /// A running election; its leadership signal feeds [`super::run`].
@@ -249,7 +288,9 @@ async fn elect(
                         Ok(Ok(lease)) => {
                             // Every read counts toward how long the Lease has been unchanged.
                             lock.note(lease.as_ref());
-                            release_at = release.observe(lease.as_ref(), &opts, now);
+                            // Whether we led up to this read, before it changes the fence.
+                            let leading = fence.holds(now) && opts.session.running();
+                            release_at = release.observe(lease.as_ref(), &opts, leading, now);
                             // Claimed, our Lease can only vanish after a deletion completed:
                             // take a fresh one, as a standby would.
                             let (next, retake) = if fence.claimed {
@@ -287,7 +328,7 @@ async fn elect(
                     let now = Instant::now();
                     if release_at.is_some_and(|at| at <= now) && !fence.holds(now) {
                         release_at = None;
-                        finish_deletion(&client, &opts).await;
+                        finish_deletion(&client, &opts, release.led).await;
                     }
                     if read.is_none() && Instant::now() >= next_read {
                         let (leases, name) = (leases.clone(), opts.name.clone());
@@ -468,51 +509,71 @@ impl Standby {
 #[derive(Debug, Default)]
 struct Release {
     since: Option<Instant>,
+    /// This replica was leading, its session begun, up to the read that set `since`.
+    led: bool,
 }
 
 impl Release {
-    /// A Lease just read; returns when to release it, if this replica may.
+    /// A Lease just read, and whether we were leading with our session begun up to this read;
+    /// returns when to release it, if this replica may.
     fn observe(
         &mut self,
         lease: Option<&Lease>,
         opts: &LeaseOptions,
+        leading: bool,
         now: Instant,
     ) -> Option<Instant> {
         if !lease.is_some_and(|l| lease::releasable(&handover::view(l), &opts.identity)) {
             self.since = None;
             return None;
         }
-        Some(*self.since.get_or_insert(now) + opts.settle)
+        let since = *self.since.get_or_insert_with(|| {
+            self.led = leading;
+            now
+        });
+        Some(since + opts.settle)
     }
 }
 
 /// Takes our finalizer off the Lease being deleted, so that the deletion completes, and
-/// creates the next Lease marked settled: nothing of ours can still land, and no other
-/// replica led on the old one since it was being deleted. (A standby that finds it missing
-/// first creates it unmarked, and its leader waits: safe, only slower.)
-async fn finish_deletion(client: &Client, opts: &LeaseOptions) {
+/// creates the next Lease, marked as [`lease::next_mark`] says: settled only when the Lease
+/// let go named us and we led on it (`led`) up to the read that found it being deleted, so
+/// that neither our writes nor an earlier leader's can still land, and no other replica led
+/// on it since. Otherwise (it was freed or renamed by hand before it was deleted, or we took
+/// it and never led on it) the leader that a hand edit displaced may still send until its
+/// term ends: the next Lease is unmarked and whoever takes it waits that out. (A standby that
+/// finds the Lease missing first creates it unmarked too: safe, only slower.)
+async fn finish_deletion(client: &Client, opts: &LeaseOptions, led: bool) {
     let lease = LeaseRef {
         namespace: opts.namespace.clone(),
         name: opts.name.clone(),
         identity: opts.identity.clone(),
         took: opts.took.clone(),
+        session: opts.session.clone(),
         term: Duration::from_secs(opts.duration),
     };
     match handover::release(client, &lease).await {
-        Ok(true) => {
+        Ok(Some(deleted)) => {
             info!(lease = %opts.name, "the lease is being deleted and our writes are over: let it go");
-            // Marked stopped, not settled: writes of an earlier leader may be in flight still
-            // (one that was deposed while this one never led), and only the next leader's
-            // seal holds them back whenever they arrive (docs/single-writer.md, step 1c).
-            match handover::create(client, &opts.namespace, &opts.name, Some(handover::STOPPED))
-                .await
-            {
-                Ok(true) => info!(lease = %opts.name, "created the next lease, marked stopped"),
+            // A session still running, or whose writes are not all answered, vouches for
+            // nothing: the settle before this was only the write timeout.
+            let answered = !opts.session.running() && !opts.session.in_doubt();
+            let mark = lease::next_mark(&deleted, &opts.identity, led, answered);
+            match handover::create(client, &opts.namespace, &opts.name, mark).await {
+                Ok(true) if mark.is_some() => {
+                    info!(lease = %opts.name, "created the next lease, marked settled")
+                }
+                Ok(true) => info!(
+                    lease = %opts.name,
+                    holder = ?deleted.holder,
+                    led,
+                    "created the next lease unmarked: we did not lead on the one let go up to its deletion (freed or renamed by hand before?), so its next leader waits out a whole term"
+                ),
                 Ok(false) => debug!("the next lease exists already"),
                 Err(e) => debug!(error = %e, "creating the next lease failed; a standby will"),
             }
         }
-        Ok(false) => debug!("the lease is no longer ours to let go"),
+        Ok(None) => debug!("the lease is no longer ours to let go"),
         // The next read that finds it so schedules another try.
         Err(e) => {
             warn!(error = %e, "taking the finalizer off the lease being deleted failed; retrying")
@@ -550,6 +611,7 @@ mod tests {
             grace: 2,
             settle: Duration::from_secs(3),
             took: TookCell::default(),
+            session: SessionCell::default(),
         }
     }
 
@@ -598,24 +660,27 @@ mod tests {
         let t0 = Instant::now();
         let o = opts();
         let mut r = Release::default();
-        assert_eq!(r.observe(Some(&lease("me", 4)), &o, t0), None);
+        assert_eq!(r.observe(Some(&lease("me", 4)), &o, true, t0), None);
         let ours = deleted(lease("me", 4));
-        assert_eq!(r.observe(Some(&ours), &o, t0), Some(t0 + secs(3.0)));
-        // Later reads do not push it back.
+        assert_eq!(r.observe(Some(&ours), &o, true, t0), Some(t0 + secs(3.0)));
+        assert!(r.led, "we led up to the read that found it being deleted");
+        // Later reads do not push it back, nor change whether we led up to the first.
         assert_eq!(
-            r.observe(Some(&ours), &o, t0 + secs(2.0)),
+            r.observe(Some(&ours), &o, false, t0 + secs(2.0)),
             Some(t0 + secs(3.0))
         );
+        assert!(r.led);
         // Another live holder's to let go; gone: nothing to do; seen again: a fresh wait.
         assert_eq!(
-            r.observe(Some(&deleted(lease("other", 4))), &o, t0 + secs(2.5)),
+            r.observe(Some(&deleted(lease("other", 4))), &o, true, t0 + secs(2.5)),
             None
         );
-        assert_eq!(r.observe(None, &o, t0 + secs(2.6)), None);
+        assert_eq!(r.observe(None, &o, true, t0 + secs(2.6)), None);
         assert_eq!(
-            r.observe(Some(&ours), &o, t0 + secs(4.0)),
+            r.observe(Some(&ours), &o, false, t0 + secs(4.0)),
             Some(t0 + secs(7.0))
         );
+        assert!(!r.led, "not leading when it was seen being deleted again");
     }
 
     /// A Lease naming `holder`, renewed (by its own clock) an hour before ours says now.

@@ -255,6 +255,7 @@ pub async fn run_until(
             true = turns(&mut stop, true) => return false,
         };
         info!("leadership held: rebuilding allocation state from the API");
+        let running = Running::begin(ctx.options.lease.as_ref(), &ctx.in_flight);
         ctx.in_flight.begin_in_doubt(unsealed);
         ctx.metrics.allocation_stepped();
         ctx.metrics.set_leader(true);
@@ -274,6 +275,7 @@ pub async fn run_until(
                 return settled;
             }
         };
+        drop(running);
         ctx.metrics.set_leader(false);
         if let Err(e) = ended {
             ctx.metrics.reconcile_error(e.kind());
@@ -283,6 +285,30 @@ pub async fn run_until(
                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
                 true = turns(&mut stop, true) => return false,
             }
+        }
+    }
+}
+
+/// Says, from the moment a session begins (its take-over wait over) until it is dropped, that
+/// an allocation session runs ([`leader::SessionCell`]): the election reads it when it finds
+/// the Lease being deleted.
+/// When it ends it says whether a write of the session may still land.
+struct Running<'a>(Option<&'a leader::SessionCell>, &'a handover::InFlight);
+
+impl<'a> Running<'a> {
+    fn begin(lease: Option<&'a handover::LeaseRef>, in_flight: &'a handover::InFlight) -> Self {
+        let cell = lease.map(|l| &l.session);
+        if let Some(cell) = cell {
+            cell.begin();
+        }
+        Running(cell, in_flight)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(cell) = self.0 {
+            cell.end(self.1.in_doubt());
         }
     }
 }
