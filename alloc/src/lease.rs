@@ -218,11 +218,16 @@ pub fn wait(took: Takeover, allocated_before: bool, delay: Duration, term: Durat
 }
 
 /// The mark a holder that sends nothing more lets the Lease go with: a settled mark says more
-/// than stopped and stays.
-pub fn release_mark(mark: Option<Mark>) -> Mark {
-    match mark {
-        Some(Mark::Settled) => Mark::Settled,
-        _ => Mark::Stopped,
+/// than stopped and stays; `stopped` only from a holder that `led` on it (a session of its
+/// own began, its take-over wait over, and was not lost since). A holder that never led says
+/// nothing new: the Lease may have been renamed to it by hand under a live leader, which may
+/// still send until its own term ends, so the mark stays as it was (none, or a predecessor's
+/// `stopped`, since no session claimed it). Found by the leadership simulator, seed 159730.
+pub fn release_mark(mark: Option<Mark>, led: bool) -> Option<Mark> {
+    match (mark, led) {
+        (Some(Mark::Settled), _) => Some(Mark::Settled),
+        (_, true) => Some(Mark::Stopped),
+        (mark, false) => mark,
     }
 }
 

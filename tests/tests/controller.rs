@@ -1014,7 +1014,7 @@ async fn a_lock_acting_on_a_stale_read_of_the_lease_displaces_nobody() {
         .expect("annotate");
     assert!(c2.attempt().await.expect("replica-c renews").leader);
     // Let go, it is free for replica-b at once.
-    c2.release().await.expect("replica-c lets go");
+    c2.release(true).await.expect("replica-c lets go");
     assert_eq!(holder().await, None);
     assert!(b.attempt().await.expect("replica-b takes it").leader);
     assert_eq!(holder().await.as_deref(), Some("replica-b"));

@@ -1586,3 +1586,54 @@ async fn a_leader_whose_clock_runs_behind_keeps_its_lease_from_a_standby() {
     assert!(b.wait_exit().await.success());
     stop(&mut a, cp).await;
 }
+
+/// This process's identity, as `replica`'s log states it at start-up.
+fn identity_of(replica: &Replica, name: &str) -> String {
+    let log = replica.log_text();
+    let at = log
+        .find(&format!("identity={name}_"))
+        .unwrap_or_else(|| panic!("no identity in the log of {name}:\n{}", replica.log_tail()));
+    let rest = &log[at + "identity=".len()..];
+    let end = rest.find(|c: char| c.is_whitespace()).unwrap_or(rest.len());
+    rest[..end].to_string()
+}
+
+/// The Lease renamed by hand to the standby while replica-a leads; the standby stops
+/// (SIGTERM) while it still waits out replica-a's term, before it ever led. Its release must
+/// not say `stopped`: the leader the rename displaced may still be sending until its own term
+/// ends, and a `stopped` mark would let the next leader wait only the write timeout. The next
+/// leader counts an `unknown` take-over instead, and no two nodes share a block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_renamed_holder_by_hand_that_stops_before_it_led_marks_nothing() {
+    const FLAGS: &[&str] = &[
+        "--lease-duration=15",
+        "--lease-grace=5",
+        "--kube-api-qps=200",
+        "--kube-api-burst=200",
+    ];
+    let (solo, mut b) = Solo::serving_with_standby(FLAGS, "10.74.0.0/16", 24, "warm").await;
+    let Solo {
+        cp, admin, mut a, ..
+    } = solo;
+    let standby = identity_of(&b, "replica-b");
+    displace(&admin, &standby).await;
+    let waiting = "leadership gained on a lease that was missing or freed by hand";
+    wait_for(
+        "replica-b to take the renamed Lease and wait out a term",
+        || async { b.log_text().contains(waiting).then_some(()) },
+    )
+    .await;
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().await.success(), "{}", b.log_tail());
+    create_node(&admin, "after", &[]).await;
+    wait_cidrs(&admin, "after").await;
+    assert_eq!(lease_holder(&admin).await.as_deref(), Some("replica-a"));
+    // replica-b never led: its release said nothing of replica-a, which takes the Lease
+    // back and waits out a whole term (a `stopped` mark would have made it `unclean`).
+    assert_eq!(takeovers(&a, "unknown").await, 1.0, "{}", a.log_tail());
+    assert_eq!(takeovers(&a, "unclean").await, 0.0, "{}", a.log_tail());
+    assert_invariant(&admin, &[]).await;
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().await.success());
+    cp.stop().await;
+}

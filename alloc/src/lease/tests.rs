@@ -193,9 +193,23 @@ fn the_wait_covers_what_the_predecessor_may_still_do() {
 
 #[test]
 fn a_released_lease_says_stopped_unless_it_said_settled() {
-    assert_eq!(release_mark(None), Mark::Stopped);
-    assert_eq!(release_mark(Some(Mark::Stopped)), Mark::Stopped);
-    assert_eq!(release_mark(Some(Mark::Settled)), Mark::Settled);
+    assert_eq!(release_mark(None, true), Some(Mark::Stopped));
+    assert_eq!(release_mark(Some(Mark::Stopped), true), Some(Mark::Stopped));
+    assert_eq!(release_mark(Some(Mark::Settled), true), Some(Mark::Settled));
+}
+
+#[test]
+fn a_holder_that_never_led_lets_the_lease_go_saying_nothing_new() {
+    // Renamed to us by hand under a live leader: nothing says that leader stopped.
+    assert_eq!(release_mark(None, false), None);
+    assert_eq!(
+        release_mark(Some(Mark::Stopped), false),
+        Some(Mark::Stopped)
+    );
+    assert_eq!(
+        release_mark(Some(Mark::Settled), false),
+        Some(Mark::Settled)
+    );
 }
 
 fn being_deleted(view: LeaseView, finalized: bool) -> LeaseView {

@@ -221,12 +221,12 @@ fn renewed(read: &LeaseView, wall: i64) -> LeaseView {
     }
 }
 
-fn released(read: &LeaseView) -> LeaseView {
+fn released(read: &LeaseView, led: bool) -> LeaseView {
     LeaseView {
         holder: None,
         renewed: None,
         duration: None,
-        mark: Some(lease::release_mark(read.mark)),
+        mark: lease::release_mark(read.mark, led),
         ..read.clone()
     }
 }
@@ -1086,6 +1086,8 @@ impl Sim {
             Session::Closed(_) => p.flying == 0 && !p.unanswered,
             _ => false,
         };
+        // A session ran and was not lost before the stop (`SessionState::led`).
+        let led = matches!(p.session, Session::Closed(_));
         let id = p.identity.clone();
         if settled {
             self.mark_settled(&id);
@@ -1096,7 +1098,7 @@ impl Sim {
             .clone()
             .filter(|l| l.holder.as_deref() == Some(&id))
         {
-            self.store.replace(&cur, released(&cur));
+            self.store.replace(&cur, released(&cur, led));
         }
         self.say(|_| format!("{id} stops (settled: {settled})"));
         self.procs[slot] = None;

@@ -45,6 +45,8 @@ pub type SessionCell = Arc<SessionState>;
 #[derive(Debug, Default)]
 pub struct SessionState {
     running: AtomicBool,
+    /// A session began since leadership was last lost.
+    led: AtomicBool,
     /// The last session ended with a write in flight or unanswered (`InFlight::in_doubt`).
     doubt: AtomicBool,
 }
@@ -53,7 +55,18 @@ impl SessionState {
     /// A session begins, its take-over wait over.
     pub fn begin(&self) {
         self.doubt.store(false, Ordering::SeqCst);
+        self.led.store(true, Ordering::SeqCst);
         self.running.store(true, Ordering::SeqCst);
+    }
+
+    /// Leadership was lost: what this replica does next it does on a new hold.
+    pub fn lost(&self) {
+        self.led.store(false, Ordering::SeqCst);
+    }
+
+    /// A session began since leadership was last lost: the release may say `stopped`.
+    pub fn led(&self) -> bool {
+        self.led.load(Ordering::SeqCst)
     }
 
     /// The session ended; `doubt`: a write of it may still land.
@@ -121,6 +134,7 @@ pub struct Election {
     leadership: watch::Receiver<bool>,
     stop: oneshot::Sender<()>,
     task: JoinHandle<Arc<Lock>>,
+    session: SessionCell,
 }
 
 impl Election {
@@ -138,11 +152,13 @@ impl Election {
         let lock = build_lock(&client, &opts, tuning.retry).await?;
         let (tx, leadership) = watch::channel(false);
         let (stop, stopped) = oneshot::channel();
+        let session = opts.session.clone();
         let task = tokio::spawn(elect(lock, client, opts, tuning, tx, stopped));
         Ok(Election {
             leadership,
             stop,
             task,
+            session,
         })
     }
 
@@ -160,7 +176,7 @@ impl Election {
     pub async fn release(self) -> Result<(), kube::Error> {
         let _ = self.stop.send(());
         match self.task.await {
-            Ok(lock) => lock.release().await,
+            Ok(lock) => lock.release(self.session.led()).await,
             Err(e) => {
                 warn!(error = %e, "the leader election task failed; the lease is left to expire");
                 Ok(())
@@ -348,6 +364,7 @@ async fn elect(
                 if held {
                     info!(lease = %opts.name, identity = %opts.identity, "leadership confirmed by the lease");
                 } else {
+                    opts.session.lost();
                     warn!(lease = %opts.name, identity = %opts.identity, "leadership not confirmed before the lease expires: stepping down");
                 }
                 true

@@ -99,16 +99,22 @@ pub fn taken(lease: &Lease, identity: &str, duration: u64, now: SystemTime) -> L
 /// takes it at once, and marked stopped (unless it is marked settled already:
 /// [`lease::release_mark`]), so the standby knows its predecessor is quiet. A Lease freed any
 /// other way (by hand) says nothing of the sort.
-pub fn released(lease: &Lease) -> Lease {
+pub fn released(lease: &Lease, led: bool) -> Lease {
     let mut out = base(lease);
     let spec = out.spec.get_or_insert_with(LeaseSpec::default);
     spec.holder_identity = None;
     spec.acquire_time = None;
     spec.renew_time = None;
     spec.lease_duration_seconds = None;
-    let mark = lease::release_mark(view(lease).mark);
-    out.annotations_mut()
-        .insert(HANDOVER_ANNOTATION.into(), mark_value(mark).into());
+    match lease::release_mark(view(lease).mark, led) {
+        Some(mark) => {
+            out.annotations_mut()
+                .insert(HANDOVER_ANNOTATION.into(), mark_value(mark).into());
+        }
+        None => {
+            out.annotations_mut().remove(HANDOVER_ANNOTATION);
+        }
+    }
     out
 }
 
@@ -266,9 +272,10 @@ impl Lock {
         }))
     }
 
-    /// Lets the Lease go if it names us, on the version read, marked stopped: the caller
-    /// sends nothing more as leader.
-    pub async fn release(&self) -> Result<(), kube::Error> {
+    /// Lets the Lease go if it names us, on the version read, marked as
+    /// [`lease::release_mark`] says (`led`: a session of ours ran on it and was not lost): the
+    /// caller sends nothing more as leader.
+    pub async fn release(&self, led: bool) -> Result<(), kube::Error> {
         for _ in 0..TRIES {
             let Some(read) = timed(self.api.get_opt(&self.name)).await? else {
                 return Ok(());
@@ -276,7 +283,7 @@ impl Lock {
             if holder(&read) != Some(self.identity.as_str()) {
                 return Ok(());
             }
-            if self.replace(&released(&read)).await? {
+            if self.replace(&released(&read, led)).await? {
                 self.state.lock().await.leader = false;
                 *lock(&self.held) = None;
                 return Ok(());
@@ -361,7 +368,7 @@ mod tests {
         assert_eq!(spec.acquire_time, micro(at(100)), "acquired once");
         assert_eq!(spec.lease_transitions, Some(4));
 
-        let gone = released(&t);
+        let gone = released(&t, true);
         let spec = gone.spec.clone().expect("spec");
         assert_eq!(
             (spec.holder_identity, spec.renew_time, spec.acquire_time),
@@ -386,12 +393,17 @@ mod tests {
             .annotations_mut()
             .insert(HANDOVER_ANNOTATION.into(), SETTLED.into());
         assert_eq!(
-            released(&settled)
+            released(&settled, true)
                 .annotations()
                 .get(HANDOVER_ANNOTATION)
                 .map(String::as_str),
             Some(SETTLED),
             "a settled mark says more than stopped and stays"
+        );
+        // A holder that never led (renamed to it by hand?) says nothing new.
+        assert_eq!(
+            released(&t, false).annotations().get(HANDOVER_ANNOTATION),
+            None
         );
     }
 
