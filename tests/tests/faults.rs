@@ -81,6 +81,11 @@ impl Pair {
     }
 }
 
+/// The podCIDR writes (PATCHes) of node `name` get `action`.
+fn node_patch(name: &str, action: Action) -> Rule {
+    Rule::new(Some(Method::PATCH), format!("/api/v1/nodes/{name}"), action)
+}
+
 async fn lease(client: &Client) -> Option<Lease> {
     Api::<Lease>::namespaced(client.clone(), NAMESPACE)
         .get_opt(LEASE)
@@ -109,9 +114,8 @@ async fn a_write_answered_500_is_not_handed_over_as_settled() {
         mut b,
     } = Pair::start("10.82.0.0/16", 24).await;
     let late = proxy.add(
-        Rule::new(
-            Some(Method::PATCH),
-            "/api/v1/nodes/late",
+        node_patch(
+            "late",
             Action::Answer {
                 status: 500,
                 then_land_after: Some(Duration::from_secs(3)),
@@ -276,9 +280,8 @@ async fn a_throttled_node_write_is_retried_and_lands() {
     let pair = Pair::start("10.86.0.0/16", 24).await;
     let (admin, proxy) = (pair.admin.clone(), &pair.proxy);
     let throttled = proxy.add(
-        Rule::new(
-            Some(Method::PATCH),
-            "/api/v1/nodes/slow",
+        node_patch(
+            "slow",
             Action::Throttle {
                 retry_after_secs: 600,
             },
@@ -320,9 +323,8 @@ async fn a_write_that_lands_after_the_take_over_wait_is_sealed_off() {
         mut a,
         mut b,
     } = Pair::start("10.87.0.0/23", 24).await;
-    let late = proxy.add(Rule::new(
-        Some(Method::PATCH),
-        "/api/v1/nodes/zzz-late",
+    let late = proxy.add(node_patch(
+        "zzz-late",
         Action::Answer {
             status: 500,
             then_land_after: Some(Duration::from_secs(40)),
@@ -395,9 +397,8 @@ async fn a_leak_that_ends_is_no_longer_counted() {
     let pair = Pair::start("10.88.0.0/16", 24).await;
     let (admin, proxy) = (pair.admin.clone(), &pair.proxy);
     let first = proxy.add(
-        Rule::new(
-            Some(Method::PATCH),
-            "/api/v1/nodes/leaky",
+        node_patch(
+            "leaky",
             Action::Answer {
                 status: 500,
                 then_land_after: Some(Duration::from_secs(75)),
@@ -405,9 +406,8 @@ async fn a_leak_that_ends_is_no_longer_counted() {
         )
         .times(1),
     );
-    let refused = proxy.add(Rule::new(
-        Some(Method::PATCH),
-        "/api/v1/nodes/leaky",
+    let refused = proxy.add(node_patch(
+        "leaky",
         Action::Answer {
             status: 422,
             then_land_after: None,
