@@ -1076,15 +1076,30 @@ async fn deleting_the_lease_under_a_live_leader_never_hands_a_block_out_twice() 
     } else {
         (&b, &a)
     };
-    // replica-a's first start (no Lease yet) and the take of the fresh one.
-    let clean = takeovers(&a, "clean").await + takeovers(&b, "clean").await;
+    // replica-a's first start (no Lease yet) was clean. The take of the fresh one is clean
+    // only if replica-a's session had every write answered when the deletion stopped it;
+    // in this burst it was stopped with writes in flight (they may still land), so it
+    // created the fresh Lease unmarked and its next leader waited out a term (`unknown`).
+    let count = |kind| {
+        let (a, b) = (&a, &b);
+        async move { takeovers(a, kind).await + takeovers(b, kind).await }
+    };
+    let (clean, unknown) = (count("clean").await, count("unknown").await);
     assert_eq!(
-        clean,
-        2.0,
+        (clean + unknown, clean >= 1.0),
+        (2.0, true),
         "replica-a:\n{}\nreplica-b:\n{}",
         a.metrics().await,
         b.metrics().await
     );
+    if unknown > 0.0 {
+        let unmarked = "created the next lease unmarked";
+        assert!(
+            a.log_text().contains(unmarked),
+            "an unknown take-over of a Lease replica-a let go marked: {}",
+            a.log_tail()
+        );
+    }
     assert_eq!(takeovers(&a, "unclean").await, 0.0, "{}", a.log_tail());
     assert_eq!(takeovers(&b, "unclean").await, 0.0, "{}", b.log_tail());
     let released = "the lease is being deleted and our writes are over: let it go";
