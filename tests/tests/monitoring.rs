@@ -236,6 +236,7 @@ fn the_alerts_the_operators_need_are_there() {
         "NodeIPAMWebhookDenialsSpike",
         "NodeIPAMRangeDraining",
         "NodeIPAMPodNetworkNearConfigMapLimit",
+        "NodeIPAMWebhookUnserved",
     ] {
         assert!(names.contains(want), "{want} missing: {names:?}");
     }
