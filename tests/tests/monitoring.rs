@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 use nodeipam_controller::metrics::Metrics;
 use nodeipam_controller::reconcile::Options;
 use nodeipam_testenv::workspace_root;
+use rustix::process::Signal;
 use serde_json::Value;
 use support::process::{Replica, install_rbac, metric, nodeipam_bin, sa_kubeconfig};
 use support::*;
@@ -593,7 +594,7 @@ async fn binary_commit() -> String {
 /// each exposes the process metrics (sane values of its own process), the build info of the
 /// binary, client-go's leader election gauge (1 on the leader, 0 on the standby) and its
 /// request metrics (the reads and the podCIDR patch the leader sent, answered 200), and says
-/// its webhook serves.
+/// its webhook serves. When the leader stops, the standby's election gauge turns 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_replica_exposes_the_metrics_every_kubernetes_component_has() {
     const LEASE: &str = "nodeipam-controller";
@@ -715,7 +716,16 @@ async fn each_replica_exposes_the_metrics_every_kubernetes_component_has() {
         "{text}"
     );
     a.assert_never_forbidden();
+
+    // The leader stops and hands the Lease over: the standby's gauge turns 1.
+    let mut a = a;
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().await.success(), "{}", a.log_tail());
+    wait_for("replica-b: master status 1 after the hand-over", || async {
+        (b.gauge("leader_election_master_status", &lease).await == Some(1.0)).then_some(())
+    })
+    .await;
     b.assert_never_forbidden();
-    drop((a, b));
+    drop(b);
     cp.stop().await;
 }
