@@ -1,7 +1,9 @@
 //! Liveness: what makes `/healthz` fail. A replica is alive while none of its long-lived
 //! tasks has ended and each part is still making progress: the leader's allocation loop steps,
 //! the election loop turns, and the webhook server answers a request. The decision is pure;
-//! the progress is recorded by the parts themselves and by [`webhook_self_check`].
+//! the progress is recorded by the parts themselves and by [`webhook_self_check`]. The same
+//! self-check says whether the webhook serves, for `nodeipam_webhook_serving`
+//! ([`webhook_serving`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
