@@ -1,4 +1,5 @@
-//! Stamps the binary with the git commit and the build date for `nodeipam version`.
+//! Stamps the binary with the git commit, the build date and the compiler's version for
+//! `nodeipam version` and the `nodeipam_build_info` metric.
 //!
 //! The commit comes from `NODEIPAM_GIT_COMMIT` when set (the container build has no `.git`
 //! and passes it as a build argument), else from `git rev-parse`, else "unknown". The date
@@ -33,6 +34,25 @@ fn main() {
         });
     println!("cargo:rustc-env=NODEIPAM_GIT_COMMIT={}", commit.trim());
     println!("cargo:rustc-env=NODEIPAM_BUILD_DATE={}", rfc3339(epoch));
+    println!("cargo:rustc-env=NODEIPAM_RUSTC_VERSION={}", rustc_version());
+}
+
+/// The version number of the compiler cargo runs (`rustc 1.91.0 (f8297e351 2025-10-28)` gives
+/// `1.91.0`), or "unknown".
+fn rustc_version() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .nth(1)
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "unknown".into())
 }
 
 fn git(args: &[&str]) -> Option<String> {

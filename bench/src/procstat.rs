@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, bail};
+use nodeipam_controller::process_metrics::Stat;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
@@ -27,25 +28,10 @@ pub fn sample(pid: u32) -> anyhow::Result<Sample> {
     })
 }
 
-/// utime + stime (fields 14 and 15) in seconds. The command name (field 2) may hold spaces
-/// and parentheses, so fields are counted after its last ')'.
+/// utime + stime in seconds, parsed as the controller's `process_cpu_seconds_total` is.
 fn cpu_seconds(stat: &str) -> anyhow::Result<f64> {
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .context("no ')' in /proc/PID/stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: field 3 (state) is index 0, so field 14 is index 11.
-    let ticks = |i: usize| -> anyhow::Result<f64> {
-        let v: u64 = fields
-            .get(i)
-            .context("short /proc/PID/stat")?
-            .parse()
-            .context("bad /proc/PID/stat field")?;
-        Ok(v as f64)
-    };
-    let hz = rustix::param::clock_ticks_per_second() as f64;
-    Ok((ticks(11)? + ticks(12)?) / hz)
+    let stat = Stat::parse(stat).map_err(|e| anyhow::anyhow!("/proc/PID/stat: {e}"))?;
+    Ok(stat.cpu_seconds(rustix::param::clock_ticks_per_second()))
 }
 
 fn status_kib(status: &str, key: &str) -> anyhow::Result<f64> {
@@ -117,7 +103,7 @@ mod tests {
 
     #[test]
     fn name_with_parentheses() {
-        let stat = "42 (a) b) S 1 1 1 0 -1 0 0 0 0 0 250 150 0 0 20 0 1 0";
+        let stat = "42 (a) b) S 1 1 1 0 -1 0 0 0 0 0 250 150 0 0 20 0 1 0 7 4096 3";
         let hz = rustix::param::clock_ticks_per_second() as f64;
         assert_eq!(cpu_seconds(stat).expect("parses"), 400.0 / hz);
     }

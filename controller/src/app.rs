@@ -53,14 +53,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // the checks of a scrape.
     let config = crate::client::config(&args.client).await?;
     let writes = Some(write_timeout(timing.grace));
-    let client = crate::client::build_with_deadline(config.clone(), &args.client, writes)?;
+    let metrics = Arc::new(Metrics::new());
+    let api = &metrics.api;
+    let client = crate::client::build_with_deadline(config.clone(), &args.client, writes, api)?;
     let election_client = crate::client::build_with_deadline(
         config.clone(),
         &args.client,
         Some(crate::reconcile::handover::REQUEST_TIMEOUT),
+        api,
     )?;
-    let auth_client = crate::client::build_with_deadline(config, &args.client, writes)?;
-    let metrics = Arc::new(Metrics::new());
+    let auth_client = crate::client::build_with_deadline(config, &args.client, writes, api)?;
     let identity = identity(args.identity.as_deref());
     let took = crate::reconcile::leader::TookCell::default();
     let session = crate::reconcile::leader::SessionCell::default();
@@ -128,10 +130,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             });
         }
         let progress = health::mark();
-        tasks.spawn(
-            "webhook self-check",
-            health::webhook_self_check(addr, resolver, progress.clone(), stop_rx.clone()),
+        let check = health::webhook_self_check(addr, resolver, progress.clone(), stop_rx.clone());
+        let (ready, gauge) = (readiness.clone(), metrics.webhook_serving.clone());
+        let serving = health::report_webhook_serving(
+            move || ready.caches_synced() && ready.certificate_loaded(),
+            progress.clone(),
+            move |serving| {
+                gauge.set(i64::from(serving));
+            },
+            stop_rx.clone(),
         );
+        tasks.spawn("webhook self-check", async move {
+            tokio::join!(check, serving);
+        });
         (Some(readiness), Some(progress))
     };
 
@@ -226,10 +237,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             let settled = reconcile::run_until(ctx, leadership, stop).await;
             settled_tx.send_replace(Some(settled));
         });
-        // The election's own task ends only by a panic; its signal closing tells us.
+        // The election's own task ends only by a panic; its signal closing tells us. Until
+        // then the signal is client-go's leader_election_master_status: the lease held.
         let mut leadership = election.leadership();
+        let (lease_metrics, lease_name) = (metrics.clone(), args.lease_name.clone());
         tasks.spawn("leader election", async move {
-            while leadership.changed().await.is_ok() {}
+            loop {
+                let held = *leadership.borrow_and_update();
+                lease_metrics.set_lease_held(&lease_name, held);
+                if leadership.changed().await.is_err() {
+                    break;
+                }
+            }
         });
         Some(election)
     } else {

@@ -1,6 +1,6 @@
-//! The Kubernetes client: which kubeconfig and context (as kubectl picks them), and the
+//! The Kubernetes client: which kubeconfig and context (as kubectl picks them), the
 //! client-side rate limit every request goes through, as client-go's `--kube-api-qps` and
-//! `--kube-api-burst` in kube-controller-manager.
+//! `--kube-api-burst` in kube-controller-manager, and the controller's request metrics.
 
 use std::sync::Arc;
 
@@ -15,6 +15,7 @@ use http::{Method, Request};
 use kube::client::Body;
 use tower::util::MapRequestLayer;
 
+use crate::api_metrics::{ApiMetrics, ApiMetricsLayer};
 use crate::cli::ClientArgs;
 use crate::ratelimit::{RateLimitLayer, RateLimiter};
 
@@ -86,21 +87,39 @@ pub fn build(config: kube::Config, args: &ClientArgs) -> anyhow::Result<Client> 
 /// The controller's client: [`build`] without kube's retries (see above), and every mutating
 /// request asks the API server to give up on it after `deadline` (its `timeout` parameter), so
 /// that the server stops working on a write about when we stop waiting for it (see
-/// docs/single-writer.md).
+/// docs/single-writer.md). Every request is recorded in `api` once the rate limiter let it
+/// go, so its latency is the API server's and the network's, as client-go measures it.
 pub fn build_with_deadline(
     mut config: kube::Config,
     args: &ClientArgs,
     deadline: Option<Duration>,
+    api: &ApiMetrics,
 ) -> anyhow::Result<Client> {
     config.default_retry = false;
+    let host = host_label(&config.cluster_url);
     let limiter = Arc::new(RateLimiter::new(args.kube_api_qps, args.kube_api_burst));
     let builder = ClientBuilder::try_from(config).context("building the Kubernetes client")?;
-    let builder = builder.with_layer(&RateLimitLayer::new(limiter));
+    let builder = builder
+        .with_layer(&ApiMetricsLayer::new(api.clone(), &host))
+        .with_layer(&RateLimitLayer::new(limiter));
     Ok(builder
         .with_layer(&MapRequestLayer::new(move |req| {
             with_deadline(req, deadline)
         }))
         .build())
+}
+
+/// client-go's `host` label: the API server URL's `host:port` as the kubeconfig gives it.
+fn host_label(url: &http::Uri) -> String {
+    url.authority()
+        .map(|a| {
+            a.as_str()
+                .rsplit('@')
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .unwrap_or_default()
 }
 
 /// `req` with `timeout=` added when it is a mutating request without one.
@@ -171,6 +190,17 @@ mod tests {
         assert_eq!(asked.uri(), "/api/v1/x?timeout=1s");
         let none = with_deadline(req(Method::PATCH, "/api/v1/nodes/n1"), None);
         assert_eq!(none.uri(), "/api/v1/nodes/n1");
+    }
+
+    #[test]
+    fn the_host_label_is_the_servers_host_and_port() {
+        let host = |u: &str| host_label(&u.parse().expect("uri"));
+        assert_eq!(host("https://10.0.0.1:6443"), "10.0.0.1:6443");
+        assert_eq!(
+            host("https://kubernetes.default.svc"),
+            "kubernetes.default.svc"
+        );
+        assert_eq!(host("https://user:secret@[::1]:443/prefix"), "[::1]:443");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Liveness: what makes `/healthz` fail. A replica is alive while none of its long-lived
 //! tasks has ended and each part is still making progress: the leader's allocation loop steps,
 //! the election loop turns, and the webhook server answers a request. The decision is pure;
-//! the progress is recorded by the parts themselves and by [`webhook_self_check`].
+//! the progress is recorded by the parts themselves and by [`webhook_self_check`]. The same
+//! self-check says whether the webhook serves, for `nodeipam_webhook_serving`
+//! ([`webhook_serving`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -131,6 +133,35 @@ pub async fn webhook_self_check(
     }
 }
 
+/// Whether this replica's webhook serves: it is ready (caches synced and a certificate loaded,
+/// what `/readyz` checks and so what puts the pod behind the webhook Service) and it answered
+/// its own check within [`WEBHOOK_STALL`].
+pub fn webhook_serving(ready: bool, last_answer: i64, now: i64) -> bool {
+    let stall = i64::try_from(WEBHOOK_STALL.as_secs()).unwrap_or(i64::MAX);
+    ready && now.saturating_sub(last_answer) <= stall
+}
+
+/// Tells `report` whether the webhook serves ([`webhook_serving`]) now and every
+/// [`SELF_CHECK_EVERY`], until `stop`.
+pub async fn report_webhook_serving(
+    ready: impl Fn() -> bool,
+    progress: Arc<AtomicI64>,
+    report: impl Fn(bool),
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        report(webhook_serving(
+            ready(),
+            progress.load(Ordering::Relaxed),
+            now(),
+        ));
+        tokio::select! {
+            () = tokio::time::sleep(SELF_CHECK_EVERY) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
 /// One HTTPS GET of /healthz, trusting exactly the certificate this replica serves.
 async fn get_healthz(target: SocketAddr, leaf: Vec<u8>) -> std::io::Result<()> {
     let provider = nodeipam_webhook::tls::provider();
@@ -213,6 +244,15 @@ impl ServerCertVerifier for Pinned {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_webhook_serves_while_ready_and_answering() {
+        let now = 1_000;
+        assert!(webhook_serving(true, now - 5, now));
+        assert!(webhook_serving(true, now - 30, now));
+        assert!(!webhook_serving(true, now - 31, now), "no answer for 31 s");
+        assert!(!webhook_serving(false, now, now), "not ready");
+    }
 
     #[test]
     fn ended_tasks_and_a_stuck_leader() {

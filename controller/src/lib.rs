@@ -1,6 +1,7 @@
 //! The nodeipam controller: the pure allocation core (`alloc`), and the API side that feeds it
 //! facts and carries out its effects (`reconcile`).
 
+pub mod api_metrics;
 pub mod app;
 pub mod cli;
 pub mod client;
@@ -11,6 +12,7 @@ pub mod logging;
 pub mod metrics;
 pub mod metrics_server;
 pub mod node_lists;
+pub mod process_metrics;
 pub mod ranges;
 pub mod ratelimit;
 pub mod reconcile;

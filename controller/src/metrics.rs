@@ -1,5 +1,6 @@
 //! Prometheus metrics of the controller and webhook. Where a meaning matches
-//! kube-controller-manager's cidrset metrics, the same names are used so dashboards carry over.
+//! kube-controller-manager's cidrset metrics, the same names are used so dashboards carry over;
+//! so are the process, leader election and API client metrics every Kubernetes component has.
 
 use std::sync::atomic::AtomicU64;
 
@@ -10,6 +11,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
+
+use crate::api_metrics::ApiMetrics;
+use crate::process_metrics::{self, ProcessCollector};
 
 /// kcm's `clusterCIDR` label, kept by name for dashboard compatibility.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -66,6 +70,20 @@ pub struct Outcome {
     pub result: String,
 }
 
+/// What the binary was built from, as Kubernetes components label `kubernetes_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildInfo {
+    pub version: String,
+    pub commit: String,
+    pub rustc: String,
+}
+
+/// client-go's label of `leader_election_master_status`: the lease's name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseName {
+    pub name: String,
+}
+
 pub struct Metrics {
     pub allocations: Family<ClusterCidr, Counter>,
     pub releases: Family<ClusterCidr, Counter>,
@@ -94,6 +112,12 @@ pub struct Metrics {
     pub pool_carves: Family<PoolName, Counter>,
     pub pool_retires: Family<PoolName, Counter>,
     pub pool_scale_up: Family<PoolName, Histogram>,
+    pub build_info: Family<BuildInfo, Gauge>,
+    /// client-go's `leader_election_master_status`: 1 while this replica holds the lease.
+    pub lease_held: Family<LeaseName, Gauge>,
+    /// 1 while this replica's webhook is ready and answers ([`crate::health::webhook_serving`]).
+    pub webhook_serving: Gauge,
+    pub api: ApiMetrics,
     pub registry: Registry,
     /// Every registered family: its full name and type (for [`Metrics::exposed_names`]).
     registered: Vec<(String, MetricType)>,
@@ -108,8 +132,12 @@ struct Registrar<'a> {
 
 impl Registrar<'_> {
     fn register<M: Metric + TypedMetric>(&mut self, name: &str, help: &str, metric: M) {
-        self.names
-            .push((format!("{}_{name}", self.prefix), M::TYPE));
+        let full = if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}_{name}", self.prefix)
+        };
+        self.names.push((full, M::TYPE));
         self.registry.register(name, help, metric);
     }
 }
@@ -151,10 +179,15 @@ impl Metrics {
             pool_scale_up: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.1, 2.0, 12))
             }),
+            build_info: Family::default(),
+            lease_held: Family::default(),
+            webhook_serving: Gauge::default(),
+            api: ApiMetrics::default(),
             registry: Registry::default(),
             registered: Vec::new(),
         };
         let mut names = Vec::new();
+        m.register_common(&mut names);
         let mut kcm = Registrar {
             prefix: "node_ipam_controller",
             registry: m.registry.sub_registry_with_prefix("node_ipam_controller"),
@@ -291,12 +324,70 @@ impl Metrics {
             "From a pool's decision to carve to the new range accepting allocations (published)",
             m.pool_scale_up.clone(),
         );
+        own.register(
+            "build_info",
+            "1, labelled with the version, git commit and rustc version the binary was built from",
+            m.build_info.clone(),
+        );
+        own.register(
+            "webhook_serving",
+            "1 while this replica's webhook is ready (caches synced, certificate loaded) and answered its own check within 30 s",
+            m.webhook_serving.clone(),
+        );
+        own.register(
+            "api_requests",
+            "Requests to the API server, by verb (as apiserver_request_total reports it), resource, subresource and code",
+            m.api.by_resource.clone(),
+        );
+        m.build_info
+            .get_or_create(&BuildInfo {
+                version: crate::version::VERSION.into(),
+                commit: crate::version::GIT_COMMIT.into(),
+                rustc: crate::version::RUSTC.into(),
+            })
+            .set(1);
         m.registered = names;
         m
     }
 
+    /// The families under the names every Kubernetes component exposes (no prefix): the
+    /// process collector, leader election and client-go's request metrics.
+    fn register_common(&mut self, names: &mut Vec<(String, MetricType)>) {
+        self.registry.register_collector(Box::new(ProcessCollector));
+        for (name, _, kind) in process_metrics::FAMILIES {
+            names.push((name.to_string(), kind));
+        }
+        let mut root = Registrar {
+            prefix: "",
+            registry: &mut self.registry,
+            names,
+        };
+        root.register(
+            "leader_election_master_status",
+            "1 while this replica holds the lease named by the label, else 0",
+            self.lease_held.clone(),
+        );
+        root.register(
+            "rest_client_requests",
+            "HTTP requests to the API server, by status code, method and host",
+            self.api.requests.clone(),
+        );
+        root.register(
+            "rest_client_request_duration_seconds",
+            "Latency of requests to the API server until the response's headers, by verb (the HTTP method) and host",
+            self.api.duration.clone(),
+        );
+    }
+
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+    }
+
+    /// Whether this replica holds the lease `name` (client-go's `leader_election_master_status`).
+    pub fn set_lease_held(&self, name: &str, held: bool) {
+        self.lease_held
+            .get_or_create(&LeaseName { name: name.into() })
+            .set(i64::from(held));
     }
 
     /// A take-over's seal: how many Nodes it sealed and how many it could not.
@@ -506,6 +597,36 @@ mod tests {
         let names = m.exposed_names();
         for name in KCM {
             assert!(names.iter().any(|n| n == name), "{name} missing: {names:?}");
+        }
+    }
+
+    #[test]
+    fn the_metrics_of_every_kubernetes_component_keep_their_names() {
+        let m = Metrics::new();
+        let names = m.exposed_names();
+        for name in [
+            "process_cpu_seconds_total",
+            "process_start_time_seconds",
+            "leader_election_master_status",
+            "rest_client_requests_total",
+            "rest_client_request_duration_seconds_bucket",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} missing: {names:?}");
+        }
+        m.set_lease_held("nodeipam-controller", true);
+        let text = m.encode();
+        for sample in [
+            "process_cpu_seconds_total ",
+            "process_open_fds ",
+            "leader_election_master_status{name=\"nodeipam-controller\"} 1",
+            &format!(
+                "nodeipam_build_info{{version=\"{}\",commit=\"{}\",rustc=\"{}\"}} 1",
+                crate::version::VERSION,
+                crate::version::GIT_COMMIT,
+                crate::version::RUSTC
+            ),
+        ] {
+            assert!(text.contains(sample), "{sample} missing:\n{text}");
         }
     }
 

@@ -4,8 +4,9 @@
 //! `runbook_url` pointing at it, the chart carries the same alerts, the ServiceMonitor scrapes
 //! the manager's metrics port over HTTPS with a bearer token and Prometheus is bound to the
 //! metrics reader role, and `docs/metrics.md`
-//! documents every registered metric and no other. Those are file checks; the last test runs
-//! the controller against a real API server and reads the metrics the alerts are built on.
+//! documents every registered metric and no other. Those are file checks; the last tests run
+//! the controller against a real API server and read the metrics the alerts are built on, and
+//! those every Kubernetes component exposes (process, build, leader election, API requests).
 
 mod support;
 
@@ -14,7 +15,9 @@ use std::collections::BTreeSet;
 use nodeipam_controller::metrics::Metrics;
 use nodeipam_controller::reconcile::Options;
 use nodeipam_testenv::workspace_root;
+use rustix::process::Signal;
 use serde_json::Value;
+use support::process::{Replica, install_rbac, metric, nodeipam_bin, sa_kubeconfig};
 use support::*;
 
 /// Where the runbooks are published: the repository's docs/runbooks.md.
@@ -236,6 +239,7 @@ fn the_alerts_the_operators_need_are_there() {
         "NodeIPAMWebhookDenialsSpike",
         "NodeIPAMRangeDraining",
         "NodeIPAMPodNetworkNearConfigMapLimit",
+        "NodeIPAMWebhookUnserved",
     ] {
         assert!(names.contains(want), "{want} missing: {names:?}");
     }
@@ -561,5 +565,167 @@ async fn the_alert_metrics_follow_a_config_through_exhaustion_drain_and_removal(
     .await;
     assert!(!text.contains("nodeipam_config_draining{"), "{text}");
     stop_controller(ctl).await;
+    cp.stop().await;
+}
+
+/// The label value of `label` on the first series of `name` in Prometheus text.
+fn label_of(text: &str, name: &str, label: &str) -> Option<String> {
+    let line = text.lines().find(|l| l.starts_with(&format!("{name}{{")))?;
+    let want = format!("{label}=\"");
+    let (_, rest) = line.split_once(&want)?;
+    rest.split_once('"').map(|(v, _)| v.to_string())
+}
+
+/// What `nodeipam version` prints as its commit.
+async fn binary_commit() -> String {
+    let out = tokio::process::Command::new(nodeipam_bin())
+        .arg("version")
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("step=nodeipam-version: {e}"));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("git commit: "))
+        .unwrap_or_else(|| panic!("step=nodeipam-version: no commit line"))
+        .to_string()
+}
+
+/// Two replicas of the binary, as the controller's ServiceAccount against the real API server:
+/// each exposes the process metrics (sane values of its own process), the build info of the
+/// binary, client-go's leader election gauge (1 on the leader, 0 on the standby) and its
+/// request metrics (the reads and the podCIDR patch the leader sent, answered 200), and says
+/// its webhook serves. When the leader stops, the standby's election gauge turns 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_replica_exposes_the_metrics_every_kubernetes_component_has() {
+    const LEASE: &str = "nodeipam-controller";
+    let cp = control_plane().await;
+    let admin = cp.client();
+    let dir = tempfile::tempdir().expect("step=tempdir");
+    install_rbac(&cp).await;
+    let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
+    let a = Replica::start_plain(dir.path(), &kubeconfig, "replica-a", &[]).await;
+    a.wait_leader_metric(1.0).await;
+    let b = Replica::start_plain(dir.path(), &kubeconfig, "replica-b", &[]).await;
+    create_ready_config(
+        &admin,
+        "pool",
+        spec(family("10.150.0.0/16", 24), None, None),
+    )
+    .await;
+    create_node(&admin, "n1", &[]).await;
+    wait_cidrs(&admin, "n1").await;
+
+    let lease = [("name", LEASE)];
+    for (replica, held) in [(&a, 1.0), (&b, 0.0)] {
+        wait_for(
+            &format!("{}: master status {held}", replica.name),
+            || async {
+                (replica.gauge("leader_election_master_status", &lease).await == Some(held))
+                    .then_some(())
+            },
+        )
+        .await;
+        wait_for(&format!("{}: webhook serving", replica.name), || async {
+            (replica.gauge("nodeipam_webhook_serving", &[]).await == Some(1.0)).then_some(())
+        })
+        .await;
+    }
+
+    let host = cp
+        .server_url()
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+        .to_string();
+    let commit = binary_commit().await;
+    let now = k8s_openapi::jiff::Timestamp::now().as_second() as f64;
+    for replica in [&a, &b] {
+        let text = replica.metrics().await;
+        let m = |name: &str, labels: &[(&str, &str)]| metric(&text, name, labels);
+        let who = &replica.name;
+        let started = m("process_start_time_seconds", &[]).expect("start time");
+        // Within the last hour by the wall clock (boot time is kept in whole seconds).
+        assert!(
+            started > now - 3600.0 && started <= now + 5.0,
+            "{who}: {started} vs {now}"
+        );
+        let rss = m("process_resident_memory_bytes", &[]).expect("rss");
+        let vsize = m("process_virtual_memory_bytes", &[]).expect("vsize");
+        assert!(
+            rss > 0.0 && vsize >= rss,
+            "{who}: rss {rss}, virtual {vsize}"
+        );
+        let fds = m("process_open_fds", &[]).expect("open fds");
+        let max = m("process_max_fds", &[]).expect("max fds");
+        assert!(fds > 0.0 && max >= fds, "{who}: {fds} of {max} fds");
+        assert!(m("process_cpu_seconds_total", &[]).expect("cpu") >= 0.0);
+
+        let version = [("version", nodeipam_controller::version::VERSION)];
+        assert_eq!(
+            m("nodeipam_build_info", &version),
+            Some(1.0),
+            "{who}: {text}"
+        );
+        assert_eq!(
+            label_of(&text, "nodeipam_build_info", "commit").as_deref(),
+            Some(commit.as_str()),
+            "{who}"
+        );
+        assert!(
+            label_of(&text, "nodeipam_build_info", "rustc")
+                .is_some_and(|v| v.starts_with("1.") || v == "unknown"),
+            "{who}: {text}"
+        );
+
+        // Every replica reads (the Lease, the webhook's caches) and is answered.
+        let get = [("code", "200"), ("method", "GET"), ("host", host.as_str())];
+        assert!(
+            m("rest_client_requests_total", &get).unwrap_or(0.0) > 0.0,
+            "{who}: {text}"
+        );
+        let latency = [("verb", "GET"), ("host", host.as_str())];
+        assert!(
+            m("rest_client_request_duration_seconds_count", &latency).unwrap_or(0.0) > 0.0,
+            "{who}: {text}"
+        );
+        let lease_reads = [("verb", "GET"), ("resource", "leases"), ("code", "200")];
+        assert!(
+            m("nodeipam_api_requests_total", &lease_reads).unwrap_or(0.0) > 0.0,
+            "{who}: {text}"
+        );
+        assert!(!text.contains("\"n1\""), "{who}: a name in a label: {text}");
+    }
+    // The leader wrote the node's podCIDRs: a merge patch of a node, answered 200.
+    let text = a.metrics().await;
+    let patch = [
+        ("code", "200"),
+        ("method", "PATCH"),
+        ("host", host.as_str()),
+    ];
+    assert!(
+        metric(&text, "rest_client_requests_total", &patch).unwrap_or(0.0) >= 1.0,
+        "{text}"
+    );
+    let node_patch = [
+        ("verb", "PATCH"),
+        ("resource", "nodes"),
+        ("subresource", ""),
+        ("code", "200"),
+    ];
+    assert!(
+        metric(&text, "nodeipam_api_requests_total", &node_patch).unwrap_or(0.0) >= 1.0,
+        "{text}"
+    );
+    a.assert_never_forbidden();
+
+    // The leader stops and hands the Lease over: the standby's gauge turns 1.
+    let mut a = a;
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().await.success(), "{}", a.log_tail());
+    wait_for("replica-b: master status 1 after the hand-over", || async {
+        (b.gauge("leader_election_master_status", &lease).await == Some(1.0)).then_some(())
+    })
+    .await;
+    b.assert_never_forbidden();
+    drop(b);
     cp.stop().await;
 }
