@@ -34,6 +34,7 @@ use super::pool::{
 use super::selection::{self, NodeView};
 use super::status::{counts_only, desired_status};
 use crate::node::IpamNode;
+use core::Core;
 
 /// How long a failed re-read of a node missing from a relist waits before it is tried again.
 const REREAD_RETRY: Duration = Duration::from_secs(5);
@@ -312,9 +313,8 @@ enum Source {
 #[derive(Clone)]
 pub struct Machine {
     options: Options,
-    now: Now,
-    ipam: Ipam,
-    synced: bool,
+    /// The allocation state, the time, the effects.
+    core: Core,
     /// Watches whose first list is complete.
     listed: HashSet<Source>,
     /// Names returned by a (re)list in progress.
@@ -366,11 +366,8 @@ pub struct Machine {
     handed_out: HashMap<String, VecDeque<Duration>>,
     /// Carved children not yet accepting: their pool, and when the carve was decided.
     scale_started: HashMap<String, (String, Duration)>,
-    /// Inputs handled so far: orders create answers against config lists.
-    step: u64,
     /// The step at which the config list in progress started.
     configs_list_step: u64,
-    effects: Vec<Effect>,
 }
 
 impl Machine {
@@ -389,9 +386,7 @@ impl Machine {
             .collect();
         Machine {
             options,
-            now: Now::default(),
-            ipam,
-            synced: false,
+            core: Core::new(ipam),
             listed: HashSet::new(),
             relist: HashMap::new(),
             pending: BTreeMap::new(),
@@ -419,16 +414,13 @@ impl Machine {
             scale_started: HashMap::new(),
             handed_out: HashMap::new(),
             facts: HashMap::new(),
-            step: 0,
             configs_list_step: 0,
-            effects: Vec::new(),
         }
     }
 
     /// Takes one fact at `now`; returns what to do about it.
     pub fn handle(&mut self, now: Now, input: Input) -> Vec<Effect> {
-        self.now = now;
-        self.step += 1;
+        self.core.begin(now);
         match input {
             Input::Node(w) => self.on_watch(Source::Nodes, w, Self::on_node, |m, n| {
                 m.on_node_gone(&n.name_any(), n.uid().as_deref());
@@ -471,7 +463,7 @@ impl Machine {
                 self.publish_network();
             }
             Input::Resync => {
-                if self.synced {
+                if self.core.synced() {
                     self.retry_pending();
                 }
             }
@@ -482,19 +474,19 @@ impl Machine {
             self.publish_network();
         }
         // Gauges that follow the state are set after every step so they are never stale.
-        self.effects
+        self.core
             .push(Effect::Metric(Metric::Pending(self.pending.len())));
-        std::mem::take(&mut self.effects)
+        self.core.take()
     }
 
     /// Whether everything has been read once: only then is anything allocated.
     pub fn synced(&self) -> bool {
-        self.synced
+        self.core.synced()
     }
 
     /// The allocation state, for the simulator's checks and for logs.
     pub fn ipam(&self) -> &Ipam {
-        &self.ipam
+        self.core.ipam()
     }
 
     /// How many nodes wait for a block.
@@ -510,18 +502,6 @@ impl Machine {
     /// The configs this machine knows, for `retry_pending` benches and checks.
     pub fn config_count(&self) -> usize {
         self.configs.len()
-    }
-
-    fn push(&mut self, effect: Effect) {
-        self.effects.push(effect);
-    }
-
-    fn note(&mut self, note: Note) {
-        self.push(Effect::Note(note));
-    }
-
-    fn metric(&mut self, metric: Metric) {
-        self.push(Effect::Metric(metric));
     }
 
     // ----- watches and lists -----
@@ -570,7 +550,7 @@ impl Machine {
 
     fn list_started(&mut self, source: Source) {
         if source == Source::Configs {
-            self.configs_list_step = self.step;
+            self.configs_list_step = self.core.step();
         }
         self.relist.insert(source, HashSet::new());
     }
@@ -587,16 +567,16 @@ impl Machine {
             + self.outputs.len()
             + usize::from(self.options.service_cidr_api)
             + usize::from(self.options.pools);
-        if !self.synced && self.listed.len() >= needed {
+        if !self.core.synced() && self.listed.len() >= needed {
             self.on_synced();
         }
     }
 
     /// Everything is read: only now may anything be allocated.
     fn on_synced(&mut self) {
-        self.synced = true;
+        self.core.set_synced();
         info!(
-            nodes = self.ipam.node_count(),
+            nodes = self.core.ipam().node_count(),
             configs = self.configs.len(),
             pending = self.pending.len(),
             "allocation state rebuilt from the API"
@@ -613,12 +593,13 @@ impl Machine {
         match source {
             Source::Nodes => {
                 let missing: Vec<(String, Option<String>)> = self
-                    .ipam
+                    .core
+                    .ipam()
                     .node_names()
                     .chain(self.pending.keys().map(String::as_str))
                     .filter(|n| !seen.contains(*n))
                     .map(|n| {
-                        let uid = match self.ipam.node(n) {
+                        let uid = match self.core.ipam().node(n) {
                             Some(r) => r.uid.clone(),
                             None => self.pending.get(n).and_then(|p| p.uid.clone()),
                         };
@@ -627,14 +608,15 @@ impl Machine {
                     .collect();
                 // A leaked write's node deleted while the watch was down: only a GET tells.
                 let leaked: Vec<(String, Option<String>)> = self
-                    .ipam
+                    .core
+                    .ipam()
                     .leaked_nodes()
                     .filter(|(n, _)| !seen.contains(*n))
                     .filter(|(n, _)| !missing.iter().any(|(m, _)| m == n))
                     .map(|(n, uid)| (n.to_string(), uid.map(str::to_string)))
                     .collect();
                 for (node, uid) in missing.into_iter().chain(leaked) {
-                    self.push(Effect::Reread { node, uid });
+                    self.core.push(Effect::Reread { node, uid });
                 }
             }
             Source::Configs => {
@@ -656,7 +638,8 @@ impl Machine {
             }
             Source::Services => {
                 let gone: Vec<String> = self
-                    .ipam
+                    .core
+                    .ipam()
                     .service_sources()
                     .filter_map(|s| s.strip_prefix("servicecidr/"))
                     .filter(|n| !seen.contains(*n))
@@ -692,7 +675,7 @@ impl Machine {
             // Not known either way: ask again later, or its blocks stay held for good.
             NodeNow::Unknown(why) => {
                 debug!(node, %why, "re-reading a node missing from the relist failed; retrying");
-                let at = self.now.mono + REREAD_RETRY;
+                let at = self.core.mono() + REREAD_RETRY;
                 self.rereads_due
                     .insert(node.to_string(), (uid.map(str::to_string), at));
             }
@@ -717,7 +700,7 @@ impl Machine {
 
     /// Re-reads that failed are asked again once their time comes.
     fn reread_due(&mut self) {
-        let now = self.now.mono;
+        let now = self.core.mono();
         let due: Vec<String> = self
             .rereads_due
             .iter()
@@ -726,7 +709,7 @@ impl Machine {
             .collect();
         for node in due {
             if let Some((uid, _)) = self.rereads_due.remove(&node) {
-                self.push(Effect::Reread { node, uid });
+                self.core.push(Effect::Reread { node, uid });
             }
         }
     }
@@ -758,7 +741,7 @@ impl Machine {
                         effects::INVALID_POD_CIDR,
                         message,
                     );
-                    self.note(note);
+                    self.core.note(note);
                 }
             }
         }
@@ -768,7 +751,7 @@ impl Machine {
         self.pending.remove(name);
         // The same object as before: a new object under the same name (seen in a relist)
         // must take over the record, or its deletion would never free the blocks.
-        let unchanged = self.ipam.node(name).is_some_and(|r| {
+        let unchanged = self.core.ipam().node(name).is_some_and(|r| {
             r.cidrs == cidrs && r.phase == Phase::Held && (uid.is_none() || r.uid.as_deref() == uid)
         });
         if !unchanged {
@@ -779,7 +762,7 @@ impl Machine {
     }
 
     fn adopt(&mut self, name: &str, uid: Option<&str>, cidrs: &[IpNet]) {
-        let adoption = self.ipam.observe_node(name, uid, cidrs);
+        let adoption = self.core.ipam_mut().observe_node(name, uid, cidrs);
         for (other, ours, theirs) in &adoption.conflicts {
             let message = format!(
                 "podCIDR {ours} of node {name} overlaps podCIDR {theirs} of node {other}; both stay occupied"
@@ -793,8 +776,8 @@ impl Machine {
                 message.clone(),
             );
             let about_other = Note::node(other, None, true, effects::OVERLAPPING_POD_CIDR, message);
-            self.note(about_this);
-            self.note(about_other);
+            self.core.note(about_this);
+            self.core.note(about_other);
         }
         if !adoption.unmanaged.is_empty() {
             self.unmanaged_dirty = true;
@@ -813,12 +796,12 @@ impl Machine {
         version: Option<String>,
         labels: BTreeMap<String, String>,
     ) {
-        match self.ipam.node(&name).map(|r| r.uid.clone()) {
+        match self.core.ipam().node(&name).map(|r| r.uid.clone()) {
             // Our write is in flight or landed and the watch lags: nothing to do.
             Some(old) if uid.is_none() || old.is_none() || old == uid => return,
             // A new object under an old name: the old one is gone.
             Some(old) => {
-                let freed = self.ipam.node_gone(&name, old.as_deref());
+                let freed = self.core.ipam_mut().node_gone(&name, old.as_deref());
                 self.freed(&freed);
             }
             None => {}
@@ -844,7 +827,7 @@ impl Machine {
             cidrs: &[],
         };
         self.settle_leaks(&name, seen);
-        if self.synced {
+        if self.core.synced() {
             self.try_allocate(&name);
         }
     }
@@ -859,7 +842,7 @@ impl Machine {
         }
         self.reported.retain(|(n, _)| n != name);
         self.invalid_reported.remove(name);
-        let freed = self.ipam.node_gone(name, uid);
+        let freed = self.core.ipam_mut().node_gone(name, uid);
         if !freed.is_empty() {
             debug!(node = %name, ?freed, "node gone: blocks released");
             self.freed(&freed);
@@ -871,16 +854,17 @@ impl Machine {
     /// `ipam`'s module doc): their config no longer waits for them, and their blocks are free
     /// unless the node holds them now.
     fn settle_leaks(&mut self, name: &str, seen: NodeSeen<'_>) {
-        let ended = self.ipam.settle_leaks(name, seen);
+        let ended = self.core.ipam_mut().settle_leaks(name, seen);
         if ended.is_empty() {
             return;
         }
         info!(node = %name, ?ended, "leaked blocks settled: the write can no longer land");
-        self.metric(Metric::Leaked(self.ipam.leaked_blocks()));
+        self.core
+            .metric(Metric::Leaked(self.core.ipam().leaked_blocks()));
         self.touch(&ended);
         let freed: Vec<IpNet> = ended
             .into_iter()
-            .filter(|c| !self.ipam.is_held(c))
+            .filter(|c| !self.core.ipam().is_held(c))
             .collect();
         self.freed(&freed);
     }
@@ -888,11 +872,12 @@ impl Machine {
     fn freed(&mut self, cidrs: &[IpNet]) {
         for c in cidrs {
             let range = self
-                .ipam
+                .core
+                .ipam()
                 .owner_of(c)
-                .and_then(|o| self.ipam.config_range(o, c));
+                .and_then(|o| self.core.ipam().config_range(o, c));
             if let Some(range) = range {
-                self.metric(Metric::Released(range));
+                self.core.metric(Metric::Released(range));
             }
         }
         self.touch(cidrs);
@@ -905,7 +890,7 @@ impl Machine {
     fn retry_pending_near(&mut self, cidrs: &[IpNet]) {
         let configs: BTreeSet<String> = cidrs
             .iter()
-            .flat_map(|c| self.ipam.configs_touching(c))
+            .flat_map(|c| self.core.ipam().configs_touching(c))
             .collect();
         self.retry_pending_for(&configs);
     }
@@ -913,7 +898,7 @@ impl Machine {
     /// Tries again the pending nodes one of `configs` selects: an event that changed only
     /// those costs pending × |configs| selector checks, not pending × every config.
     fn retry_pending_for(&mut self, configs: &BTreeSet<String>) {
-        if !self.synced || configs.is_empty() {
+        if !self.core.synced() || configs.is_empty() {
             return;
         }
         let selectors: Vec<Option<&NodeSelector>> = configs
@@ -943,7 +928,7 @@ impl Machine {
     /// Marks the configs whose ranges `cidrs` touch for a status update.
     fn touch(&mut self, cidrs: &[IpNet]) {
         for c in cidrs {
-            self.dirty.extend(self.ipam.configs_touching(c));
+            self.dirty.extend(self.core.ipam().configs_touching(c));
         }
     }
 
@@ -951,11 +936,11 @@ impl Machine {
         let Some(p) = self.pending.get(name) else {
             return;
         };
-        if p.retry_at.is_some_and(|at| at > self.now.mono) {
+        if p.retry_at.is_some_and(|at| at > self.core.mono()) {
             return;
         }
         let (uid, version, labels) = (p.uid.clone(), p.version.clone(), p.labels.clone());
-        match self.ipam.allocate(name, uid.as_deref(), &labels) {
+        match self.core.ipam_mut().allocate(name, uid.as_deref(), &labels) {
             Ok(a) => {
                 self.pending.remove(name);
                 self.empty_since.remove(&a.config);
@@ -963,16 +948,16 @@ impl Machine {
                     self.handed_out
                         .entry(pool)
                         .or_default()
-                        .push_back(self.now.mono);
+                        .push_back(self.core.mono());
                 }
                 debug!(node = %name, config = %a.config, cidrs = ?a.cidrs, "allocated");
                 for c in &a.cidrs {
-                    if let Some(range) = self.ipam.config_range(&a.config, c) {
-                        self.metric(Metric::Allocated(range));
+                    if let Some(range) = self.core.ipam().config_range(&a.config, c) {
+                        self.core.metric(Metric::Allocated(range));
                     }
                 }
                 self.touch(&a.cidrs);
-                self.push(Effect::Write(WriteJob {
+                self.core.push(Effect::Write(WriteJob {
                     node: name.to_string(),
                     uid,
                     version,
@@ -1000,7 +985,7 @@ impl Machine {
     /// config (a first install applies the controller and its configs together): then only
     /// once it has waited `GATE_GRACE`.
     fn not_allocated(&mut self, name: &str, uid: Option<&str>, e: &AllocateError, growing: bool) {
-        let now = self.now.mono;
+        let now = self.core.mono();
         let first_config_due = self.configs.is_empty() && *e == AllocateError::NoMatchingConfig;
         let Some(p) = self.pending.get_mut(name) else {
             return;
@@ -1020,12 +1005,12 @@ impl Machine {
         info!(node = %name, reason = %e, "no block available; node stays pending");
         let message = format!("Node {name} has no podCIDR yet: {e}");
         let note = Note::node(name, uid, true, effects::CIDR_NOT_AVAILABLE, message);
-        self.note(note);
+        self.core.note(note);
     }
 
     /// Nodes that have waited behind a gate for `GATE_GRACE` are tried again, to warn them.
     fn warn_long_waits(&mut self) {
-        let now = self.now.mono;
+        let now = self.core.mono();
         let due: Vec<String> = self
             .pending
             .iter()
@@ -1051,10 +1036,10 @@ impl Machine {
 
     /// Nodes whose writes we gave up on are tried again, from scratch, once their time comes.
     fn wake_parked(&mut self) {
-        if !self.synced {
+        if !self.core.synced() {
             return;
         }
-        let now = self.now.mono;
+        let now = self.core.mono();
         let due: Vec<String> = self
             .pending
             .iter()
@@ -1074,7 +1059,7 @@ impl Machine {
     fn on_write_result(&mut self, result: WriteResult) {
         let WriteResult { job, outcome } = result;
         let current = matches!(
-            self.ipam.node(&job.node).map(|r| r.phase),
+            self.core.ipam().node(&job.node).map(|r| r.phase),
             Some(Phase::Writing { ticket, .. }) if ticket == job.ticket
         );
         if !current {
@@ -1085,20 +1070,25 @@ impl Machine {
         debug!(node = %job.node, ?outcome, ?decision, "write outcome");
         match decision {
             Decision::Confirm { uid } => {
-                self.ipam.confirm(&job.node, job.ticket, uid.as_deref());
-                if self.ipam.node(&job.node).is_none() {
+                self.core
+                    .ipam_mut()
+                    .confirm(&job.node, job.ticket, uid.as_deref());
+                if self.core.ipam().node(&job.node).is_none() {
                     // It landed on an object deleted meanwhile.
                     self.freed(&job.cidrs);
                 }
                 self.touch(&job.cidrs);
             }
             Decision::Adopt { uid, cidrs } => {
-                let adoption = self.ipam.observe_node(&job.node, uid.as_deref(), &cidrs);
+                let adoption = self
+                    .core
+                    .ipam_mut()
+                    .observe_node(&job.node, uid.as_deref(), &cidrs);
                 self.touch(&cidrs);
                 self.freed(&adoption.released);
             }
             Decision::Release => {
-                let freed = self.ipam.abandon(&job.node, job.ticket);
+                let freed = self.core.ipam_mut().abandon(&job.node, job.ticket);
                 self.freed(&freed);
             }
             Decision::Leak => {
@@ -1128,7 +1118,7 @@ impl Machine {
         if let Some((source, range)) = job
             .cidrs
             .iter()
-            .find_map(|c| self.ipam.service_range_over(c))
+            .find_map(|c| self.core.ipam().service_range_over(c))
         {
             return self.choose_again(
                 job,
@@ -1152,10 +1142,10 @@ impl Machine {
                 effects::CIDR_ASSIGNMENT_FAILED,
                 message,
             );
-            self.note(note);
+            self.core.note(note);
         }
         warn!(node = %job.node, attempt, ?outcome, "podCIDR write did not land; retrying the same blocks");
-        self.metric(Metric::Error("node_write"));
+        self.core.metric(Metric::Error("node_write"));
         // The same blocks, on the version of the Node read since, if one was.
         let version = match outcome {
             WriteOutcome::Rejected { now, .. }
@@ -1166,7 +1156,7 @@ impl Machine {
             },
             _ => job.version.clone(),
         };
-        self.push(Effect::Write(WriteJob {
+        self.core.push(Effect::Write(WriteJob {
             attempt,
             rejections,
             was_ambiguous: ambiguous,
@@ -1184,7 +1174,7 @@ impl Machine {
         if ambiguous {
             self.leak(&job);
         } else {
-            let freed = self.ipam.abandon(&job.node, job.ticket);
+            let freed = self.core.ipam_mut().abandon(&job.node, job.ticket);
             self.touch(&freed);
             self.unmanaged_dirty = true;
         }
@@ -1197,7 +1187,7 @@ impl Machine {
             retry_at: None,
         };
         self.repend(&job.node, again);
-        if self.synced {
+        if self.core.synced() {
             self.try_allocate(&job.node);
         }
     }
@@ -1211,12 +1201,12 @@ impl Machine {
         if ambiguous {
             self.leak(&job);
         } else {
-            let freed = self.ipam.abandon(&job.node, job.ticket);
+            let freed = self.core.ipam_mut().abandon(&job.node, job.ticket);
             self.touch(&freed);
             self.unmanaged_dirty = true;
         }
-        self.metric(Metric::AssignmentFailure);
-        self.metric(Metric::Error("node_write"));
+        self.core.metric(Metric::AssignmentFailure);
+        self.core.metric(Metric::Error("node_write"));
         warn!(node = %job.node, rejections, reason = %why, "podCIDR write refused every time: gave up; the node is tried again later");
         let message = format!(
             "gave up writing podCIDRs {:?} after {rejections} refused attempts: {why}; {} and the node is tried again in {}s",
@@ -1235,17 +1225,17 @@ impl Machine {
             effects::CIDR_ASSIGNMENT_FAILED,
             message,
         );
-        self.note(note);
+        self.core.note(note);
         let parked = PendingNode {
             uid: job.uid,
             version: job.version,
             labels: job.labels,
             warned: true,
             waiting_since: None,
-            retry_at: Some(self.now.mono + after),
+            retry_at: Some(self.core.mono() + after),
         };
         self.repend(&job.node, parked);
-        if self.synced {
+        if self.core.synced() {
             self.retry_pending();
         }
     }
@@ -1265,8 +1255,9 @@ impl Machine {
     /// Keeps a write's blocks occupied, and their config held, until the write can no longer
     /// land, rather than risk a duplicate.
     fn leak(&mut self, job: &WriteJob) -> Vec<IpNet> {
-        let leaked = self.ipam.leak(&job.node, job.ticket);
-        self.metric(Metric::Leaked(self.ipam.leaked_blocks()));
+        let leaked = self.core.ipam_mut().leak(&job.node, job.ticket);
+        self.core
+            .metric(Metric::Leaked(self.core.ipam().leaked_blocks()));
         self.touch(&leaked);
         leaked
     }
@@ -1328,7 +1319,7 @@ impl Machine {
         };
         if !has_finalizer && !deleting && !seen.finalizer_requested {
             seen.finalizer_requested = true;
-            self.push(Effect::Config(ConfigJob::AddFinalizer {
+            self.core.push(Effect::Config(ConfigJob::AddFinalizer {
                 name: name.clone(),
             }));
         }
@@ -1354,7 +1345,7 @@ impl Machine {
         }
         let input = self.gated(&name);
         let open = input.gate.is_none();
-        self.ipam.upsert_config(input);
+        self.core.ipam_mut().upsert_config(input);
         if open {
             self.scaled_up(&name);
         }
@@ -1363,7 +1354,7 @@ impl Machine {
         self.dirty.extend(self.configs.keys().cloned());
         self.unmanaged_dirty = true;
         self.network_dirty = true;
-        if self.synced {
+        if self.core.synced() {
             self.retry_pending();
         }
     }
@@ -1378,20 +1369,20 @@ impl Machine {
 
     fn on_config_gone(&mut self, name: &str) {
         info!(config = %name, "NodeIPAMConfig gone");
-        self.metric(Metric::ConfigGone(name.to_string()));
+        self.core.metric(Metric::ConfigGone(name.to_string()));
         self.configs.remove(name);
         self.forget_config(name);
         self.retiring.remove(name);
         self.empty_since.remove(name);
         self.facts.remove(name);
         self.scale_started.remove(name);
-        self.ipam.remove_config(name);
+        self.core.ipam_mut().remove_config(name);
         self.network_dirty = true;
         // Its blocks are the next oldest config's now (and overlaps may be gone): every
         // status is counted again.
         self.dirty.extend(self.configs.keys().cloned());
         self.unmanaged_dirty = true;
-        if self.synced {
+        if self.core.synced() {
             self.retry_pending();
         }
     }
@@ -1408,21 +1399,23 @@ impl Machine {
             .iter()
             .filter_map(|c| c.parse::<IpNet>().ok())
             .collect();
-        self.ipam
+        self.core
+            .ipam_mut()
             .set_service_cidrs(&format!("servicecidr/{name}"), cidrs.clone());
         self.touch(&cidrs);
         // An update may also have freed blocks (a range removed from the object).
         self.dirty.extend(self.configs.keys().cloned());
-        if self.synced {
+        if self.core.synced() {
             self.retry_pending();
         }
     }
 
     fn on_service_gone(&mut self, name: &str) {
-        self.ipam
+        self.core
+            .ipam_mut()
             .set_service_cidrs(&format!("servicecidr/{name}"), Vec::new());
         self.dirty.extend(self.configs.keys().cloned());
-        if self.synced {
+        if self.core.synced() {
             self.retry_pending();
         }
     }
@@ -1459,8 +1452,8 @@ impl Machine {
         self.pool_written.remove(name);
         self.scale_started.retain(|_, (pool, _)| pool != name);
         self.handed_out.remove(name);
-        self.metric(Metric::PoolGone(name.to_string()));
-        if self.synced {
+        self.core.metric(Metric::PoolGone(name.to_string()));
+        if self.core.synced() {
             // Nodes that waited for it without a warning get one now.
             self.retry_pending();
         }
@@ -1472,7 +1465,7 @@ impl Machine {
                 if outcome == CreateOutcome::AlreadyExists {
                     info!(pool = %config.pool, config = %config.name, "child config already exists (a retry, or another leader's)");
                 }
-                let (step, now) = (self.step, self.now.mono);
+                let (step, now) = (self.core.step(), self.core.mono());
                 // Only the carve the create was for: a late answer to an old pool's create
                 // of the same name says nothing about this one.
                 if let Some(c) = self
@@ -1489,8 +1482,8 @@ impl Machine {
             }
             CreateOutcome::Failed(why) => {
                 warn!(pool = %config.pool, config = %config.name, reason = %why, "creating a child config failed; asking again");
-                self.metric(Metric::Error("config_create"));
-                let now = self.now.mono;
+                self.core.metric(Metric::Error("config_create"));
+                let now = self.core.mono();
                 let mut tell = None;
                 if let Some(c) = self
                     .carves
@@ -1519,7 +1512,7 @@ impl Machine {
                         effects::RANGE_CARVE_FAILED,
                         message,
                     );
-                    self.note(note);
+                    self.core.note(note);
                 }
             }
         }
@@ -1542,7 +1535,7 @@ impl Machine {
             DeleteOutcome::Gone => {}
             DeleteOutcome::Failed(why) => {
                 warn!(config = %name, reason = %why, "retiring a pool's child config failed; deciding again");
-                self.metric(Metric::Error("config_delete"));
+                self.core.metric(Metric::Error("config_delete"));
             }
         }
         self.retiring.remove(name);
@@ -1553,7 +1546,7 @@ impl Machine {
 
     /// Blocks `pool`'s children handed out within the last [`DEMAND_WINDOW`].
     fn demand(&mut self, pool: &str) -> u64 {
-        let since = self.now.mono.saturating_sub(DEMAND_WINDOW);
+        let since = self.core.mono().saturating_sub(DEMAND_WINDOW);
         let Some(times) = self.handed_out.get_mut(pool) else {
             return 0;
         };
@@ -1591,20 +1584,20 @@ impl Machine {
     /// A carved child accepts allocations for the first time: how long scaling up took.
     fn scaled_up(&mut self, name: &str) {
         if let Some((pool, since)) = self.scale_started.remove(name) {
-            let seconds = self.now.mono.saturating_sub(since).as_secs_f64();
+            let seconds = self.core.mono().saturating_sub(since).as_secs_f64();
             info!(pool = %pool, config = %name, seconds, "carved range accepts allocations");
-            self.metric(Metric::ScaleUpSeconds { pool, seconds });
+            self.core.metric(Metric::ScaleUpSeconds { pool, seconds });
         }
     }
 
     /// Every pool's decision: carve, retire, status.
     fn scale_pools(&mut self) {
-        if !self.synced || self.pools.is_empty() {
+        if !self.core.synced() || self.pools.is_empty() {
             return;
         }
         // A child created a while ago and still not seen: its watch events may have fallen
         // into a relist that answered before the create did. Ask again.
-        let now = self.now.mono;
+        let now = self.core.mono();
         for c in self.carves.values_mut() {
             if c.answered.is_some()
                 && !c.seen
@@ -1616,9 +1609,7 @@ impl Machine {
             }
         }
         let pending = self.pending_per_pool();
-        let wall = Time(
-            k8s_openapi::jiff::Timestamp::from_second(self.now.wall_seconds).unwrap_or_default(),
-        );
+        let wall = self.core.wall();
         let names: Vec<String> = self.pools.keys().cloned().collect();
         for name in names {
             let waiting = pending.get(&name).copied().unwrap_or(0);
@@ -1634,7 +1625,11 @@ impl Machine {
             .carves
             .iter()
             .filter(|(_, c)| {
-                c.pool == pool && c.failed && c.sent == 0 && !c.seen && c.retry_at <= self.now.mono
+                c.pool == pool
+                    && c.failed
+                    && c.sent == 0
+                    && !c.seen
+                    && c.retry_at <= self.core.mono()
             })
             .map(|(n, _)| n.clone())
             .collect();
@@ -1661,7 +1656,7 @@ impl Machine {
                 c.failed = false;
                 c.sent += 1;
             }
-            self.push(Effect::CreateConfig(child));
+            self.core.push(Effect::CreateConfig(child));
         }
     }
 
@@ -1720,7 +1715,7 @@ impl Machine {
     fn config_facts(&self, name: &str) -> Option<super::ipam::ConfigFacts> {
         match self.facts.get(name) {
             Some(f) => Some(f.clone()),
-            None => self.ipam.config_facts(name),
+            None => self.core.ipam().config_facts(name),
         }
     }
 
@@ -1756,7 +1751,7 @@ impl Machine {
             return;
         };
         let input = pool.input.clone();
-        let now = self.now.mono;
+        let now = self.core.mono();
         let child_names: Vec<String> = self
             .configs
             .keys()
@@ -1790,8 +1785,8 @@ impl Machine {
                 .filter(|(n, _)| n.as_str() != name)
                 .flat_map(|(_, p)| p.input.budget().copied()),
         );
-        occupied.extend(self.ipam.service_ranges());
-        occupied.extend(self.ipam.unmanaged().into_iter().map(|(c, _)| c));
+        occupied.extend(self.core.ipam().service_ranges());
+        occupied.extend(self.core.ipam().unmanaged().into_iter().map(|(c, _)| c));
         self.retry_failed_carves(name, &input, &occupied);
         let demand = self.demand(name);
         // A carve whose child is there counts as the child.
@@ -1856,17 +1851,17 @@ impl Machine {
                 carve.name,
                 input.headroom
             );
-            self.note(Note::pool(
+            self.core.note(Note::pool(
                 name,
                 uid.as_deref(),
                 false,
                 effects::RANGE_CARVED,
                 message,
             ));
-            self.metric(Metric::RangeCarved {
+            self.core.metric(Metric::RangeCarved {
                 pool: name.to_string(),
             });
-            self.push(Effect::CreateConfig(child));
+            self.core.push(Effect::CreateConfig(child));
             self.carves.insert(
                 carve.name.clone(),
                 CarveInFlight {
@@ -1899,31 +1894,31 @@ impl Machine {
                 ranges.join(" and "),
                 input.empty_for.as_secs()
             );
-            self.note(Note::pool(
+            self.core.note(Note::pool(
                 name,
                 uid.as_deref(),
                 false,
                 effects::RANGE_RETIRED,
                 message,
             ));
-            self.metric(Metric::RangeRetired {
+            self.core.metric(Metric::RangeRetired {
                 pool: name.to_string(),
             });
             self.retiring
                 .insert(retire.name.clone(), retire.uid.clone());
-            self.push(Effect::DeleteConfig {
+            self.core.push(Effect::DeleteConfig {
                 name: retire.name.clone(),
                 uid: retire.uid.clone(),
             });
             // It hands out nothing from now on.
             let gated = self.gated(&retire.name);
-            self.ipam.upsert_config(gated);
+            self.core.ipam_mut().upsert_config(gated);
             self.dirty.insert(retire.name.clone());
         }
         for (type_, message) in &decision.turned_true {
             if *type_ == nodeipam_crd::CONDITION_EXHAUSTED {
                 warn!(pool = %name, %message, "pool exhausted");
-                self.note(Note::pool(
+                self.core.note(Note::pool(
                     name,
                     uid.as_deref(),
                     true,
@@ -1934,13 +1929,13 @@ impl Machine {
         }
         let ranges = children.iter().filter(|c| c.active()).count() + decision.carves.len()
             - decision.retires.len();
-        self.metric(Metric::PoolRanges {
+        self.core.metric(Metric::PoolRanges {
             pool: name.to_string(),
             ranges: ranges as u64,
         });
         let current = self.pool_written.get(name).or(input.status.as_ref());
         if !input.deleting && current != Some(&decision.status) {
-            self.push(Effect::PoolStatus {
+            self.core.push(Effect::PoolStatus {
                 name: name.to_string(),
                 uid: uid.clone(),
                 status: decision.status.clone(),
@@ -1976,7 +1971,7 @@ impl Machine {
     // ----- status -----
 
     fn flush_status(&mut self) {
-        if !self.synced {
+        if !self.core.synced() {
             return;
         }
         // Before the flag is cleared below: unmanaged podCIDRs are part of the pod network.
@@ -1986,21 +1981,19 @@ impl Machine {
         if std::mem::take(&mut self.unmanaged_dirty) {
             self.report_unmanaged();
         }
-        let now = Time(
-            k8s_openapi::jiff::Timestamp::from_second(self.now.wall_seconds).unwrap_or_default(),
-        );
+        let now = self.core.wall();
         for name in std::mem::take(&mut self.dirty) {
             self.flush_config(&name, &now);
         }
     }
 
     fn report_unmanaged(&mut self) {
-        let unmanaged = self.ipam.unmanaged();
-        self.metric(Metric::Unmanaged(unmanaged.len()));
+        let unmanaged = self.core.ipam().unmanaged();
+        self.core.metric(Metric::Unmanaged(unmanaged.len()));
         for (cidr, node) in unmanaged {
             if self.reported.insert((node.clone(), cidr)) {
                 warn!(node = %node, %cidr, "podCIDR lies in no NodeIPAMConfig: unmanaged, left as it is");
-                let uid = self.ipam.node(&node).and_then(|r| r.uid.clone());
+                let uid = self.core.ipam().node(&node).and_then(|r| r.uid.clone());
                 let message = format!(
                     "podCIDR {cidr} lies in no NodeIPAMConfig; it is kept and counted as unmanaged"
                 );
@@ -2011,14 +2004,15 @@ impl Machine {
                     effects::UNMANAGED_POD_CIDR,
                     message,
                 );
-                self.note(note);
+                self.core.note(note);
             }
         }
     }
 
     /// One config's status, its metrics and its finalizer, from the allocation state.
     fn flush_config(&mut self, name: &str, now: &Time) {
-        let (Some(seen), Some(facts)) = (self.configs.get(name), self.ipam.config_facts(name))
+        let (Some(seen), Some(facts)) =
+            (self.configs.get(name), self.core.ipam().config_facts(name))
         else {
             return;
         };
@@ -2070,10 +2064,10 @@ impl Machine {
             && self
                 .status_sent_at
                 .get(name)
-                .is_some_and(|at| self.now.mono.saturating_sub(*at) < STATUS_COUNTS_EVERY);
+                .is_some_and(|at| self.core.mono().saturating_sub(*at) < STATUS_COUNTS_EVERY);
         let (uid, deleting, has_finalizer) = (seen.uid.clone(), seen.deleting, seen.has_finalizer);
         for m in metrics {
-            self.metric(m);
+            self.core.metric(m);
         }
         for t in transitions.iter().filter(|t| t.status == "True") {
             let (warning, reason) = match t.type_ {
@@ -2083,13 +2077,14 @@ impl Machine {
             };
             info!(config = %name, reason, "condition turned True");
             let note = Note::config(name, uid.as_deref(), warning, reason, t.message.clone());
-            self.note(note);
+            self.core.note(note);
         }
         if !unchanged && counts_wait {
             self.dirty.insert(name.to_string());
         } else if !unchanged {
-            self.status_sent_at.insert(name.to_string(), self.now.mono);
-            self.push(Effect::Config(ConfigJob::Status {
+            self.status_sent_at
+                .insert(name.to_string(), self.core.mono());
+            self.core.push(Effect::Config(ConfigJob::Status {
                 name: name.to_string(),
                 uid: uid.clone(),
                 status: status.clone(),
@@ -2104,7 +2099,7 @@ impl Machine {
         // The finalizer goes only when nothing holds, is being given or may still receive a
         // block.
         if deleting && has_finalizer && !facts.held() {
-            self.push(Effect::Config(ConfigJob::RemoveFinalizer {
+            self.core.push(Effect::Config(ConfigJob::RemoveFinalizer {
                 name: name.to_string(),
                 uid,
             }));
@@ -2124,7 +2119,8 @@ impl Machine {
             })
             .collect();
         for name in missing {
-            self.push(Effect::Config(ConfigJob::AddFinalizer { name }));
+            self.core
+                .push(Effect::Config(ConfigJob::AddFinalizer { name }));
         }
     }
 
@@ -2175,7 +2171,7 @@ impl Machine {
             seen.drain_gate = gate;
         }
         let input = self.gated(name);
-        self.ipam.upsert_config(input);
+        self.core.ipam_mut().upsert_config(input);
         self.dirty.insert(name.to_string());
         if !gate {
             self.retry_pending_for(&BTreeSet::from([name.to_string()]));
@@ -2187,7 +2183,10 @@ impl Machine {
     /// Publishes the pod network when what consumers read changed. Drained configs leave it
     /// here, and only here, so a range leaves consumers' view only after its last node is gone.
     fn publish_network(&mut self) {
-        if !self.synced || self.outputs.is_empty() || !std::mem::take(&mut self.network_dirty) {
+        if !self.core.synced()
+            || self.outputs.is_empty()
+            || !std::mem::take(&mut self.network_dirty)
+        {
             return;
         }
         let network = self.network();
@@ -2201,7 +2200,8 @@ impl Machine {
         if self.network_sent.as_ref() != Some(&desired) {
             self.network_seq += 1;
             let seq = self.network_seq;
-            self.push(Effect::Publish(PodNetwork { seq, ..network }));
+            self.core
+                .push(Effect::Publish(PodNetwork { seq, ..network }));
             self.network_in_flight.push((seq, desired.clone()));
             self.network_sent = Some(desired);
         }
@@ -2213,7 +2213,7 @@ impl Machine {
             .configs
             .iter()
             .filter_map(|(name, seen)| {
-                let facts = self.ipam.config_facts(name)?;
+                let facts = self.core.ipam().config_facts(name)?;
                 let families = [(seen.base.ipv4, facts.ipv4), (seen.base.ipv6, facts.ipv6)]
                     .into_iter()
                     .filter_map(|(range, f)| {
@@ -2233,7 +2233,7 @@ impl Machine {
                 })
             })
             .collect();
-        PodNetwork::new(&configs, &self.ipam.unmanaged())
+        PodNetwork::new(&configs, &self.core.ipam().unmanaged())
     }
 
     /// A network is written. What was sent before it landed before it or was skipped.
@@ -2283,14 +2283,14 @@ impl Machine {
         let mut opened = BTreeSet::new();
         for name in names {
             let input = self.gated(&name);
-            let before = self.ipam.config_gate(&name);
+            let before = self.core.ipam().config_gate(&name);
             if before == Some(input.gate.as_deref()) {
                 continue;
             }
             if input.gate.is_none() {
                 opened.insert(name.clone());
             }
-            self.ipam.upsert_config(input);
+            self.core.ipam_mut().upsert_config(input);
             self.dirty.insert(name);
         }
         for name in &opened {
@@ -2397,6 +2397,8 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
         pool: obj.labels().get(crate::pool::POOL_LABEL).cloned(),
     }
 }
+
+mod core;
 
 #[cfg(test)]
 mod tests;
