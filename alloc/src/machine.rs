@@ -35,6 +35,7 @@ use super::selection::{self, NodeView};
 use super::status::{counts_only, desired_status};
 use crate::node::IpamNode;
 use core::Core;
+use lists::{Lists, Source};
 
 /// How long a failed re-read of a node missing from a relist waits before it is tried again.
 const REREAD_RETRY: Duration = Duration::from_secs(5);
@@ -300,25 +301,12 @@ struct Output {
     listed: bool,
 }
 
-/// A watch, to track its lists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Source {
-    Nodes,
-    Configs,
-    Services,
-    Pools,
-    Output(usize),
-}
-
 #[derive(Clone)]
 pub struct Machine {
     options: Options,
     /// The allocation state, the time, the effects.
     core: Core,
-    /// Watches whose first list is complete.
-    listed: HashSet<Source>,
-    /// Names returned by a (re)list in progress.
-    relist: HashMap<Source, HashSet<String>>,
+    lists: Lists,
     pending: BTreeMap<String, PendingNode>,
     configs: BTreeMap<String, ConfigSeen>,
     /// The status we last wrote per config: the previous conditions for the next one, even
@@ -366,8 +354,6 @@ pub struct Machine {
     handed_out: HashMap<String, VecDeque<Duration>>,
     /// Carved children not yet accepting: their pool, and when the carve was decided.
     scale_started: HashMap<String, (String, Duration)>,
-    /// The step at which the config list in progress started.
-    configs_list_step: u64,
 }
 
 impl Machine {
@@ -384,11 +370,15 @@ impl Machine {
                 listed: false,
             })
             .collect();
+        let lists = Lists::new(
+            options.outputs.len(),
+            options.service_cidr_api,
+            options.pools,
+        );
         Machine {
             options,
             core: Core::new(ipam),
-            listed: HashSet::new(),
-            relist: HashMap::new(),
+            lists,
             pending: BTreeMap::new(),
             configs: BTreeMap::new(),
             written: HashMap::new(),
@@ -414,7 +404,6 @@ impl Machine {
             scale_started: HashMap::new(),
             handed_out: HashMap::new(),
             facts: HashMap::new(),
-            configs_list_step: 0,
         }
     }
 
@@ -549,25 +538,18 @@ impl Machine {
     }
 
     fn list_started(&mut self, source: Source) {
-        if source == Source::Configs {
-            self.configs_list_step = self.core.step();
-        }
-        self.relist.insert(source, HashSet::new());
+        self.lists.started(source, self.core.step());
     }
 
     fn list_saw(&mut self, source: Source, name: String) {
-        self.relist.entry(source).or_default().insert(name);
+        self.lists.saw(source, name);
     }
 
     fn list_done(&mut self, source: Source) {
-        let seen = self.relist.remove(&source).unwrap_or_default();
+        let seen = self.lists.finished(source);
         self.on_relisted(source, &seen);
-        self.listed.insert(source);
-        let needed = 2
-            + self.outputs.len()
-            + usize::from(self.options.service_cidr_api)
-            + usize::from(self.options.pools);
-        if !self.core.synced() && self.listed.len() >= needed {
+        let all = self.lists.listed(source);
+        if !self.core.synced() && all {
             self.on_synced();
         }
     }
@@ -631,7 +613,7 @@ impl Machine {
                 }
                 // A child created before this list started and not in it is gone again
                 // (its create and delete both fell between two lists).
-                let started = self.configs_list_step;
+                let started = self.lists.configs_list_step();
                 self.carves.retain(|name, c| {
                     c.sent > 0 || c.answered.is_none_or(|at| at >= started) || seen.contains(name)
                 });
@@ -2399,6 +2381,7 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
 }
 
 mod core;
+mod lists;
 
 #[cfg(test)]
 mod tests;
