@@ -25,9 +25,7 @@ use super::effects::{
 };
 use super::ipam::{AllocateError, ConfigInput, Ipam, NodeSeen, Phase, nets_overlap};
 use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
-use super::podnetwork::{
-    ConfigMapRef, ConfigRanges, OutputContent, OutputKind, PodNetwork, covered,
-};
+use super::podnetwork::{ConfigMapRef, OutputKind, PodNetwork};
 use super::pool::{
     self as scaling, Carve, ChildView, DEMAND_WINDOW, PoolInput, PoolStatus, PoolWorld,
 };
@@ -36,6 +34,7 @@ use super::status::{counts_only, desired_status};
 use crate::node::IpamNode;
 use core::Core;
 use lists::{Lists, Source};
+use publication::Publication;
 
 /// How long a failed re-read of a node missing from a relist waits before it is tried again.
 const REREAD_RETRY: Duration = Duration::from_secs(5);
@@ -290,17 +289,6 @@ struct PendingNode {
     retry_at: Option<Duration>,
 }
 
-/// A consumer output of the pod network and what its watch last showed.
-#[derive(Clone, Debug)]
-struct Output {
-    target: ConfigMapRef,
-    kind: OutputKind,
-    /// `None` until the watch has listed it; an absent ConfigMap holds nothing.
-    seen: Option<OutputContent>,
-    /// Whether the current (re)list returned the object.
-    listed: bool,
-}
-
 #[derive(Clone)]
 pub struct Machine {
     options: Options,
@@ -316,17 +304,7 @@ pub struct Machine {
     unmanaged_dirty: bool,
     reported: HashSet<(String, IpNet)>,
     invalid_reported: HashSet<String>,
-    outputs: Vec<Output>,
-    /// What the outputs were last asked to hold; sent again when an output drifts from it.
-    network_sent: Option<Vec<OutputContent>>,
-    /// What each network sent and not yet reported written puts in the outputs, oldest first:
-    /// until then it may still land, and what it lacks is not safely published.
-    network_in_flight: Vec<(u64, Vec<OutputContent>)>,
-    /// The number of the last publication sent.
-    network_seq: u64,
-    /// What the network last reported written put in the outputs: a watch event older than
-    /// that write is stale.
-    network_landed: Option<Vec<OutputContent>>,
+    publication: Publication,
     /// Nodes missing from a relist whose re-read failed: the UID asked about, and when to ask
     /// again.
     rereads_due: BTreeMap<String, (Option<String>, Duration)>,
@@ -337,7 +315,6 @@ pub struct Machine {
     status_landed: HashMap<String, NodeIPAMConfigStatus>,
     /// When each config's status was last sent: counts wait for `STATUS_COUNTS_EVERY`.
     status_sent_at: HashMap<String, Duration>,
-    network_dirty: bool,
     pools: BTreeMap<String, PoolSeen>,
     /// Carves in flight, by child name.
     carves: BTreeMap<String, CarveInFlight>,
@@ -360,16 +337,7 @@ impl Machine {
     pub fn new(options: Options) -> Self {
         let mut ipam = Ipam::new();
         ipam.set_service_cidrs(SERVICE_FLAG_SOURCE, options.service_cidrs.clone());
-        let outputs = options
-            .outputs
-            .iter()
-            .map(|(target, kind)| Output {
-                target: target.clone(),
-                kind: *kind,
-                seen: None,
-                listed: false,
-            })
-            .collect();
+        let publication = Publication::new(&options.outputs, options.extra_non_masquerade.clone());
         let lists = Lists::new(
             options.outputs.len(),
             options.service_cidr_api,
@@ -386,16 +354,11 @@ impl Machine {
             unmanaged_dirty: false,
             reported: HashSet::new(),
             invalid_reported: HashSet::new(),
-            outputs,
-            network_sent: None,
-            network_in_flight: Vec::new(),
-            network_seq: 0,
-            network_landed: None,
+            publication,
             rereads_due: BTreeMap::new(),
             status_in_flight: HashMap::new(),
             status_landed: HashMap::new(),
             status_sent_at: HashMap::new(),
-            network_dirty: true,
             pools: BTreeMap::new(),
             carves: BTreeMap::new(),
             retiring: BTreeMap::new(),
@@ -459,7 +422,7 @@ impl Machine {
         }
         // What consumers must learn goes out now, not at the next tick: a new range (a carve
         // above all) hands out nothing before it is published. Only content changes are sent.
-        if self.network_dirty {
+        if self.publication.is_dirty() {
             self.publish_network();
         }
         // Gauges that follow the state are set after every step so they are never stale.
@@ -517,23 +480,12 @@ impl Machine {
     }
 
     fn on_output_watch(&mut self, index: usize, w: Watch<ConfigMap>) {
-        match w {
-            Watch::ListStart => {
-                if let Some(o) = self.outputs.get_mut(index) {
-                    o.listed = false;
-                }
-            }
-            Watch::Listed(cm) | Watch::Applied(cm) => {
-                self.on_output(index, Some(&cm.data.unwrap_or_default()));
-            }
-            Watch::Deleted(_) => self.on_output(index, None),
-            Watch::ListDone => {
-                // Listed without the object: it does not exist, and holds nothing.
-                if self.outputs.get(index).is_some_and(|o| !o.listed) {
-                    self.on_output(index, None);
-                }
-                self.list_done(Source::Output(index));
-            }
+        let seen = self.publication.on_watch(index, w);
+        if seen.changed {
+            self.regate();
+        }
+        if seen.listed {
+            self.list_done(Source::Output(index));
         }
     }
 
@@ -1335,7 +1287,7 @@ impl Machine {
         // change with any config.
         self.dirty.extend(self.configs.keys().cloned());
         self.unmanaged_dirty = true;
-        self.network_dirty = true;
+        self.publication.mark_dirty();
         if self.core.synced() {
             self.retry_pending();
         }
@@ -1359,7 +1311,7 @@ impl Machine {
         self.facts.remove(name);
         self.scale_started.remove(name);
         self.core.ipam_mut().remove_config(name);
-        self.network_dirty = true;
+        self.publication.mark_dirty();
         // Its blocks are the next oldest config's now (and overlaps may be gone): every
         // status is counted again.
         self.dirty.extend(self.configs.keys().cloned());
@@ -1958,7 +1910,7 @@ impl Machine {
         }
         // Before the flag is cleared below: unmanaged podCIDRs are part of the pod network.
         if !self.dirty.is_empty() || self.unmanaged_dirty {
-            self.network_dirty = true;
+            self.publication.mark_dirty();
         }
         if std::mem::take(&mut self.unmanaged_dirty) {
             self.report_unmanaged();
@@ -2162,99 +2114,18 @@ impl Machine {
 
     // ----- the published pod network -----
 
-    /// Publishes the pod network when what consumers read changed. Drained configs leave it
-    /// here, and only here, so a range leaves consumers' view only after its last node is gone.
     fn publish_network(&mut self) {
-        if !self.core.synced()
-            || self.outputs.is_empty()
-            || !std::mem::take(&mut self.network_dirty)
-        {
-            return;
-        }
-        let network = self.network();
-        // What consumers read, not the counts beside it: a new node changes no output.
-        let extra = &self.options.extra_non_masquerade;
-        let desired: Vec<OutputContent> = self
-            .outputs
-            .iter()
-            .map(|o| o.kind.desired(&network, extra))
-            .collect();
-        if self.network_sent.as_ref() != Some(&desired) {
-            self.network_seq += 1;
-            let seq = self.network_seq;
-            self.core
-                .push(Effect::Publish(PodNetwork { seq, ..network }));
-            self.network_in_flight.push((seq, desired.clone()));
-            self.network_sent = Some(desired);
-        }
+        self.publication.publish(&self.configs, &mut self.core);
     }
 
     /// The pod network as the allocation state has it now.
     pub fn network(&self) -> PodNetwork {
-        let configs: Vec<ConfigRanges> = self
-            .configs
-            .iter()
-            .filter_map(|(name, seen)| {
-                let facts = self.core.ipam().config_facts(name)?;
-                let families = [(seen.base.ipv4, facts.ipv4), (seen.base.ipv6, facts.ipv6)]
-                    .into_iter()
-                    .filter_map(|(range, f)| {
-                        range.map(|(r, _)| {
-                            (r, f.map_or(0, |f| f.allocated), f.map_or(0, |f| f.capacity))
-                        })
-                    })
-                    .collect();
-                let stopped = facts.deleting || !facts.enabled;
-                Some(ConfigRanges {
-                    name: name.clone(),
-                    families,
-                    nodes: facts.nodes,
-                    deleting: facts.deleting,
-                    enabled: facts.enabled,
-                    drained: stopped && !facts.held(),
-                })
-            })
-            .collect();
-        PodNetwork::new(&configs, &self.core.ipam().unmanaged())
+        publication::network(&self.configs, &self.core)
     }
 
-    /// A network is written. What was sent before it landed before it or was skipped.
+    /// A network is written: gates may open.
     fn on_published(&mut self, network: &PodNetwork) {
-        let extra = &self.options.extra_non_masquerade;
-        let desired: Vec<OutputContent> = self
-            .outputs
-            .iter()
-            .map(|o| o.kind.desired(network, extra))
-            .collect();
-        // The publisher writes in order and skips only what a newer network replaced, so this
-        // one accounts for every publication sent before it, whatever their content.
-        self.network_in_flight.retain(|(seq, _)| *seq > network.seq);
-        self.network_landed = Some(desired);
-        self.regate();
-    }
-
-    /// An output's ConfigMap changed (our write, a user's edit, a delete): gate allocation on
-    /// what it holds now, and write it again when it is not what we last asked for.
-    fn on_output(&mut self, index: usize, data: Option<&BTreeMap<String, String>>) {
-        let Some(output) = self.outputs.get_mut(index) else {
-            return;
-        };
-        output.listed |= data.is_some();
-        let content = data.map(|d| output.kind.read(d)).unwrap_or_default();
-        let drifted = self
-            .network_sent
-            .as_ref()
-            .and_then(|sent| sent.get(index))
-            .is_some_and(|sent| *sent != content);
-        if drifted {
-            info!(configmap = %output.target, "published pod network differs from what was written; writing it again");
-            self.network_sent = None;
-            self.network_dirty = true;
-        }
-        if output.seen.as_ref() == Some(&content) {
-            return;
-        }
-        output.seen = Some(content);
+        self.publication.on_published(network);
         self.regate();
     }
 
@@ -2310,26 +2181,7 @@ impl Machine {
             .flatten()
             .map(|(r, _)| r)
             .collect();
-        let behind: Vec<String> = self
-            .outputs
-            .iter()
-            .enumerate()
-            .filter_map(|(index, o)| {
-                let cidrs = o.seen.as_ref().map_or(&[][..], |c| c.cidrs.as_slice());
-                // Ours on its way, and ours landed (the watch may still show an older one).
-                let in_flight = self.network_in_flight.iter().map(|(_, d)| d);
-                let sent = in_flight.chain(&self.network_landed);
-                let sent = sent.filter_map(|d| d.get(index));
-                let sent: Vec<&[IpNet]> = sent.map(|c| c.cidrs.as_slice()).collect();
-                let missing: Vec<String> = ranges
-                    .iter()
-                    .filter(|r| !covered(r, cidrs) || sent.iter().any(|c| !covered(r, c)))
-                    .map(ToString::to_string)
-                    .collect();
-                (!missing.is_empty())
-                    .then(|| format!("ConfigMap {} includes {}", o.target, missing.join(", ")))
-            })
-            .collect();
+        let behind = self.publication.behind(&ranges);
         if !behind.is_empty() {
             input.gate = Some(format!("waiting until {}", behind.join(" and ")));
         }
@@ -2382,6 +2234,7 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
 
 mod core;
 mod lists;
+mod publication;
 
 #[cfg(test)]
 mod tests;
