@@ -30,11 +30,11 @@ use super::pool::{
     self as scaling, Carve, ChildView, DEMAND_WINDOW, PoolInput, PoolStatus, PoolWorld,
 };
 use super::selection::{self, NodeView};
-use super::status::{counts_only, desired_status};
 use crate::node::IpamNode;
 use core::Core;
 use lists::{Lists, Source};
 use publication::Publication;
+use statuses::{Statuses, says_drained};
 
 /// How long a failed re-read of a node missing from a relist waits before it is tried again.
 const REREAD_RETRY: Duration = Duration::from_secs(5);
@@ -297,24 +297,12 @@ pub struct Machine {
     lists: Lists,
     pending: BTreeMap<String, PendingNode>,
     configs: BTreeMap<String, ConfigSeen>,
-    /// The status we last wrote per config: the previous conditions for the next one, even
-    /// before the watch shows our write.
-    written: HashMap<String, NodeIPAMConfigStatus>,
-    dirty: BTreeSet<String>,
-    unmanaged_dirty: bool,
-    reported: HashSet<(String, IpNet)>,
+    statuses: Statuses,
     invalid_reported: HashSet<String>,
     publication: Publication,
     /// Nodes missing from a relist whose re-read failed: the UID asked about, and when to ask
     /// again.
     rereads_due: BTreeMap<String, (Option<String>, Duration)>,
-    /// The statuses sent per config and not yet reported written, oldest first. The config
-    /// writer writes one job at a time and may skip a status a newer one replaced.
-    status_in_flight: HashMap<String, Vec<NodeIPAMConfigStatus>>,
-    /// The status last reported written per config.
-    status_landed: HashMap<String, NodeIPAMConfigStatus>,
-    /// When each config's status was last sent: counts wait for `STATUS_COUNTS_EVERY`.
-    status_sent_at: HashMap<String, Duration>,
     pools: BTreeMap<String, PoolSeen>,
     /// Carves in flight, by child name.
     carves: BTreeMap<String, CarveInFlight>,
@@ -324,9 +312,6 @@ pub struct Machine {
     empty_since: HashMap<String, Duration>,
     /// The status we last wrote per pool.
     pool_written: HashMap<String, PoolStatus>,
-    /// Each config's facts as its last status flush computed them (every change that moves
-    /// them marks the config for one): what pool decisions read.
-    facts: HashMap<String, super::ipam::ConfigFacts>,
     /// When each pool's children handed out their recent blocks, oldest first.
     handed_out: HashMap<String, VecDeque<Duration>>,
     /// Carved children not yet accepting: their pool, and when the carve was decided.
@@ -349,16 +334,10 @@ impl Machine {
             lists,
             pending: BTreeMap::new(),
             configs: BTreeMap::new(),
-            written: HashMap::new(),
-            dirty: BTreeSet::new(),
-            unmanaged_dirty: false,
-            reported: HashSet::new(),
+            statuses: Statuses::default(),
             invalid_reported: HashSet::new(),
             publication,
             rereads_due: BTreeMap::new(),
-            status_in_flight: HashMap::new(),
-            status_landed: HashMap::new(),
-            status_sent_at: HashMap::new(),
             pools: BTreeMap::new(),
             carves: BTreeMap::new(),
             retiring: BTreeMap::new(),
@@ -366,7 +345,6 @@ impl Machine {
             pool_written: HashMap::new(),
             scale_started: HashMap::new(),
             handed_out: HashMap::new(),
-            facts: HashMap::new(),
         }
     }
 
@@ -515,8 +493,8 @@ impl Machine {
             pending = self.pending.len(),
             "allocation state rebuilt from the API"
         );
-        self.unmanaged_dirty = true;
-        self.dirty.extend(self.configs.keys().cloned());
+        self.statuses.unmanaged_moved();
+        self.statuses.mark_all(self.configs.keys().cloned());
         self.retry_pending();
         self.flush_status();
     }
@@ -714,7 +692,7 @@ impl Machine {
             self.core.note(about_other);
         }
         if !adoption.unmanaged.is_empty() {
-            self.unmanaged_dirty = true;
+            self.statuses.unmanaged_moved();
         }
         self.touch(cidrs);
         if !adoption.released.is_empty() {
@@ -774,7 +752,7 @@ impl Machine {
         {
             self.pending.remove(name);
         }
-        self.reported.retain(|(n, _)| n != name);
+        self.statuses.forget_node(name);
         self.invalid_reported.remove(name);
         let freed = self.core.ipam_mut().node_gone(name, uid);
         if !freed.is_empty() {
@@ -815,7 +793,7 @@ impl Machine {
             }
         }
         self.touch(cidrs);
-        self.unmanaged_dirty = true;
+        self.statuses.unmanaged_moved();
         self.retry_pending_near(cidrs);
     }
 
@@ -861,9 +839,7 @@ impl Machine {
 
     /// Marks the configs whose ranges `cidrs` touch for a status update.
     fn touch(&mut self, cidrs: &[IpNet]) {
-        for c in cidrs {
-            self.dirty.extend(self.core.ipam().configs_touching(c));
-        }
+        self.statuses.touch(self.core.ipam(), cidrs);
     }
 
     fn try_allocate(&mut self, name: &str) {
@@ -1110,7 +1086,7 @@ impl Machine {
         } else {
             let freed = self.core.ipam_mut().abandon(&job.node, job.ticket);
             self.touch(&freed);
-            self.unmanaged_dirty = true;
+            self.statuses.unmanaged_moved();
         }
         let again = PendingNode {
             uid: job.uid,
@@ -1137,7 +1113,7 @@ impl Machine {
         } else {
             let freed = self.core.ipam_mut().abandon(&job.node, job.ticket);
             self.touch(&freed);
-            self.unmanaged_dirty = true;
+            self.statuses.unmanaged_moved();
         }
         self.core.metric(Metric::AssignmentFailure);
         self.core.metric(Metric::Error("node_write"));
@@ -1210,7 +1186,7 @@ impl Machine {
             // Another object under the same name (its delete fell between two lists): nothing
             // remembered of the old one applies to it.
             previous = None;
-            self.forget_config(&name);
+            self.statuses.forget(&name);
         }
         let finalizer_requested = previous
             .as_ref()
@@ -1257,21 +1233,13 @@ impl Machine {
                 name: name.clone(),
             }));
         }
-        // A status that is not the one we wrote was edited by someone else (or predates us):
-        // the object, not our memory of the write, is what the next flush compares with.
-        if self
-            .written
-            .get(&name)
-            .is_some_and(|w| Some(w) != seen.status.as_ref())
-        {
-            self.written.remove(&name);
-        }
+        self.statuses.object_shows(&name, seen.status.as_ref());
         seen.drain_gate = self.drain_gate(&name, &seen);
         let gates = |s: &ConfigSeen| (s.has_finalizer, s.drain_gate);
         let before = previous.map(|p| (gates(&p), p.base));
         let unchanged = before.as_ref() == Some(&(gates(&seen), seen.base.clone()));
         self.configs.insert(name.clone(), seen);
-        self.dirty.insert(name.clone());
+        self.statuses.mark(name.clone());
         if unchanged {
             // Only status or metadata moved (our own status write, most often): nothing that
             // allocation or other configs depend on.
@@ -1285,37 +1253,28 @@ impl Machine {
         }
         // Overlaps and which config owns a block (so every config's Ready and counts) may
         // change with any config.
-        self.dirty.extend(self.configs.keys().cloned());
-        self.unmanaged_dirty = true;
+        self.statuses.mark_all(self.configs.keys().cloned());
+        self.statuses.unmanaged_moved();
         self.publication.mark_dirty();
         if self.core.synced() {
             self.retry_pending();
         }
     }
 
-    /// What is remembered of our writes to a config object that is gone.
-    fn forget_config(&mut self, name: &str) {
-        self.written.remove(name);
-        self.status_in_flight.remove(name);
-        self.status_landed.remove(name);
-        self.status_sent_at.remove(name);
-    }
-
     fn on_config_gone(&mut self, name: &str) {
         info!(config = %name, "NodeIPAMConfig gone");
         self.core.metric(Metric::ConfigGone(name.to_string()));
         self.configs.remove(name);
-        self.forget_config(name);
+        self.statuses.config_gone(name);
         self.retiring.remove(name);
         self.empty_since.remove(name);
-        self.facts.remove(name);
         self.scale_started.remove(name);
         self.core.ipam_mut().remove_config(name);
         self.publication.mark_dirty();
         // Its blocks are the next oldest config's now (and overlaps may be gone): every
         // status is counted again.
-        self.dirty.extend(self.configs.keys().cloned());
-        self.unmanaged_dirty = true;
+        self.statuses.mark_all(self.configs.keys().cloned());
+        self.statuses.unmanaged_moved();
         if self.core.synced() {
             self.retry_pending();
         }
@@ -1338,7 +1297,7 @@ impl Machine {
             .set_service_cidrs(&format!("servicecidr/{name}"), cidrs.clone());
         self.touch(&cidrs);
         // An update may also have freed blocks (a range removed from the object).
-        self.dirty.extend(self.configs.keys().cloned());
+        self.statuses.mark_all(self.configs.keys().cloned());
         if self.core.synced() {
             self.retry_pending();
         }
@@ -1348,7 +1307,7 @@ impl Machine {
         self.core
             .ipam_mut()
             .set_service_cidrs(&format!("servicecidr/{name}"), Vec::new());
-        self.dirty.extend(self.configs.keys().cloned());
+        self.statuses.mark_all(self.configs.keys().cloned());
         if self.core.synced() {
             self.retry_pending();
         }
@@ -1647,7 +1606,7 @@ impl Machine {
 
     /// A config's facts as of the last status flush, or counted now.
     fn config_facts(&self, name: &str) -> Option<super::ipam::ConfigFacts> {
-        match self.facts.get(name) {
+        match self.statuses.facts(name) {
             Some(f) => Some(f.clone()),
             None => self.core.ipam().config_facts(name),
         }
@@ -1847,7 +1806,7 @@ impl Machine {
             // It hands out nothing from now on.
             let gated = self.gated(&retire.name);
             self.core.ipam_mut().upsert_config(gated);
-            self.dirty.insert(retire.name.clone());
+            self.statuses.mark(retire.name.clone());
         }
         for (type_, message) in &decision.turned_true {
             if *type_ == nodeipam_crd::CONDITION_EXHAUSTED {
@@ -1908,135 +1867,23 @@ impl Machine {
         if !self.core.synced() {
             return;
         }
-        // Before the flag is cleared below: unmanaged podCIDRs are part of the pod network.
-        if !self.dirty.is_empty() || self.unmanaged_dirty {
+        let (network_moved, names) = self.statuses.begin_flush(&mut self.core);
+        if network_moved {
             self.publication.mark_dirty();
         }
-        if std::mem::take(&mut self.unmanaged_dirty) {
-            self.report_unmanaged();
-        }
         let now = self.core.wall();
-        for name in std::mem::take(&mut self.dirty) {
-            self.flush_config(&name, &now);
-        }
-    }
-
-    fn report_unmanaged(&mut self) {
-        let unmanaged = self.core.ipam().unmanaged();
-        self.core.metric(Metric::Unmanaged(unmanaged.len()));
-        for (cidr, node) in unmanaged {
-            if self.reported.insert((node.clone(), cidr)) {
-                warn!(node = %node, %cidr, "podCIDR lies in no NodeIPAMConfig: unmanaged, left as it is");
-                let uid = self.core.ipam().node(&node).and_then(|r| r.uid.clone());
-                let message = format!(
-                    "podCIDR {cidr} lies in no NodeIPAMConfig; it is kept and counted as unmanaged"
-                );
-                let note = Note::node(
-                    &node,
-                    uid.as_deref(),
-                    true,
-                    effects::UNMANAGED_POD_CIDR,
-                    message,
-                );
-                self.core.note(note);
+        for name in names {
+            let flushed = self
+                .statuses
+                .flush_config(&name, &self.configs, &mut self.core, &now);
+            let Some(flushed) = flushed else { continue };
+            if flushed.sent {
+                self.update_drain_gate(&name);
             }
-        }
-    }
-
-    /// One config's status, its metrics and its finalizer, from the allocation state.
-    fn flush_config(&mut self, name: &str, now: &Time) {
-        let (Some(seen), Some(facts)) =
-            (self.configs.get(name), self.core.ipam().config_facts(name))
-        else {
-            return;
-        };
-        let ranges = [seen.base.ipv4, seen.base.ipv6];
-        let mut metrics = Vec::new();
-        for ((family, f), range) in [("ipv4", facts.ipv4), ("ipv6", facts.ipv6)]
-            .into_iter()
-            .zip(ranges)
-        {
-            let Some(f) = f else { continue };
-            if let Some((range, _)) = range
-                && f.capacity > 0
-            {
-                // kcm's usage gauge: the fraction of the range's blocks in use, by any config.
-                let ratio = f.occupied as f64 / f.capacity as f64;
-                metrics.push(Metric::Usage { range, ratio });
-                metrics.push(Metric::Capacity {
-                    range,
-                    blocks: f.capacity,
-                });
+            if let Some(uid) = flushed.release {
+                self.core
+                    .push(Effect::Config(ConfigJob::RemoveFinalizer { name, uid }));
             }
-            metrics.push(Metric::Blocks {
-                config: name.to_string(),
-                family,
-                allocated: f.allocated,
-                capacity: f.capacity,
-            });
-        }
-        let previous: &[Condition] = self
-            .written
-            .get(name)
-            .or(seen.status.as_ref())
-            .map_or(&[], |s| s.conditions.as_slice());
-        let (status, transitions) = desired_status(&facts, seen.generation, previous, now);
-        self.facts.insert(name.to_string(), facts.clone());
-        metrics.push(Metric::Status {
-            config: name.to_string(),
-            status: status.clone(),
-        });
-        // A landed status that says Drained holds allocation back until a later one lands.
-        let undrain = says_drained(self.status_landed.get(name))
-            && !says_drained(Some(&status))
-            && self.status_in_flight.get(name).and_then(|l| l.last()) != Some(&status);
-        let current = self.written.get(name).or(seen.status.as_ref());
-        let unchanged = !undrain && current == Some(&status);
-        // Counts alone wait for their time; the config stays dirty until then.
-        let counts_wait = !undrain
-            && current.is_some_and(|c| counts_only(c, &status))
-            && self
-                .status_sent_at
-                .get(name)
-                .is_some_and(|at| self.core.mono().saturating_sub(*at) < STATUS_COUNTS_EVERY);
-        let (uid, deleting, has_finalizer) = (seen.uid.clone(), seen.deleting, seen.has_finalizer);
-        for m in metrics {
-            self.core.metric(m);
-        }
-        for t in transitions.iter().filter(|t| t.status == "True") {
-            let (warning, reason) = match t.type_ {
-                nodeipam_crd::CONDITION_DRAINED => (false, effects::DRAINED),
-                nodeipam_crd::CONDITION_EXHAUSTED => (true, effects::EXHAUSTED),
-                _ => continue,
-            };
-            info!(config = %name, reason, "condition turned True");
-            let note = Note::config(name, uid.as_deref(), warning, reason, t.message.clone());
-            self.core.note(note);
-        }
-        if !unchanged && counts_wait {
-            self.dirty.insert(name.to_string());
-        } else if !unchanged {
-            self.status_sent_at
-                .insert(name.to_string(), self.core.mono());
-            self.core.push(Effect::Config(ConfigJob::Status {
-                name: name.to_string(),
-                uid: uid.clone(),
-                status: status.clone(),
-            }));
-            let in_flight = self.status_in_flight.entry(name.to_string()).or_default();
-            if in_flight.last() != Some(&status) {
-                in_flight.push(status.clone());
-            }
-            self.written.insert(name.to_string(), status);
-            self.update_drain_gate(name);
-        }
-        // The finalizer goes only when nothing holds, is being given or may still receive a
-        // block.
-        if deleting && has_finalizer && !facts.held() {
-            self.core.push(Effect::Config(ConfigJob::RemoveFinalizer {
-                name: name.to_string(),
-                uid,
-            }));
         }
     }
 
@@ -2069,13 +1916,7 @@ impl Machine {
             seen.finalizer_requested = false;
         }
         if let ConfigJob::Status { name, status, .. } = job {
-            // What was sent before it landed before it or was replaced by a newer one.
-            if let Some(in_flight) = self.status_in_flight.get_mut(name)
-                && let Some(at) = in_flight.iter().rposition(|s| s == status)
-            {
-                in_flight.drain(..=at);
-            }
-            self.status_landed.insert(name.clone(), status.clone());
+            self.statuses.landed(name, status);
             self.update_drain_gate(name);
         }
     }
@@ -2085,12 +1926,7 @@ impl Machine {
     /// hands out nothing while any status that consumers may read says Drained: the one the
     /// watch shows, ours on its way, or ours landed while the watch still lags behind it.
     fn drain_gate(&self, name: &str, seen: &ConfigSeen) -> bool {
-        says_drained(seen.status.as_ref())
-            || self
-                .status_in_flight
-                .get(name)
-                .is_some_and(|l| l.iter().any(|s| says_drained(Some(s))))
-            || says_drained(self.status_landed.get(name))
+        says_drained(seen.status.as_ref()) || self.statuses.drained_on_its_way(name)
     }
 
     fn update_drain_gate(&mut self, name: &str) {
@@ -2106,7 +1942,7 @@ impl Machine {
         }
         let input = self.gated(name);
         self.core.ipam_mut().upsert_config(input);
-        self.dirty.insert(name.to_string());
+        self.statuses.mark(name.to_string());
         if !gate {
             self.retry_pending_for(&BTreeSet::from([name.to_string()]));
         }
@@ -2144,7 +1980,7 @@ impl Machine {
                 opened.insert(name.clone());
             }
             self.core.ipam_mut().upsert_config(input);
-            self.dirty.insert(name);
+            self.statuses.mark(name);
         }
         for name in &opened {
             self.scaled_up(name);
@@ -2189,14 +2025,6 @@ impl Machine {
     }
 }
 
-fn says_drained(status: Option<&NodeIPAMConfigStatus>) -> bool {
-    status.is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == nodeipam_crd::CONDITION_DRAINED && c.status == "True")
-    })
-}
-
 /// The allocation state's view of a config object. An unparsable spec becomes `invalid` with
 /// the validation errors, never a panic.
 pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
@@ -2235,6 +2063,7 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
 mod core;
 mod lists;
 mod publication;
+mod statuses;
 
 #[cfg(test)]
 mod tests;
