@@ -15,9 +15,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, NodeSelector};
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube_core::{Resource, ResourceExt};
-use nodeipam_crd::{
-    Allocation as AllocationSwitch, FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus,
-};
+use nodeipam_crd::{NodeIPAMConfig, NodeIPAMConfigStatus};
 use tracing::{debug, error, info, warn};
 
 use super::effects::{
@@ -31,10 +29,12 @@ use super::pool::{
 };
 use super::selection::{self, NodeView};
 use crate::node::IpamNode;
+pub use configs::config_input;
+use configs::{ConfigSeen, Configs};
 use core::Core;
 use lists::{Lists, Source};
 use publication::Publication;
-use statuses::{Statuses, says_drained};
+use statuses::Statuses;
 
 /// How long a failed re-read of a node missing from a relist waits before it is tried again.
 const REREAD_RETRY: Duration = Duration::from_secs(5);
@@ -225,24 +225,6 @@ pub enum Metric {
     PoolGone(String),
 }
 
-/// What the machine remembers of a config object besides the allocation state.
-#[derive(Clone, Debug)]
-struct ConfigSeen {
-    /// The allocation state's view, before gates.
-    base: ConfigInput,
-    uid: Option<String>,
-    generation: Option<i64>,
-    has_finalizer: bool,
-    deleting: bool,
-    status: Option<NodeIPAMConfigStatus>,
-    /// Allocation waits: the status says (or a status of ours on its way says) Drained, and
-    /// consumers may act on that. See `update_drain_gate`.
-    drain_gate: bool,
-    finalizer_requested: bool,
-    /// The uid of the NodeIPAMPool named by its controller ownerReference, if any.
-    owner_uid: Option<String>,
-}
-
 /// A pool and what the last decision found.
 #[derive(Clone, Debug)]
 struct PoolSeen {
@@ -296,7 +278,7 @@ pub struct Machine {
     core: Core,
     lists: Lists,
     pending: BTreeMap<String, PendingNode>,
-    configs: BTreeMap<String, ConfigSeen>,
+    configs: Configs,
     statuses: Statuses,
     invalid_reported: HashSet<String>,
     publication: Publication,
@@ -333,7 +315,7 @@ impl Machine {
             core: Core::new(ipam),
             lists,
             pending: BTreeMap::new(),
-            configs: BTreeMap::new(),
+            configs: Configs::default(),
             statuses: Statuses::default(),
             invalid_reported: HashSet::new(),
             publication,
@@ -384,7 +366,7 @@ impl Machine {
             Input::ConfigWritten(job) => self.on_config_written(&job),
             Input::Published(network) => self.on_published(&network),
             Input::Tick => {
-                self.request_finalizers();
+                self.configs.request_finalizers(&mut self.core);
                 self.reread_due();
                 self.wake_parked();
                 self.warn_long_waits();
@@ -494,7 +476,7 @@ impl Machine {
             "allocation state rebuilt from the API"
         );
         self.statuses.unmanaged_moved();
-        self.statuses.mark_all(self.configs.keys().cloned());
+        self.statuses.mark_all(self.configs.names().cloned());
         self.retry_pending();
         self.flush_status();
     }
@@ -534,7 +516,7 @@ impl Machine {
             Source::Configs => {
                 let gone: Vec<String> = self
                     .configs
-                    .keys()
+                    .names()
                     .filter(|n| !seen.contains(*n))
                     .cloned()
                     .collect();
@@ -815,8 +797,7 @@ impl Machine {
         }
         let selectors: Vec<Option<&NodeSelector>> = configs
             .iter()
-            .filter_map(|c| self.configs.get(c))
-            .map(|s| s.base.selector.as_ref())
+            .filter_map(|c| self.configs.selector(c))
             .collect();
         let names: Vec<String> = self
             .pending
@@ -1176,71 +1157,32 @@ impl Machine {
 
     fn on_config(&mut self, obj: NodeIPAMConfig) {
         let name = obj.name_any();
-        let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
-        let deleting = obj.meta().deletion_timestamp.is_some();
-        let mut previous = self.configs.remove(&name);
-        if previous
-            .as_ref()
-            .is_some_and(|p| p.uid.is_some() && p.uid != obj.uid())
-        {
-            // Another object under the same name (its delete fell between two lists): nothing
-            // remembered of the old one applies to it.
-            previous = None;
-            self.statuses.forget(&name);
-        }
-        let finalizer_requested = previous
-            .as_ref()
-            .is_some_and(|p| p.finalizer_requested && !has_finalizer);
+        let moved = self
+            .configs
+            .on_config(obj, &mut self.statuses, &mut self.core);
         // The carve that made it is done (only if it is that carve's child: an object of
         // another owner under the name, such as an old pool's child on its way out, is not);
         // a delete of ours shows as deleting (or a new object).
-        let owner_uid = obj
-            .owner_references()
-            .iter()
-            .find(|o| o.controller == Some(true) && o.kind == "NodeIPAMPool")
-            .map(|o| o.uid.clone());
-        if let Some(c) = self.carves.get_mut(&name).filter(|c| {
-            obj.labels().get(scaling::POOL_LABEL) == Some(&c.pool)
-                && (c.pool_uid.is_none() || owner_uid == c.pool_uid)
-        }) {
-            c.seen = true;
-            if c.sent == 0 {
-                self.carves.remove(&name);
+        if let Some(seen) = self.configs.get(&name) {
+            if let Some(c) = self.carves.get_mut(&name).filter(|c| {
+                seen.input().pool.as_ref() == Some(&c.pool)
+                    && (c.pool_uid.is_none() || seen.owner_uid() == c.pool_uid.as_ref())
+            }) {
+                c.seen = true;
+                if c.sent == 0 {
+                    self.carves.remove(&name);
+                }
+            }
+            if seen.deleting()
+                || self
+                    .retiring
+                    .get(&name)
+                    .is_some_and(|u| u.is_some() && u.as_ref() != seen.uid())
+            {
+                self.retiring.remove(&name);
             }
         }
-        if deleting
-            || self
-                .retiring
-                .get(&name)
-                .is_some_and(|u| u.is_some() && *u != obj.uid())
-        {
-            self.retiring.remove(&name);
-        }
-        let mut seen = ConfigSeen {
-            base: config_input(&obj),
-            uid: obj.uid(),
-            generation: obj.meta().generation,
-            has_finalizer,
-            deleting,
-            drain_gate: false,
-            status: obj.status.clone(),
-            finalizer_requested,
-            owner_uid,
-        };
-        if !has_finalizer && !deleting && !seen.finalizer_requested {
-            seen.finalizer_requested = true;
-            self.core.push(Effect::Config(ConfigJob::AddFinalizer {
-                name: name.clone(),
-            }));
-        }
-        self.statuses.object_shows(&name, seen.status.as_ref());
-        seen.drain_gate = self.drain_gate(&name, &seen);
-        let gates = |s: &ConfigSeen| (s.has_finalizer, s.drain_gate);
-        let before = previous.map(|p| (gates(&p), p.base));
-        let unchanged = before.as_ref() == Some(&(gates(&seen), seen.base.clone()));
-        self.configs.insert(name.clone(), seen);
-        self.statuses.mark(name.clone());
-        if unchanged {
+        if !moved {
             // Only status or metadata moved (our own status write, most often): nothing that
             // allocation or other configs depend on.
             return;
@@ -1253,7 +1195,7 @@ impl Machine {
         }
         // Overlaps and which config owns a block (so every config's Ready and counts) may
         // change with any config.
-        self.statuses.mark_all(self.configs.keys().cloned());
+        self.statuses.mark_all(self.configs.names().cloned());
         self.statuses.unmanaged_moved();
         self.publication.mark_dirty();
         if self.core.synced() {
@@ -1273,7 +1215,7 @@ impl Machine {
         self.publication.mark_dirty();
         // Its blocks are the next oldest config's now (and overlaps may be gone): every
         // status is counted again.
-        self.statuses.mark_all(self.configs.keys().cloned());
+        self.statuses.mark_all(self.configs.names().cloned());
         self.statuses.unmanaged_moved();
         if self.core.synced() {
             self.retry_pending();
@@ -1297,7 +1239,7 @@ impl Machine {
             .set_service_cidrs(&format!("servicecidr/{name}"), cidrs.clone());
         self.touch(&cidrs);
         // An update may also have freed blocks (a range removed from the object).
-        self.statuses.mark_all(self.configs.keys().cloned());
+        self.statuses.mark_all(self.configs.names().cloned());
         if self.core.synced() {
             self.retry_pending();
         }
@@ -1307,7 +1249,7 @@ impl Machine {
         self.core
             .ipam_mut()
             .set_service_cidrs(&format!("servicecidr/{name}"), Vec::new());
-        self.statuses.mark_all(self.configs.keys().cloned());
+        self.statuses.mark_all(self.configs.names().cloned());
         if self.core.synced() {
             self.retry_pending();
         }
@@ -1432,7 +1374,7 @@ impl Machine {
             }
         }
         self.retiring.remove(name);
-        if self.configs.contains_key(name) {
+        if self.configs.contains(name) {
             self.regate();
         }
     }
@@ -1453,9 +1395,9 @@ impl Machine {
     /// ownerReference to the pool object we know.
     fn child_pool(&self, config: &str) -> Option<&str> {
         let seen = self.configs.get(config)?;
-        let pool = seen.base.pool.as_deref()?;
+        let pool = seen.input().pool.as_deref()?;
         let p = self.pools.get(pool)?;
-        (p.input.uid.is_none() || seen.owner_uid == p.input.uid).then_some(pool)
+        (p.input.uid.is_none() || seen.owner_uid() == p.input.uid.as_ref()).then_some(pool)
     }
 
     /// The pool that will take a pending node, if any: the best matching one by its selector.
@@ -1538,7 +1480,7 @@ impl Machine {
                 .carve
                 .ranges()
                 .all(|r| !occupied.iter().any(|o| nets_overlap(o, &r)));
-            if !in_budget || !clear || self.configs.contains_key(&name) {
+            if !in_budget || !clear || self.configs.contains(&name) {
                 info!(pool, config = %name, "a failed carve is moot now; deciding again");
                 self.carves.remove(&name);
                 self.scale_started.remove(&name);
@@ -1593,7 +1535,7 @@ impl Machine {
             };
             let served = others
                 .iter()
-                .any(|c| selection::match_score(c.base.selector.as_ref(), node).is_some());
+                .any(|c| selection::match_score(c.input().selector.as_ref(), node).is_some());
             if served {
                 continue;
             }
@@ -1624,11 +1566,11 @@ impl Machine {
             .unwrap_or(0);
         ChildView {
             name: name.to_string(),
-            uid: seen.uid.clone(),
-            ipv4: seen.base.ipv4.map(|(r, _)| r),
-            ipv6: seen.base.ipv6.map(|(r, _)| r),
-            enabled: seen.base.enabled,
-            deleting: seen.deleting,
+            uid: seen.uid().cloned(),
+            ipv4: seen.input().ipv4.map(|(r, _)| r),
+            ipv6: seen.input().ipv6.map(|(r, _)| r),
+            enabled: seen.input().enabled,
+            deleting: seen.deleting(),
             usable: facts.invalid.is_none() && facts.overlap.is_none(),
             accepting: facts.accepting,
             allocated,
@@ -1647,7 +1589,7 @@ impl Machine {
         let now = self.core.mono();
         let child_names: Vec<String> = self
             .configs
-            .keys()
+            .names()
             .filter(|c| self.child_pool(c) == Some(name))
             .cloned()
             .collect();
@@ -1669,7 +1611,7 @@ impl Machine {
             .configs
             .iter()
             .filter(|(c, _)| self.child_pool(c) != Some(name))
-            .flat_map(|(_, s)| [s.base.ipv4, s.base.ipv6].into_iter().flatten())
+            .flat_map(|(_, s)| [s.input().ipv4, s.input().ipv6].into_iter().flatten())
             .map(|(r, _)| r)
             .collect();
         occupied.extend(
@@ -1713,7 +1655,7 @@ impl Machine {
             let taken: Vec<IpNet> = decision
                 .carves
                 .iter()
-                .filter(|c| self.configs.contains_key(&c.name))
+                .filter(|c| self.configs.contains(&c.name))
                 .flat_map(Carve::ranges)
                 .collect();
             attempts += 1;
@@ -1730,7 +1672,7 @@ impl Machine {
             .map(|c| c.free)
             .sum();
         for carve in &decision.carves {
-            if self.configs.contains_key(&carve.name) {
+            if self.configs.contains(&carve.name) {
                 // Still taken after every attempt above: creating it would only find it there.
                 debug!(pool = %name, config = %carve.name, "a config of another owner holds the child's name");
                 continue;
@@ -1887,33 +1829,11 @@ impl Machine {
         }
     }
 
-    /// Every config without our finalizer (and not being deleted) gets it asked for, once at
-    /// a time.
-    fn request_finalizers(&mut self) {
-        let missing: Vec<String> = self
-            .configs
-            .iter_mut()
-            .filter(|(_, s)| !s.has_finalizer && !s.deleting && !s.finalizer_requested)
-            .map(|(name, s)| {
-                s.finalizer_requested = true;
-                name.clone()
-            })
-            .collect();
-        for name in missing {
-            self.core
-                .push(Effect::Config(ConfigJob::AddFinalizer { name }));
-        }
-    }
-
     /// A config job is done. The config writer writes one job at a time, so a status reported
     /// written is what the object holds now (unless someone edits it later).
     fn on_config_written(&mut self, job: &ConfigJob) {
-        // Done, but the object may have been another one by then: the next tick asks again
-        // if the finalizer is still missing.
-        if let ConfigJob::AddFinalizer { name } = job
-            && let Some(seen) = self.configs.get_mut(name)
-        {
-            seen.finalizer_requested = false;
+        if let ConfigJob::AddFinalizer { name } = job {
+            self.configs.finalizer_answered(name);
         }
         if let ConfigJob::Status { name, status, .. } = job {
             self.statuses.landed(name, status);
@@ -1921,25 +1841,11 @@ impl Machine {
         }
     }
 
-    /// Drained is a promise to consumers that no node holds a block from the config, and
-    /// they may act on it (forget its ranges). So a config enabled again after it drained
-    /// hands out nothing while any status that consumers may read says Drained: the one the
-    /// watch shows, ours on its way, or ours landed while the watch still lags behind it.
-    fn drain_gate(&self, name: &str, seen: &ConfigSeen) -> bool {
-        says_drained(seen.status.as_ref()) || self.statuses.drained_on_its_way(name)
-    }
-
+    /// A status of ours was sent or landed: the drain gate may move.
     fn update_drain_gate(&mut self, name: &str) {
-        let Some(seen) = self.configs.get(name) else {
+        let Some(gate) = self.configs.update_drain_gate(name, &self.statuses) else {
             return;
         };
-        let gate = self.drain_gate(name, seen);
-        if gate == seen.drain_gate {
-            return;
-        }
-        if let Some(seen) = self.configs.get_mut(name) {
-            seen.drain_gate = gate;
-        }
         let input = self.gated(name);
         self.core.ipam_mut().upsert_config(input);
         self.statuses.mark(name.to_string());
@@ -1968,98 +1874,25 @@ impl Machine {
     /// Every config's gate again, after what consumers know changed.
     /// Only the configs whose gate moved change; only those whose gate opened can serve more.
     fn regate(&mut self) {
-        let names: Vec<String> = self.configs.keys().cloned().collect();
-        let mut opened = BTreeSet::new();
-        for name in names {
-            let input = self.gated(&name);
-            let before = self.core.ipam().config_gate(&name);
-            if before == Some(input.gate.as_deref()) {
-                continue;
-            }
-            if input.gate.is_none() {
-                opened.insert(name.clone());
-            }
-            self.core.ipam_mut().upsert_config(input);
-            self.statuses.mark(name);
-        }
+        let opened = self.configs.regate(
+            &self.retiring,
+            &self.publication,
+            &mut self.statuses,
+            self.core.ipam_mut(),
+        );
         for name in &opened {
             self.scaled_up(name);
         }
         self.retry_pending_for(&opened);
     }
 
-    /// The config's input with the gates that hold back allocation: our finalizer must be on
-    /// it (so it cannot vanish while nodes hold blocks), and consumers must know its ranges.
+    /// The config's input with its gates.
     fn gated(&self, name: &str) -> ConfigInput {
-        let Some(seen) = self.configs.get(name) else {
-            return ConfigInput {
-                name: name.to_string(),
-                ..ConfigInput::default()
-            };
-        };
-        let mut input = seen.base.clone();
-        if self.retiring.contains_key(name) {
-            input.gate = Some("being retired by its NodeIPAMPool".into());
-            return input;
-        }
-        if !seen.has_finalizer {
-            input.gate = Some(format!("waiting for the {FINALIZER} finalizer"));
-            return input;
-        }
-        // Drained is a promise to consumers that no node holds a block: a config enabled again
-        // hands out nothing until its status says otherwise.
-        if seen.drain_gate {
-            input.gate = Some("waiting until its status no longer says Drained".into());
-            return input;
-        }
-        let ranges: Vec<IpNet> = [input.ipv4, input.ipv6]
-            .into_iter()
-            .flatten()
-            .map(|(r, _)| r)
-            .collect();
-        let behind = self.publication.behind(&ranges);
-        if !behind.is_empty() {
-            input.gate = Some(format!("waiting until {}", behind.join(" and ")));
-        }
-        input
+        self.configs.gated(name, &self.retiring, &self.publication)
     }
 }
 
-/// The allocation state's view of a config object. An unparsable spec becomes `invalid` with
-/// the validation errors, never a panic.
-pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
-    let spec = &obj.spec;
-    let errors = nodeipam_crd::validation::validate_spec(spec);
-    let invalid = (!errors.is_empty()).then(|| {
-        errors
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ")
-    });
-    // An invalid spec still claims its ranges (published, protected, counted), as parsed by
-    // the vocabulary the webhook shares; only allocation waits for a valid one.
-    let claimed = nodeipam_crd::Ranges::claimed(spec);
-    let family = |r: Option<nodeipam_crd::FamilyRange>| r.map(|r| (r.cidr, r.per_node_mask_size));
-    ConfigInput {
-        name: obj.name_any(),
-        created: obj
-            .meta()
-            .creation_timestamp
-            .as_ref()
-            .map_or(i64::MAX, |t| t.0.as_second()),
-        ipv4: family(claimed.ipv4),
-        ipv6: family(claimed.ipv6),
-        selector: spec.node_selector.clone(),
-        enabled: spec.allocation == AllocationSwitch::Enabled,
-        deleting: obj.meta().deletion_timestamp.is_some(),
-        invalid,
-        gate: None,
-        provisional: !obj.finalizers().iter().any(|f| f == FINALIZER),
-        pool: obj.labels().get(crate::pool::POOL_LABEL).cloned(),
-    }
-}
-
+mod configs;
 mod core;
 mod lists;
 mod publication;

@@ -8,8 +8,9 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use tracing::info;
 
+use super::configs::Configs;
 use super::core::Core;
-use super::{ConfigSeen, Effect, Watch};
+use super::{Effect, Watch};
 use crate::podnetwork::{
     ConfigMapRef, ConfigRanges, OutputContent, OutputKind, PodNetwork, covered,
 };
@@ -86,7 +87,7 @@ impl Publication {
 
     /// Publishes the pod network when what consumers read changed. Drained configs leave it
     /// here, and only here, so a range leaves consumers' view only after its last node is gone.
-    pub(super) fn publish(&mut self, configs: &BTreeMap<String, ConfigSeen>, core: &mut Core) {
+    pub(super) fn publish(&mut self, configs: &Configs, core: &mut Core) {
         if !core.synced() || self.outputs.is_empty() || !std::mem::take(&mut self.network_dirty) {
             return;
         }
@@ -199,20 +200,21 @@ impl Publication {
 }
 
 /// The pod network as the allocation state has it now.
-pub(super) fn network(configs: &BTreeMap<String, ConfigSeen>, core: &Core) -> PodNetwork {
+pub(super) fn network(configs: &Configs, core: &Core) -> PodNetwork {
     let ipam = core.ipam();
     let configs: Vec<ConfigRanges> = configs
         .iter()
         .filter_map(|(name, seen)| {
             let facts = ipam.config_facts(name)?;
-            let families = [(seen.base.ipv4, facts.ipv4), (seen.base.ipv6, facts.ipv6)]
-                .into_iter()
-                .filter_map(|(range, f)| {
-                    range.map(|(r, _)| {
-                        (r, f.map_or(0, |f| f.allocated), f.map_or(0, |f| f.capacity))
-                    })
-                })
-                .collect();
+            let families = [
+                (seen.input().ipv4, facts.ipv4),
+                (seen.input().ipv6, facts.ipv6),
+            ]
+            .into_iter()
+            .filter_map(|(range, f)| {
+                range.map(|(r, _)| (r, f.map_or(0, |f| f.allocated), f.map_or(0, |f| f.capacity)))
+            })
+            .collect();
             let stopped = facts.deleting || !facts.enabled;
             Some(ConfigRanges {
                 name: name.clone(),

@@ -2,7 +2,7 @@
 //! say (and its metrics), the statuses we sent, in flight and landed, the counts held back
 //! to once a `STATUS_COUNTS_EVERY`, and the unmanaged podCIDRs already reported.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -10,8 +10,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use nodeipam_crd::NodeIPAMConfigStatus;
 use tracing::{info, warn};
 
+use super::configs::Configs;
 use super::core::Core;
-use super::{ConfigSeen, Effect, Metric, STATUS_COUNTS_EVERY};
+use super::{Effect, Metric, STATUS_COUNTS_EVERY};
 use crate::effects::{self, ConfigJob, Note};
 use crate::ipam::{ConfigFacts, Ipam};
 use crate::status::{counts_only, desired_status};
@@ -164,14 +165,14 @@ impl Statuses {
     pub(super) fn flush_config(
         &mut self,
         name: &str,
-        configs: &BTreeMap<String, ConfigSeen>,
+        configs: &Configs,
         core: &mut Core,
         now: &Time,
     ) -> Option<Flushed> {
         let (Some(seen), Some(facts)) = (configs.get(name), core.ipam().config_facts(name)) else {
             return None;
         };
-        let ranges = [seen.base.ipv4, seen.base.ipv6];
+        let ranges = [seen.input().ipv4, seen.input().ipv6];
         let mut metrics = Vec::new();
         for ((family, f), range) in [("ipv4", facts.ipv4), ("ipv6", facts.ipv6)]
             .into_iter()
@@ -199,9 +200,9 @@ impl Statuses {
         let previous: &[Condition] = self
             .written
             .get(name)
-            .or(seen.status.as_ref())
+            .or(seen.status())
             .map_or(&[], |s| s.conditions.as_slice());
-        let (status, transitions) = desired_status(&facts, seen.generation, previous, now);
+        let (status, transitions) = desired_status(&facts, seen.generation(), previous, now);
         self.facts.insert(name.to_string(), facts.clone());
         metrics.push(Metric::Status {
             config: name.to_string(),
@@ -211,7 +212,7 @@ impl Statuses {
         let undrain = says_drained(self.status_landed.get(name))
             && !says_drained(Some(&status))
             && self.status_in_flight.get(name).and_then(|l| l.last()) != Some(&status);
-        let current = self.written.get(name).or(seen.status.as_ref());
+        let current = self.written.get(name).or(seen.status());
         let unchanged = !undrain && current == Some(&status);
         // Counts alone wait for their time; the config stays dirty until then.
         let counts_wait = !undrain
@@ -220,7 +221,8 @@ impl Statuses {
                 .status_sent_at
                 .get(name)
                 .is_some_and(|at| core.mono().saturating_sub(*at) < STATUS_COUNTS_EVERY);
-        let (uid, deleting, has_finalizer) = (seen.uid.clone(), seen.deleting, seen.has_finalizer);
+        let (uid, deleting, has_finalizer) =
+            (seen.uid().cloned(), seen.deleting(), seen.has_finalizer());
         for m in metrics {
             core.metric(m);
         }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::*;
 use crate::fixtures::{config, configmap, node, service_cidr};
 use crate::outcome::{NodeNow, WriteOutcome};
+use nodeipam_crd::{Allocation as AllocationSwitch, FINALIZER};
 
 fn net(s: &str) -> IpNet {
     s.parse().expect("test CIDR")
