@@ -7,13 +7,12 @@
 //! One machine owns the state of one leadership term; being its only owner is what makes the
 //! controller a single writer.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{ConfigMap, NodeSelector};
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube_core::{Resource, ResourceExt};
 use nodeipam_crd::{NodeIPAMConfig, NodeIPAMConfigStatus};
 use tracing::{debug, error, info, warn};
@@ -21,18 +20,17 @@ use tracing::{debug, error, info, warn};
 use super::effects::{
     self, ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, Note, WriteJob, WriteResult,
 };
-use super::ipam::{AllocateError, ConfigInput, Ipam, NodeSeen, Phase, nets_overlap};
+use super::ipam::{AllocateError, ConfigInput, Ipam, NodeSeen, Phase};
 use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
 use super::podnetwork::{ConfigMapRef, OutputKind, PodNetwork};
-use super::pool::{
-    self as scaling, Carve, ChildView, DEMAND_WINDOW, PoolInput, PoolStatus, PoolWorld,
-};
+use super::pool::{PoolInput, PoolStatus};
 use super::selection::{self, NodeView};
 use crate::node::IpamNode;
+use configs::Configs;
 pub use configs::config_input;
-use configs::{ConfigSeen, Configs};
 use core::Core;
 use lists::{Lists, Source};
+use pools::Pools;
 use publication::Publication;
 use statuses::Statuses;
 
@@ -49,10 +47,6 @@ pub const GATE_GRACE: Duration = Duration::from_secs(30);
 /// about three node patches (a CRD is validated and stored as JSON), and in a burst the counts
 /// move at every tick. A flipped condition, a new generation or capacity go out at once.
 pub const STATUS_COUNTS_EVERY: Duration = Duration::from_secs(1);
-
-/// How long a created child may take to show in the config watch before its create is sent
-/// again (the same range under the same name: AlreadyExists if it is there after all).
-const CARVE_RECHECK: Duration = Duration::from_secs(30);
 
 /// The source name of the `--service-cidr` flag among the Service ranges.
 const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
@@ -225,38 +219,6 @@ pub enum Metric {
     PoolGone(String),
 }
 
-/// A pool and what the last decision found.
-#[derive(Clone, Debug)]
-struct PoolSeen {
-    input: PoolInput,
-    /// The pool can still grow (or is growing): its nodes wait without a warning.
-    room: bool,
-}
-
-/// A carve asked for and not yet seen in the config watch.
-#[derive(Clone, Debug)]
-struct CarveInFlight {
-    pool: String,
-    pool_uid: Option<String>,
-    carve: Carve,
-    /// The step at which the create was answered (created, or already there): a config list
-    /// started after it that lacks the child means the child is gone again.
-    answered: Option<u64>,
-    /// The time of that answer.
-    answered_at: Duration,
-    /// The create failed, perhaps after landing: it is asked again, the same range under the
-    /// same name, so a landed one is found (AlreadyExists) rather than a second one made.
-    failed: bool,
-    /// Creates sent and not yet answered: until none is, one may still land (again, after a
-    /// user deleted the child), so the carve still counts.
-    sent: u32,
-    /// The child has shown in the config watch.
-    seen: bool,
-    /// Creates that failed in a row, and when the next may go.
-    failures: u32,
-    retry_at: Duration,
-}
-
 /// A node waiting for a block.
 #[derive(Clone, Debug)]
 struct PendingNode {
@@ -285,19 +247,7 @@ pub struct Machine {
     /// Nodes missing from a relist whose re-read failed: the UID asked about, and when to ask
     /// again.
     rereads_due: BTreeMap<String, (Option<String>, Duration)>,
-    pools: BTreeMap<String, PoolSeen>,
-    /// Carves in flight, by child name.
-    carves: BTreeMap<String, CarveInFlight>,
-    /// Children whose delete we asked for, by name, with the uid: they hand out nothing more.
-    retiring: BTreeMap<String, Option<String>>,
-    /// When each pool child's node count last became 0.
-    empty_since: HashMap<String, Duration>,
-    /// The status we last wrote per pool.
-    pool_written: HashMap<String, PoolStatus>,
-    /// When each pool's children handed out their recent blocks, oldest first.
-    handed_out: HashMap<String, VecDeque<Duration>>,
-    /// Carved children not yet accepting: their pool, and when the carve was decided.
-    scale_started: HashMap<String, (String, Duration)>,
+    pools: Pools,
 }
 
 impl Machine {
@@ -320,13 +270,7 @@ impl Machine {
             invalid_reported: HashSet::new(),
             publication,
             rereads_due: BTreeMap::new(),
-            pools: BTreeMap::new(),
-            carves: BTreeMap::new(),
-            retiring: BTreeMap::new(),
-            empty_since: HashMap::new(),
-            pool_written: HashMap::new(),
-            scale_started: HashMap::new(),
-            handed_out: HashMap::new(),
+            pools: Pools::default(),
         }
     }
 
@@ -350,13 +294,16 @@ impl Machine {
                 Watch::ListStart => self.list_started(Source::Pools),
                 Watch::Listed(p) => {
                     self.list_saw(Source::Pools, p.name.clone());
-                    self.on_pool(p);
+                    self.pools.on_pool(p);
                 }
-                Watch::Applied(p) => self.on_pool(p),
+                Watch::Applied(p) => self.pools.on_pool(p),
                 Watch::Deleted(p) => self.on_pool_gone(&p.name),
                 Watch::ListDone => self.list_done(Source::Pools),
             },
-            Input::ConfigCreated { config, outcome } => self.on_config_created(&config, outcome),
+            Input::ConfigCreated { config, outcome } => {
+                self.pools
+                    .on_config_created(&config, outcome, &mut self.core);
+            }
             Input::ConfigDeleted { name, uid, outcome } => {
                 self.on_config_deleted(&name, uid.as_deref(), outcome);
             }
@@ -408,7 +355,7 @@ impl Machine {
 
     /// Carves asked for and not yet seen as configs, for the simulator's checks.
     pub fn carves_in_flight(&self) -> usize {
-        self.carves.len()
+        self.pools.carves_in_flight()
     }
 
     /// The configs this machine knows, for `retry_pending` benches and checks.
@@ -526,9 +473,7 @@ impl Machine {
                 // A child created before this list started and not in it is gone again
                 // (its create and delete both fell between two lists).
                 let started = self.lists.configs_list_step();
-                self.carves.retain(|name, c| {
-                    c.sent > 0 || c.answered.is_none_or(|at| at >= started) || seen.contains(name)
-                });
+                self.pools.configs_relisted(started, seen);
             }
             Source::Services => {
                 let gone: Vec<String> = self
@@ -544,13 +489,7 @@ impl Machine {
                 }
             }
             Source::Pools => {
-                let gone: Vec<String> = self
-                    .pools
-                    .keys()
-                    .filter(|n| !seen.contains(*n))
-                    .cloned()
-                    .collect();
-                for name in gone {
+                for name in self.pools.missing_from(seen) {
                     self.on_pool_gone(&name);
                 }
             }
@@ -834,13 +773,8 @@ impl Machine {
         match self.core.ipam_mut().allocate(name, uid.as_deref(), &labels) {
             Ok(a) => {
                 self.pending.remove(name);
-                self.empty_since.remove(&a.config);
-                if let Some(pool) = self.child_pool(&a.config).map(str::to_string) {
-                    self.handed_out
-                        .entry(pool)
-                        .or_default()
-                        .push_back(self.core.mono());
-                }
+                self.pools
+                    .block_handed_out(&a.config, &self.configs, self.core.mono());
                 debug!(node = %name, config = %a.config, cidrs = ?a.cidrs, "allocated");
                 for c in &a.cidrs {
                     if let Some(range) = self.core.ipam().config_range(&a.config, c) {
@@ -865,7 +799,7 @@ impl Machine {
                 // The previous record resolves first (its write outcome); then we come back.
             }
             Err(e) => {
-                let growing = self.pool_may_grow(name, &labels);
+                let growing = self.pools.may_grow(name, &labels);
                 self.not_allocated(name, uid.as_deref(), &e, growing);
             }
         }
@@ -1160,28 +1094,7 @@ impl Machine {
         let moved = self
             .configs
             .on_config(obj, &mut self.statuses, &mut self.core);
-        // The carve that made it is done (only if it is that carve's child: an object of
-        // another owner under the name, such as an old pool's child on its way out, is not);
-        // a delete of ours shows as deleting (or a new object).
-        if let Some(seen) = self.configs.get(&name) {
-            if let Some(c) = self.carves.get_mut(&name).filter(|c| {
-                seen.input().pool.as_ref() == Some(&c.pool)
-                    && (c.pool_uid.is_none() || seen.owner_uid() == c.pool_uid.as_ref())
-            }) {
-                c.seen = true;
-                if c.sent == 0 {
-                    self.carves.remove(&name);
-                }
-            }
-            if seen.deleting()
-                || self
-                    .retiring
-                    .get(&name)
-                    .is_some_and(|u| u.is_some() && u.as_ref() != seen.uid())
-            {
-                self.retiring.remove(&name);
-            }
-        }
+        self.pools.config_seen(&name, &self.configs);
         if !moved {
             // Only status or metadata moved (our own status write, most often): nothing that
             // allocation or other configs depend on.
@@ -1191,7 +1104,7 @@ impl Machine {
         let open = input.gate.is_none();
         self.core.ipam_mut().upsert_config(input);
         if open {
-            self.scaled_up(&name);
+            self.pools.scaled_up(&name, &mut self.core);
         }
         // Overlaps and which config owns a block (so every config's Ready and counts) may
         // change with any config.
@@ -1208,9 +1121,7 @@ impl Machine {
         self.core.metric(Metric::ConfigGone(name.to_string()));
         self.configs.remove(name);
         self.statuses.config_gone(name);
-        self.retiring.remove(name);
-        self.empty_since.remove(name);
-        self.scale_started.remove(name);
+        self.pools.config_gone(name);
         self.core.ipam_mut().remove_config(name);
         self.publication.mark_dirty();
         // Its blocks are the next oldest config's now (and overlaps may be gone): every
@@ -1257,548 +1168,66 @@ impl Machine {
 
     // ----- pools -----
 
-    fn on_pool(&mut self, pool: PoolInput) {
-        let name = pool.name.clone();
-        let previous = self.pools.remove(&name);
-        let same_object = previous
-            .as_ref()
-            .is_none_or(|p| p.input.uid.is_none() || p.input.uid == pool.uid);
-        if !same_object {
-            // Another object under the same name: the old one's carves and status are moot.
-            self.carves.retain(|_, c| c.pool != name);
-            self.pool_written.remove(&name);
-        }
-        // A status that is not the one we wrote was edited by someone else (or predates us).
-        if self
-            .pool_written
-            .get(&name)
-            .is_some_and(|w| Some(w) != pool.status.as_ref())
-        {
-            self.pool_written.remove(&name);
-        }
-        let room = previous.is_none_or(|p| p.room);
-        self.pools.insert(name, PoolSeen { input: pool, room });
-    }
-
     fn on_pool_gone(&mut self, name: &str) {
-        info!(pool = %name, "NodeIPAMPool gone; its children go with it (ownerReference)");
-        self.pools.remove(name);
-        self.carves.retain(|_, c| c.pool != name);
-        self.pool_written.remove(name);
-        self.scale_started.retain(|_, (pool, _)| pool != name);
-        self.handed_out.remove(name);
-        self.core.metric(Metric::PoolGone(name.to_string()));
+        self.pools.on_pool_gone(name, &mut self.core);
         if self.core.synced() {
             // Nodes that waited for it without a warning get one now.
             self.retry_pending();
         }
     }
 
-    fn on_config_created(&mut self, config: &ChildConfig, outcome: CreateOutcome) {
-        match outcome {
-            CreateOutcome::Created | CreateOutcome::AlreadyExists => {
-                if outcome == CreateOutcome::AlreadyExists {
-                    info!(pool = %config.pool, config = %config.name, "child config already exists (a retry, or another leader's)");
-                }
-                let (step, now) = (self.core.step(), self.core.mono());
-                // Only the carve the create was for: a late answer to an old pool's create
-                // of the same name says nothing about this one.
-                if let Some(c) = self
-                    .carves
-                    .get_mut(&config.name)
-                    .filter(|c| c.pool_uid == config.pool_uid)
-                {
-                    c.answered = Some(step);
-                    c.answered_at = now;
-                    c.failed = false;
-                    c.failures = 0;
-                    c.sent = c.sent.saturating_sub(1);
-                }
-            }
-            CreateOutcome::Failed(why) => {
-                warn!(pool = %config.pool, config = %config.name, reason = %why, "creating a child config failed; asking again");
-                self.core.metric(Metric::Error("config_create"));
-                let now = self.core.mono();
-                let mut tell = None;
-                if let Some(c) = self
-                    .carves
-                    .get_mut(&config.name)
-                    .filter(|c| c.pool_uid == config.pool_uid)
-                {
-                    c.failed = !c.seen;
-                    c.sent = c.sent.saturating_sub(1);
-                    c.failures += 1;
-                    // 0.5 s, 1 s, 2 s ... at most a minute between attempts.
-                    let backoff = Duration::from_millis(250u64 << c.failures.min(8));
-                    c.retry_at = now + backoff.min(Duration::from_secs(60));
-                    if c.failures == 3 {
-                        tell = Some(format!(
-                            "creating NodeIPAMConfig {} keeps failing: {why}; retrying",
-                            config.name
-                        ));
-                    }
-                }
-                if let Some(message) = tell {
-                    let uid = config.pool_uid.as_deref();
-                    let note = Note::pool(
-                        &config.pool,
-                        uid,
-                        true,
-                        effects::RANGE_CARVE_FAILED,
-                        message,
-                    );
-                    self.core.note(note);
-                }
-            }
-        }
-        if self
-            .carves
-            .get(&config.name)
-            .is_some_and(|c| c.seen && c.sent == 0)
-        {
-            self.carves.remove(&config.name);
-        }
-    }
-
     fn on_config_deleted(&mut self, name: &str, uid: Option<&str>, outcome: DeleteOutcome) {
-        if self.retiring.get(name).is_none_or(|u| u.as_deref() != uid) {
-            return;
-        }
-        match outcome {
-            // The watch shows it deleting soon; until then it stays held back.
-            DeleteOutcome::Deleted => return,
-            DeleteOutcome::Gone => {}
-            DeleteOutcome::Failed(why) => {
-                warn!(config = %name, reason = %why, "retiring a pool's child config failed; deciding again");
-                self.core.metric(Metric::Error("config_delete"));
-            }
-        }
-        self.retiring.remove(name);
-        if self.configs.contains(name) {
+        let handed_back = self
+            .pools
+            .on_config_deleted(name, uid, outcome, &mut self.core);
+        if handed_back && self.configs.contains(name) {
             self.regate();
-        }
-    }
-
-    /// Blocks `pool`'s children handed out within the last [`DEMAND_WINDOW`].
-    fn demand(&mut self, pool: &str) -> u64 {
-        let since = self.core.mono().saturating_sub(DEMAND_WINDOW);
-        let Some(times) = self.handed_out.get_mut(pool) else {
-            return 0;
-        };
-        while times.front().is_some_and(|t| *t < since) {
-            times.pop_front();
-        }
-        times.len() as u64
-    }
-
-    /// The pool a config is a child of: it carries the pool's label and a controller
-    /// ownerReference to the pool object we know.
-    fn child_pool(&self, config: &str) -> Option<&str> {
-        let seen = self.configs.get(config)?;
-        let pool = seen.input().pool.as_deref()?;
-        let p = self.pools.get(pool)?;
-        (p.input.uid.is_none() || seen.owner_uid() == p.input.uid.as_ref()).then_some(pool)
-    }
-
-    /// The pool that will take a pending node, if any: the best matching one by its selector.
-    fn pool_for<'a>(&'a self, node: NodeView<'_>) -> Option<&'a PoolSeen> {
-        self.pools
-            .values()
-            .filter(|p| p.input.invalid.is_none() && !p.input.deleting)
-            .filter_map(|p| selection::match_score(p.input.selector.as_ref(), node).map(|s| (s, p)))
-            .max_by(|(sa, pa), (sb, pb)| sa.cmp(sb).then(pb.input.name.cmp(&pa.input.name)))
-            .map(|(_, p)| p)
-    }
-
-    /// A pool that selects the node can still grow: its wait is not a shortage to warn about.
-    fn pool_may_grow(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
-        let node = NodeView { name, labels };
-        self.pool_for(node).is_some_and(|p| p.room)
-    }
-
-    /// A carved child accepts allocations for the first time: how long scaling up took.
-    fn scaled_up(&mut self, name: &str) {
-        if let Some((pool, since)) = self.scale_started.remove(name) {
-            let seconds = self.core.mono().saturating_sub(since).as_secs_f64();
-            info!(pool = %pool, config = %name, seconds, "carved range accepts allocations");
-            self.core.metric(Metric::ScaleUpSeconds { pool, seconds });
         }
     }
 
     /// Every pool's decision: carve, retire, status.
     fn scale_pools(&mut self) {
-        if !self.core.synced() || self.pools.is_empty() {
+        if !self.core.synced() {
             return;
         }
-        // A child created a while ago and still not seen: its watch events may have fallen
-        // into a relist that answered before the create did. Ask again.
-        let now = self.core.mono();
-        for c in self.carves.values_mut() {
-            if c.answered.is_some()
-                && !c.seen
-                && c.sent == 0
-                && now.saturating_sub(c.answered_at) >= CARVE_RECHECK
-            {
-                c.answered = None;
-                c.failed = true;
-            }
-        }
-        let pending = self.pending_per_pool();
-        let wall = self.core.wall();
-        let names: Vec<String> = self.pools.keys().cloned().collect();
-        for name in names {
-            let waiting = pending.get(&name).copied().unwrap_or(0);
-            self.scale_pool(&name, waiting, &wall);
-        }
-    }
-
-    /// Creates that failed are asked again as they were, unless their range is taken by
-    /// now (then the create cannot have landed: the webhook refuses an overlap) or the pool
-    /// no longer has it in its budget.
-    fn retry_failed_carves(&mut self, pool: &str, input: &PoolInput, occupied: &[IpNet]) {
-        let failed: Vec<String> = self
-            .carves
-            .iter()
-            .filter(|(_, c)| {
-                c.pool == pool
-                    && c.failed
-                    && c.sent == 0
-                    && !c.seen
-                    && c.retry_at <= self.core.mono()
-            })
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in failed {
-            let Some(c) = self.carves.get(&name) else {
-                continue;
-            };
-            let in_budget = c
-                .carve
-                .ranges()
-                .all(|r| input.budget().any(|b| b.contains(&r)));
-            let clear = c
-                .carve
-                .ranges()
-                .all(|r| !occupied.iter().any(|o| nets_overlap(o, &r)));
-            if !in_budget || !clear || self.configs.contains(&name) {
-                info!(pool, config = %name, "a failed carve is moot now; deciding again");
-                self.carves.remove(&name);
-                self.scale_started.remove(&name);
-                continue;
-            }
-            let child = self.child_config(pool, input, &c.carve);
-            if let Some(c) = self.carves.get_mut(&name) {
-                c.failed = false;
-                c.sent += 1;
-            }
-            self.core.push(Effect::CreateConfig(child));
-        }
-    }
-
-    fn child_config(&self, pool: &str, input: &PoolInput, carve: &Carve) -> ChildConfig {
-        ChildConfig {
-            pool: pool.to_string(),
-            pool_uid: input.uid.clone(),
-            name: carve.name.clone(),
-            ipv4: carve.ipv4.zip(input.ipv4.as_ref().map(|f| f.per_node_mask)),
-            ipv6: carve.ipv6.zip(input.ipv6.as_ref().map(|f| f.per_node_mask)),
-            selector: input.selector.clone(),
-        }
-    }
-
-    /// Per pool, the pending nodes it would take that no other config can serve.
-    fn pending_per_pool(&self) -> HashMap<String, u64> {
-        if self.pending.is_empty() {
-            return HashMap::new();
-        }
-        let others: Vec<&ConfigSeen> = self
-            .configs
-            .iter()
-            .filter(|(name, _)| self.child_pool(name).is_none())
-            .filter(|(name, _)| {
-                self.config_facts(name).is_some_and(|f| {
-                    let free = [f.ipv4, f.ipv6].into_iter().flatten().map(|x| x.free).min();
-                    f.enabled
-                        && !f.deleting
-                        && f.invalid.is_none()
-                        && f.overlap.is_none()
-                        && free.unwrap_or(0) > 0
-                })
-            })
-            .map(|(_, seen)| seen)
-            .collect();
-        let mut out = HashMap::new();
-        for (name, p) in &self.pending {
-            let node = NodeView {
-                name,
-                labels: &p.labels,
-            };
-            let served = others
-                .iter()
-                .any(|c| selection::match_score(c.input().selector.as_ref(), node).is_some());
-            if served {
-                continue;
-            }
-            if let Some(pool) = self.pool_for(node) {
-                *out.entry(pool.input.name.clone()).or_insert(0u64) += 1;
-            }
-        }
-        out
-    }
-
-    /// A config's facts as of the last status flush, or counted now.
-    fn config_facts(&self, name: &str) -> Option<super::ipam::ConfigFacts> {
-        match self.statuses.facts(name) {
-            Some(f) => Some(f.clone()),
-            None => self.core.ipam().config_facts(name),
-        }
-    }
-
-    fn child_view(&self, name: &str, seen: &ConfigSeen) -> ChildView {
-        let facts = self.config_facts(name).unwrap_or_default();
-        let families = [facts.ipv4, facts.ipv6];
-        let free = families.iter().flatten().map(|f| f.free).min().unwrap_or(0);
-        let allocated = families
-            .iter()
-            .flatten()
-            .map(|f| f.allocated)
-            .max()
-            .unwrap_or(0);
-        ChildView {
-            name: name.to_string(),
-            uid: seen.uid().cloned(),
-            ipv4: seen.input().ipv4.map(|(r, _)| r),
-            ipv6: seen.input().ipv6.map(|(r, _)| r),
-            enabled: seen.input().enabled,
-            deleting: seen.deleting(),
-            usable: facts.invalid.is_none() && facts.overlap.is_none(),
-            accepting: facts.accepting,
-            allocated,
-            free,
-            held: facts.held(),
-            empty_since: self.empty_since.get(name).copied(),
-            retiring: self.retiring.contains_key(name),
-        }
-    }
-
-    fn scale_pool(&mut self, name: &str, pending: u64, wall: &Time) {
-        let Some(pool) = self.pools.get(name) else {
-            return;
-        };
-        let input = pool.input.clone();
-        let now = self.core.mono();
-        let child_names: Vec<String> = self
-            .configs
-            .names()
-            .filter(|c| self.child_pool(c) == Some(name))
-            .cloned()
-            .collect();
-        let mut children = Vec::with_capacity(child_names.len());
-        for c in &child_names {
-            let Some(seen) = self.configs.get(c) else {
-                continue;
-            };
-            let mut view = self.child_view(c, seen);
-            if !view.held {
-                view.empty_since = Some(*self.empty_since.entry(c.clone()).or_insert(now));
-            } else {
-                self.empty_since.remove(c);
-                view.empty_since = None;
-            }
-            children.push(view);
-        }
-        let mut occupied: Vec<IpNet> = self
-            .configs
-            .iter()
-            .filter(|(c, _)| self.child_pool(c) != Some(name))
-            .flat_map(|(_, s)| [s.input().ipv4, s.input().ipv6].into_iter().flatten())
-            .map(|(r, _)| r)
-            .collect();
-        occupied.extend(
-            self.pools
-                .iter()
-                .filter(|(n, _)| n.as_str() != name)
-                .flat_map(|(_, p)| p.input.budget().copied()),
-        );
-        occupied.extend(self.core.ipam().service_ranges());
-        occupied.extend(self.core.ipam().unmanaged().into_iter().map(|(c, _)| c));
-        self.retry_failed_carves(name, &input, &occupied);
-        let demand = self.demand(name);
-        // A carve whose child is there counts as the child.
-        let in_flight: Vec<Carve> = self
-            .carves
-            .iter()
-            .filter(|(n, c)| c.pool == name && !child_names.contains(n))
-            .map(|(_, c)| c.carve.clone())
-            .collect();
-        let previous: Vec<Condition> = self
-            .pool_written
-            .get(name)
-            .or(input.status.as_ref())
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        // A range whose child name a config of another owner holds (a hand-made config
-        // named like a child) cannot be created: decide again without it.
-        let mut decision;
-        let mut attempts = 0;
-        loop {
-            let world = PoolWorld {
-                pool: &input,
-                children: &children,
-                occupied: &occupied,
-                pending,
-                in_flight: &in_flight,
-                demand,
-                now,
-            };
-            decision = scaling::decide(&world, &previous, wall);
-            let taken: Vec<IpNet> = decision
-                .carves
-                .iter()
-                .filter(|c| self.configs.contains(&c.name))
-                .flat_map(Carve::ranges)
-                .collect();
-            attempts += 1;
-            if taken.is_empty() || attempts > 8 {
-                break;
-            }
-            warn!(pool = %name, ?taken, "a config of another owner holds a child's name; carving elsewhere");
-            occupied.extend(taken);
-        }
-        let uid = input.uid.clone();
-        let free: u64 = children
-            .iter()
-            .filter(|c| c.active() && c.usable)
-            .map(|c| c.free)
-            .sum();
-        for carve in &decision.carves {
-            if self.configs.contains(&carve.name) {
-                // Still taken after every attempt above: creating it would only find it there.
-                debug!(pool = %name, config = %carve.name, "a config of another owner holds the child's name");
-                continue;
-            }
-            let child = self.child_config(name, &input, carve);
-            let ranges: Vec<String> = carve.ranges().map(|r| r.to_string()).collect();
-            info!(pool = %name, config = %carve.name, ?ranges, pending, free, "carving a range");
-            let message = format!(
-                "carved {} as NodeIPAMConfig {}: {pending} node(s) wait, {free} block(s) free, headroom {}",
-                ranges.join(" and "),
-                carve.name,
-                input.headroom
-            );
-            self.core.note(Note::pool(
-                name,
-                uid.as_deref(),
-                false,
-                effects::RANGE_CARVED,
-                message,
-            ));
-            self.core.metric(Metric::RangeCarved {
-                pool: name.to_string(),
-            });
-            self.core.push(Effect::CreateConfig(child));
-            self.carves.insert(
-                carve.name.clone(),
-                CarveInFlight {
-                    pool: name.to_string(),
-                    pool_uid: uid.clone(),
-                    carve: carve.clone(),
-                    answered: None,
-                    answered_at: Duration::ZERO,
-                    failed: false,
-                    sent: 1,
-                    seen: false,
-                    failures: 0,
-                    retry_at: Duration::ZERO,
-                },
-            );
-            self.scale_started
-                .insert(carve.name.clone(), (name.to_string(), now));
-        }
-        for retire in &decision.retires {
-            let ranges: Vec<String> = children
-                .iter()
-                .filter(|c| c.name == retire.name)
-                .flat_map(|c| c.ipv4.into_iter().chain(c.ipv6))
-                .map(|r| r.to_string())
-                .collect();
-            info!(pool = %name, config = %retire.name, ?ranges, "retiring an empty range");
-            let message = format!(
-                "retiring NodeIPAMConfig {} ({}): empty for {}s",
-                retire.name,
-                ranges.join(" and "),
-                input.empty_for.as_secs()
-            );
-            self.core.note(Note::pool(
-                name,
-                uid.as_deref(),
-                false,
-                effects::RANGE_RETIRED,
-                message,
-            ));
-            self.core.metric(Metric::RangeRetired {
-                pool: name.to_string(),
-            });
-            self.retiring
-                .insert(retire.name.clone(), retire.uid.clone());
-            self.core.push(Effect::DeleteConfig {
-                name: retire.name.clone(),
-                uid: retire.uid.clone(),
-            });
-            // It hands out nothing from now on.
-            let gated = self.gated(&retire.name);
-            self.core.ipam_mut().upsert_config(gated);
-            self.statuses.mark(retire.name.clone());
-        }
-        for (type_, message) in &decision.turned_true {
-            if *type_ == nodeipam_crd::CONDITION_EXHAUSTED {
-                warn!(pool = %name, %message, "pool exhausted");
-                self.core.note(Note::pool(
-                    name,
-                    uid.as_deref(),
-                    true,
-                    effects::POOL_EXHAUSTED,
-                    message.clone(),
-                ));
-            }
-        }
-        let ranges = children.iter().filter(|c| c.active()).count() + decision.carves.len()
-            - decision.retires.len();
-        self.core.metric(Metric::PoolRanges {
-            pool: name.to_string(),
-            ranges: ranges as u64,
+        let waiting = self.pending.iter().map(|(name, p)| NodeView {
+            name,
+            labels: &p.labels,
         });
-        let current = self.pool_written.get(name).or(input.status.as_ref());
-        if !input.deleting && current != Some(&decision.status) {
-            self.core.push(Effect::PoolStatus {
-                name: name.to_string(),
-                uid: uid.clone(),
-                status: decision.status.clone(),
-            });
-            self.pool_written
-                .insert(name.to_string(), decision.status.clone());
-        }
-        let growing = decision.room || !in_flight.is_empty() || !decision.carves.is_empty();
-        let was = self.pools.get(name).is_some_and(|p| p.room);
-        if let Some(p) = self.pools.get_mut(name) {
-            p.room = growing;
-        }
-        if was && !growing {
-            // Nodes that waited for it without a warning get one now.
-            let names: Vec<String> = self
-                .pending
-                .iter()
-                .filter(|(n, p)| {
-                    let node = NodeView {
-                        name: n,
-                        labels: &p.labels,
-                    };
-                    self.pool_for(node).is_some_and(|p| p.input.name == name)
-                })
-                .map(|(n, _)| n.clone())
-                .collect();
-            for n in names {
-                self.try_allocate(&n);
+        let pools = self
+            .pools
+            .begin_scaling(waiting, &self.configs, &self.statuses, &self.core);
+        let wall = self.core.wall();
+        for (name, waiting) in pools {
+            let scaled = self.pools.scale_pool(
+                &name,
+                waiting,
+                &wall,
+                &self.configs,
+                &self.statuses,
+                &mut self.core,
+            );
+            for child in &scaled.retired {
+                let gated = self.gated(child);
+                self.core.ipam_mut().upsert_config(gated);
+                self.statuses.mark(child.clone());
+            }
+            if scaled.stopped_growing {
+                let names: Vec<String> = self
+                    .pending
+                    .iter()
+                    .filter(|(n, p)| {
+                        let node = NodeView {
+                            name: n,
+                            labels: &p.labels,
+                        };
+                        self.pools.takes(&name, node)
+                    })
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for n in names {
+                    self.try_allocate(&n);
+                }
             }
         }
     }
@@ -1875,26 +1304,28 @@ impl Machine {
     /// Only the configs whose gate moved change; only those whose gate opened can serve more.
     fn regate(&mut self) {
         let opened = self.configs.regate(
-            &self.retiring,
+            &self.pools,
             &self.publication,
             &mut self.statuses,
             self.core.ipam_mut(),
         );
         for name in &opened {
-            self.scaled_up(name);
+            self.pools.scaled_up(name, &mut self.core);
         }
         self.retry_pending_for(&opened);
     }
 
     /// The config's input with its gates.
     fn gated(&self, name: &str) -> ConfigInput {
-        self.configs.gated(name, &self.retiring, &self.publication)
+        self.configs.gated(name, &self.pools, &self.publication)
     }
 }
 
+mod carves;
 mod configs;
 mod core;
 mod lists;
+mod pools;
 mod publication;
 mod statuses;
 

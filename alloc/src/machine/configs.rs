@@ -14,6 +14,7 @@ use nodeipam_crd::{
 
 use super::Effect;
 use super::core::Core;
+use super::pools::Pools;
 use super::publication::Publication;
 use super::statuses::{Statuses, says_drained};
 use crate::effects::ConfigJob;
@@ -217,14 +218,14 @@ impl Configs {
     /// gate moved change (and are marked for a status flush). The configs whose gate opened.
     pub(super) fn regate(
         &self,
-        retiring: &BTreeMap<String, Option<String>>,
+        pools: &Pools,
         publication: &Publication,
         statuses: &mut Statuses,
         ipam: &mut Ipam,
     ) -> BTreeSet<String> {
         let mut opened = BTreeSet::new();
         for name in self.configs.keys() {
-            let input = self.gated(name, retiring, publication);
+            let input = self.gated(name, pools, publication);
             let before = ipam.config_gate(name);
             if before == Some(input.gate.as_deref()) {
                 continue;
@@ -243,7 +244,7 @@ impl Configs {
     pub(super) fn gated(
         &self,
         name: &str,
-        retiring: &BTreeMap<String, Option<String>>,
+        pools: &Pools,
         publication: &Publication,
     ) -> ConfigInput {
         let Some(seen) = self.configs.get(name) else {
@@ -253,7 +254,7 @@ impl Configs {
             };
         };
         let mut input = seen.base.clone();
-        if retiring.contains_key(name) {
+        if pools.is_retiring(name) {
             input.gate = Some("being retired by its NodeIPAMPool".into());
             return input;
         }

@@ -2,10 +2,13 @@
 
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use nodeipam_crd::{Allocation as AllocationSwitch, FINALIZER};
+
 use super::*;
 use crate::fixtures::{config, configmap, node, service_cidr};
 use crate::outcome::{NodeNow, WriteOutcome};
-use nodeipam_crd::{Allocation as AllocationSwitch, FINALIZER};
+use crate::pool as scaling;
 
 fn net(s: &str) -> IpNet {
     s.parse().expect("test CIDR")
