@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{ConfigMap, NodeSelector};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube_core::{Resource, ResourceExt};
 use nodeipam_crd::{NodeIPAMConfig, NodeIPAMConfigStatus};
@@ -20,16 +20,16 @@ use tracing::{debug, error, info, warn};
 use super::effects::{
     self, ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, Note, WriteJob, WriteResult,
 };
-use super::ipam::{AllocateError, ConfigInput, Ipam, NodeSeen, Phase};
+use super::ipam::{ConfigInput, Ipam, NodeSeen, Phase};
 use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
 use super::podnetwork::{ConfigMapRef, OutputKind, PodNetwork};
 use super::pool::{PoolInput, PoolStatus};
-use super::selection::{self, NodeView};
 use crate::node::IpamNode;
 use configs::Configs;
 pub use configs::config_input;
 use core::Core;
 use lists::{Lists, Source};
+use nodes::{Around, Nodes};
 use pools::Pools;
 use publication::Publication;
 use statuses::Statuses;
@@ -219,30 +219,15 @@ pub enum Metric {
     PoolGone(String),
 }
 
-/// A node waiting for a block.
-#[derive(Clone, Debug)]
-struct PendingNode {
-    uid: Option<String>,
-    /// Its resourceVersion as last read, for the write's precondition.
-    version: Option<String>,
-    labels: BTreeMap<String, String>,
-    warned: bool,
-    /// Since when it has waited only behind gates, if it does.
-    waiting_since: Option<Duration>,
-    /// Not before then: the API server refused every write of its last blocks.
-    retry_at: Option<Duration>,
-}
-
 #[derive(Clone)]
 pub struct Machine {
     options: Options,
     /// The allocation state, the time, the effects.
     core: Core,
     lists: Lists,
-    pending: BTreeMap<String, PendingNode>,
+    nodes: Nodes,
     configs: Configs,
     statuses: Statuses,
-    invalid_reported: HashSet<String>,
     publication: Publication,
     /// Nodes missing from a relist whose re-read failed: the UID asked about, and when to ask
     /// again.
@@ -255,6 +240,7 @@ impl Machine {
         let mut ipam = Ipam::new();
         ipam.set_service_cidrs(SERVICE_FLAG_SOURCE, options.service_cidrs.clone());
         let publication = Publication::new(&options.outputs, options.extra_non_masquerade.clone());
+        let nodes = Nodes::new(options.panic_on_node.clone());
         let lists = Lists::new(
             options.outputs.len(),
             options.service_cidr_api,
@@ -264,10 +250,9 @@ impl Machine {
             options,
             core: Core::new(ipam),
             lists,
-            pending: BTreeMap::new(),
+            nodes,
             configs: Configs::default(),
             statuses: Statuses::default(),
-            invalid_reported: HashSet::new(),
             publication,
             rereads_due: BTreeMap::new(),
             pools: Pools::default(),
@@ -315,17 +300,14 @@ impl Machine {
             Input::Tick => {
                 self.configs.request_finalizers(&mut self.core);
                 self.reread_due();
-                self.wake_parked();
-                self.warn_long_waits();
+                let (nodes, mut cx) = self.nodes();
+                nodes.wake_parked(&mut cx);
+                nodes.warn_long_waits(&mut cx);
                 self.flush_status();
                 self.scale_pools();
                 self.publish_network();
             }
-            Input::Resync => {
-                if self.core.synced() {
-                    self.retry_pending();
-                }
-            }
+            Input::Resync => self.retry_pending(),
         }
         // What consumers must learn goes out now, not at the next tick: a new range (a carve
         // above all) hands out nothing before it is published. Only content changes are sent.
@@ -334,7 +316,7 @@ impl Machine {
         }
         // Gauges that follow the state are set after every step so they are never stale.
         self.core
-            .push(Effect::Metric(Metric::Pending(self.pending.len())));
+            .push(Effect::Metric(Metric::Pending(self.nodes.len())));
         self.core.take()
     }
 
@@ -350,7 +332,7 @@ impl Machine {
 
     /// How many nodes wait for a block.
     pub fn pending(&self) -> usize {
-        self.pending.len()
+        self.nodes.len()
     }
 
     /// Carves asked for and not yet seen as configs, for the simulator's checks.
@@ -419,7 +401,7 @@ impl Machine {
         info!(
             nodes = self.core.ipam().node_count(),
             configs = self.configs.len(),
-            pending = self.pending.len(),
+            pending = self.nodes.len(),
             "allocation state rebuilt from the API"
         );
         self.statuses.unmanaged_moved();
@@ -437,12 +419,12 @@ impl Machine {
                     .core
                     .ipam()
                     .node_names()
-                    .chain(self.pending.keys().map(String::as_str))
+                    .chain(self.nodes.waiting().map(|n| n.name))
                     .filter(|n| !seen.contains(*n))
                     .map(|n| {
                         let uid = match self.core.ipam().node(n) {
                             Some(r) => r.uid.clone(),
-                            None => self.pending.get(n).and_then(|p| p.uid.clone()),
+                            None => self.nodes.uid(n).cloned(),
                         };
                         (n.to_string(), uid)
                     })
@@ -549,334 +531,66 @@ impl Machine {
 
     // ----- nodes -----
 
+    /// The nodes, and the parts their handling reaches.
+    fn nodes(&mut self) -> (&mut Nodes, Around<'_>) {
+        let Machine {
+            core,
+            nodes,
+            configs,
+            statuses,
+            pools,
+            ..
+        } = self;
+        let cx = Around {
+            core,
+            statuses,
+            configs,
+            pools,
+        };
+        (nodes, cx)
+    }
+
     fn on_node(&mut self, node: IpamNode) {
-        let name = node.name_any();
-        if self.options.panic_on_node.as_deref() == Some(name.as_str()) {
-            // A bug in the loop itself, for the supervision tests.
-            panic!("injected fault: panic on node {name}");
-        }
-        let uid = node.uid();
-        match node.cidrs() {
-            Ok(cidrs) if cidrs.is_empty() => {
-                let version = node.metadata.resource_version.clone();
-                self.on_empty_node(name, uid, version, node.labels().clone());
-            }
-            Ok(cidrs) => self.on_node_with_cidrs(&name, uid.as_deref(), &cidrs),
-            Err(message) => {
-                // Immutable garbage: nothing we may change; say so once.
-                self.pending.remove(&name);
-                if self.invalid_reported.insert(name.clone()) {
-                    warn!(node = %name, %message, "node has an invalid podCIDR");
-                    let note = Note::node(
-                        &name,
-                        uid.as_deref(),
-                        true,
-                        effects::INVALID_POD_CIDR,
-                        message,
-                    );
-                    self.core.note(note);
-                }
-            }
-        }
-    }
-
-    fn on_node_with_cidrs(&mut self, name: &str, uid: Option<&str>, cidrs: &[IpNet]) {
-        self.pending.remove(name);
-        // The same object as before: a new object under the same name (seen in a relist)
-        // must take over the record, or its deletion would never free the blocks.
-        let unchanged = self.core.ipam().node(name).is_some_and(|r| {
-            r.cidrs == cidrs && r.phase == Phase::Held && (uid.is_none() || r.uid.as_deref() == uid)
-        });
-        if !unchanged {
-            self.adopt(name, uid, cidrs);
-        }
-        // After the adoption: leaked blocks that landed are the node's now, not free.
-        self.settle_leaks(name, NodeSeen::Object { uid, cidrs });
-    }
-
-    fn adopt(&mut self, name: &str, uid: Option<&str>, cidrs: &[IpNet]) {
-        let adoption = self.core.ipam_mut().observe_node(name, uid, cidrs);
-        for (other, ours, theirs) in &adoption.conflicts {
-            let message = format!(
-                "podCIDR {ours} of node {name} overlaps podCIDR {theirs} of node {other}; both stay occupied"
-            );
-            warn!(node = %name, %other, %ours, %theirs, "overlapping podCIDRs");
-            let about_this = Note::node(
-                name,
-                uid,
-                true,
-                effects::OVERLAPPING_POD_CIDR,
-                message.clone(),
-            );
-            let about_other = Note::node(other, None, true, effects::OVERLAPPING_POD_CIDR, message);
-            self.core.note(about_this);
-            self.core.note(about_other);
-        }
-        if !adoption.unmanaged.is_empty() {
-            self.statuses.unmanaged_moved();
-        }
-        self.touch(cidrs);
-        if !adoption.released.is_empty() {
-            self.touch(&adoption.released);
-            self.retry_pending_near(&adoption.released);
-        }
-    }
-
-    fn on_empty_node(
-        &mut self,
-        name: String,
-        uid: Option<String>,
-        version: Option<String>,
-        labels: BTreeMap<String, String>,
-    ) {
-        match self.core.ipam().node(&name).map(|r| r.uid.clone()) {
-            // Our write is in flight or landed and the watch lags: nothing to do.
-            Some(old) if uid.is_none() || old.is_none() || old == uid => return,
-            // A new object under an old name: the old one is gone.
-            Some(old) => {
-                let freed = self.core.ipam_mut().node_gone(&name, old.as_deref());
-                self.freed(&freed);
-            }
-            None => {}
-        }
-        let (warned, waiting_since, retry_at) =
-            self.pending.get(&name).map_or((false, None, None), |p| {
-                (p.warned, p.waiting_since, p.retry_at)
-            });
-        let node = PendingNode {
-            uid,
-            version,
-            labels,
-            warned,
-            waiting_since,
-            retry_at,
-        };
-        let seen_uid = node.uid.clone();
-        self.pending.insert(name.clone(), node);
-        // Another object of the name ends the old one's leaks; an empty one with the same UID
-        // ends none (the write may still be on its way).
-        let seen = NodeSeen::Object {
-            uid: seen_uid.as_deref(),
-            cidrs: &[],
-        };
-        self.settle_leaks(&name, seen);
-        if self.core.synced() {
-            self.try_allocate(&name);
-        }
+        let (nodes, mut cx) = self.nodes();
+        nodes.on_node(node, &mut cx);
     }
 
     fn on_node_gone(&mut self, name: &str, uid: Option<&str>) {
-        if self
-            .pending
-            .get(name)
-            .is_some_and(|p| uid.is_none() || p.uid.is_none() || p.uid.as_deref() == uid)
-        {
-            self.pending.remove(name);
-        }
-        self.statuses.forget_node(name);
-        self.invalid_reported.remove(name);
-        let freed = self.core.ipam_mut().node_gone(name, uid);
-        if !freed.is_empty() {
-            debug!(node = %name, ?freed, "node gone: blocks released");
-            self.freed(&freed);
-        }
-        self.settle_leaks(name, NodeSeen::Deleted { uid });
+        let (nodes, mut cx) = self.nodes();
+        nodes.on_node_gone(name, uid, &mut cx);
     }
 
-    /// Leaks of `name` that what was just seen proves can no longer land end (the rule is in
-    /// `ipam`'s module doc): their config no longer waits for them, and their blocks are free
-    /// unless the node holds them now.
     fn settle_leaks(&mut self, name: &str, seen: NodeSeen<'_>) {
-        let ended = self.core.ipam_mut().settle_leaks(name, seen);
-        if ended.is_empty() {
-            return;
-        }
-        info!(node = %name, ?ended, "leaked blocks settled: the write can no longer land");
-        self.core
-            .metric(Metric::Leaked(self.core.ipam().leaked_blocks()));
-        self.touch(&ended);
-        let freed: Vec<IpNet> = ended
-            .into_iter()
-            .filter(|c| !self.core.ipam().is_held(c))
-            .collect();
-        self.freed(&freed);
+        let (nodes, mut cx) = self.nodes();
+        nodes.settle_leaks(name, seen, &mut cx);
     }
 
     fn freed(&mut self, cidrs: &[IpNet]) {
-        for c in cidrs {
-            let range = self
-                .core
-                .ipam()
-                .owner_of(c)
-                .and_then(|o| self.core.ipam().config_range(o, c));
-            if let Some(range) = range {
-                self.core.metric(Metric::Released(range));
-            }
+        let (nodes, mut cx) = self.nodes();
+        nodes.freed(cidrs, &mut cx);
+    }
+
+    fn try_allocate(&mut self, name: &str) {
+        let (nodes, mut cx) = self.nodes();
+        nodes.try_allocate(name, &mut cx);
+    }
+
+    /// Once every watch has listed, every pending node again: capacity may have appeared.
+    fn retry_pending(&mut self) {
+        if self.core.synced() {
+            let (nodes, mut cx) = self.nodes();
+            nodes.retry_pending(&mut cx);
         }
-        self.touch(cidrs);
-        self.statuses.unmanaged_moved();
-        self.retry_pending_near(cidrs);
     }
 
-    /// Tries again the pending nodes that a config whose range holds one of `cidrs` serves:
-    /// capacity appeared there and nowhere else.
-    fn retry_pending_near(&mut self, cidrs: &[IpNet]) {
-        let configs: BTreeSet<String> = cidrs
-            .iter()
-            .flat_map(|c| self.core.ipam().configs_touching(c))
-            .collect();
-        self.retry_pending_for(&configs);
-    }
-
-    /// Tries again the pending nodes one of `configs` selects: an event that changed only
-    /// those costs pending × |configs| selector checks, not pending × every config.
     fn retry_pending_for(&mut self, configs: &BTreeSet<String>) {
-        if !self.core.synced() || configs.is_empty() {
-            return;
-        }
-        let selectors: Vec<Option<&NodeSelector>> = configs
-            .iter()
-            .filter_map(|c| self.configs.selector(c))
-            .collect();
-        let names: Vec<String> = self
-            .pending
-            .iter()
-            .filter(|(name, p)| {
-                let node = NodeView {
-                    name,
-                    labels: &p.labels,
-                };
-                selectors
-                    .iter()
-                    .any(|s| selection::match_score(*s, node).is_some())
-            })
-            .map(|(name, _)| name.clone())
-            .collect();
-        for name in names {
-            self.try_allocate(&name);
-        }
+        let (nodes, mut cx) = self.nodes();
+        nodes.retry_pending_for(configs, &mut cx);
     }
 
     /// Marks the configs whose ranges `cidrs` touch for a status update.
     fn touch(&mut self, cidrs: &[IpNet]) {
         self.statuses.touch(self.core.ipam(), cidrs);
-    }
-
-    fn try_allocate(&mut self, name: &str) {
-        let Some(p) = self.pending.get(name) else {
-            return;
-        };
-        if p.retry_at.is_some_and(|at| at > self.core.mono()) {
-            return;
-        }
-        let (uid, version, labels) = (p.uid.clone(), p.version.clone(), p.labels.clone());
-        match self.core.ipam_mut().allocate(name, uid.as_deref(), &labels) {
-            Ok(a) => {
-                self.pending.remove(name);
-                self.pools
-                    .block_handed_out(&a.config, &self.configs, self.core.mono());
-                debug!(node = %name, config = %a.config, cidrs = ?a.cidrs, "allocated");
-                for c in &a.cidrs {
-                    if let Some(range) = self.core.ipam().config_range(&a.config, c) {
-                        self.core.metric(Metric::Allocated(range));
-                    }
-                }
-                self.touch(&a.cidrs);
-                self.core.push(Effect::Write(WriteJob {
-                    node: name.to_string(),
-                    uid,
-                    version,
-                    labels,
-                    config: a.config,
-                    cidrs: a.cidrs,
-                    ticket: a.ticket,
-                    attempt: 0,
-                    rejections: 0,
-                    was_ambiguous: false,
-                }));
-            }
-            Err(AllocateError::AlreadyHolds) => {
-                // The previous record resolves first (its write outcome); then we come back.
-            }
-            Err(e) => {
-                let growing = self.pools.may_grow(name, &labels);
-                self.not_allocated(name, uid.as_deref(), &e, growing);
-            }
-        }
-    }
-
-    /// A node that got no block is warned once, unless it only waits behind gates that
-    /// usually open within moments, for a pool that is growing (`growing`), or for the first
-    /// config (a first install applies the controller and its configs together): then only
-    /// once it has waited `GATE_GRACE`.
-    fn not_allocated(&mut self, name: &str, uid: Option<&str>, e: &AllocateError, growing: bool) {
-        let now = self.core.mono();
-        let first_config_due = self.configs.is_empty() && *e == AllocateError::NoMatchingConfig;
-        let Some(p) = self.pending.get_mut(name) else {
-            return;
-        };
-        if growing || first_config_due || matches!(e, AllocateError::Waiting { .. }) {
-            let since = *p.waiting_since.get_or_insert(now);
-            if now.saturating_sub(since) < GATE_GRACE {
-                debug!(node = %name, reason = %e, "node waits behind a gate");
-                return;
-            }
-        } else {
-            p.waiting_since = None;
-        }
-        if std::mem::replace(&mut p.warned, true) {
-            return;
-        }
-        info!(node = %name, reason = %e, "no block available; node stays pending");
-        let message = format!("Node {name} has no podCIDR yet: {e}");
-        let note = Note::node(name, uid, true, effects::CIDR_NOT_AVAILABLE, message);
-        self.core.note(note);
-    }
-
-    /// Nodes that have waited behind a gate for `GATE_GRACE` are tried again, to warn them.
-    fn warn_long_waits(&mut self) {
-        let now = self.core.mono();
-        let due: Vec<String> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| !p.warned)
-            .filter(|(_, p)| {
-                p.waiting_since
-                    .is_some_and(|s| now.saturating_sub(s) >= GATE_GRACE)
-            })
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in due {
-            self.try_allocate(&name);
-        }
-    }
-
-    /// Tries every pending node again: capacity may have appeared.
-    fn retry_pending(&mut self) {
-        let names: Vec<String> = self.pending.keys().cloned().collect();
-        for name in names {
-            self.try_allocate(&name);
-        }
-    }
-
-    /// Nodes whose writes we gave up on are tried again, from scratch, once their time comes.
-    fn wake_parked(&mut self) {
-        if !self.core.synced() {
-            return;
-        }
-        let now = self.core.mono();
-        let due: Vec<String> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.retry_at.is_some_and(|at| at <= now))
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in due {
-            if let Some(p) = self.pending.get_mut(&name) {
-                p.retry_at = None;
-            }
-            self.try_allocate(&name);
-        }
     }
 
     // ----- write outcomes -----
@@ -923,7 +637,7 @@ impl Machine {
             Decision::Retry => return self.retry_write(job, &outcome),
         }
         // The record is resolved; a newer object of the same name may be waiting.
-        if self.pending.contains_key(&job.node) {
+        if self.nodes.is_pending(&job.node) {
             self.try_allocate(&job.node);
         }
     }
@@ -1003,17 +717,10 @@ impl Machine {
             self.touch(&freed);
             self.statuses.unmanaged_moved();
         }
-        let again = PendingNode {
-            uid: job.uid,
-            version: job.version,
-            labels: job.labels,
-            warned: false,
-            waiting_since: None,
-            retry_at: None,
-        };
-        self.repend(&job.node, again);
+        let name = job.node.clone();
+        self.nodes.repend(job, None);
         if self.core.synced() {
-            self.try_allocate(&job.node);
+            self.try_allocate(&name);
         }
     }
 
@@ -1051,29 +758,9 @@ impl Machine {
             message,
         );
         self.core.note(note);
-        let parked = PendingNode {
-            uid: job.uid,
-            version: job.version,
-            labels: job.labels,
-            warned: true,
-            waiting_since: None,
-            retry_at: Some(self.core.mono() + after),
-        };
-        self.repend(&job.node, parked);
+        self.nodes.repend(job, Some(self.core.mono() + after));
         if self.core.synced() {
             self.retry_pending();
-        }
-    }
-
-    /// The node of a write we stopped waits again, unless a newer object of the same name
-    /// already waits in its place (the UID precondition keeps the old one's writes off it).
-    fn repend(&mut self, name: &str, node: PendingNode) {
-        let newer = self
-            .pending
-            .get(name)
-            .is_some_and(|p| p.uid.is_some() && p.uid != node.uid);
-        if !newer {
-            self.pending.insert(name.to_string(), node);
         }
     }
 
@@ -1190,13 +877,12 @@ impl Machine {
         if !self.core.synced() {
             return;
         }
-        let waiting = self.pending.iter().map(|(name, p)| NodeView {
-            name,
-            labels: &p.labels,
-        });
-        let pools = self
-            .pools
-            .begin_scaling(waiting, &self.configs, &self.statuses, &self.core);
+        let pools = self.pools.begin_scaling(
+            self.nodes.waiting(),
+            &self.configs,
+            &self.statuses,
+            &self.core,
+        );
         let wall = self.core.wall();
         for (name, waiting) in pools {
             let scaled = self.pools.scale_pool(
@@ -1213,21 +899,8 @@ impl Machine {
                 self.statuses.mark(child.clone());
             }
             if scaled.stopped_growing {
-                let names: Vec<String> = self
-                    .pending
-                    .iter()
-                    .filter(|(n, p)| {
-                        let node = NodeView {
-                            name: n,
-                            labels: &p.labels,
-                        };
-                        self.pools.takes(&name, node)
-                    })
-                    .map(|(n, _)| n.clone())
-                    .collect();
-                for n in names {
-                    self.try_allocate(&n);
-                }
+                let (nodes, mut cx) = self.nodes();
+                nodes.retry_pending_of_pool(&name, &mut cx);
             }
         }
     }
@@ -1325,6 +998,7 @@ mod carves;
 mod configs;
 mod core;
 mod lists;
+mod nodes;
 mod pools;
 mod publication;
 mod statuses;
