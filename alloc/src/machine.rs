@@ -7,7 +7,7 @@
 //! One machine owns the state of one leadership term; being its only owner is what makes the
 //! controller a single writer.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -15,13 +15,13 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube_core::{Resource, ResourceExt};
 use nodeipam_crd::{NodeIPAMConfig, NodeIPAMConfigStatus};
-use tracing::{debug, error, info, warn};
+use tracing::info;
 
 use super::effects::{
-    self, ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, Note, WriteJob, WriteResult,
+    ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, Note, WriteJob, WriteResult,
 };
-use super::ipam::{ConfigInput, Ipam, NodeSeen, Phase};
-use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
+use super::ipam::{ConfigInput, Ipam};
+use super::outcome::NodeNow;
 use super::podnetwork::{ConfigMapRef, OutputKind, PodNetwork};
 use super::pool::{PoolInput, PoolStatus};
 use crate::node::IpamNode;
@@ -33,9 +33,7 @@ use nodes::{Around, Nodes};
 use pools::Pools;
 use publication::Publication;
 use statuses::Statuses;
-
-/// How long a failed re-read of a node missing from a relist waits before it is tried again.
-const REREAD_RETRY: Duration = Duration::from_secs(5);
+use writes::Writes;
 
 /// How long a node may wait behind a config's gate (our finalizer, consumers learning the
 /// range) or for a pool to carve before it is warned about: at start-up and in a burst every
@@ -221,7 +219,6 @@ pub enum Metric {
 
 #[derive(Clone)]
 pub struct Machine {
-    options: Options,
     /// The allocation state, the time, the effects.
     core: Core,
     lists: Lists,
@@ -229,9 +226,7 @@ pub struct Machine {
     configs: Configs,
     statuses: Statuses,
     publication: Publication,
-    /// Nodes missing from a relist whose re-read failed: the UID asked about, and when to ask
-    /// again.
-    rereads_due: BTreeMap<String, (Option<String>, Duration)>,
+    writes: Writes,
     pools: Pools,
 }
 
@@ -239,22 +234,21 @@ impl Machine {
     pub fn new(options: Options) -> Self {
         let mut ipam = Ipam::new();
         ipam.set_service_cidrs(SERVICE_FLAG_SOURCE, options.service_cidrs.clone());
-        let publication = Publication::new(&options.outputs, options.extra_non_masquerade.clone());
-        let nodes = Nodes::new(options.panic_on_node.clone());
+        let publication = Publication::new(&options.outputs, options.extra_non_masquerade);
+        let nodes = Nodes::new(options.panic_on_node);
         let lists = Lists::new(
             options.outputs.len(),
             options.service_cidr_api,
             options.pools,
         );
         Machine {
-            options,
             core: Core::new(ipam),
             lists,
             nodes,
             configs: Configs::default(),
             statuses: Statuses::default(),
             publication,
-            rereads_due: BTreeMap::new(),
+            writes: Writes::new(options.write_attempts, options.retry_rejected_after),
             pools: Pools::default(),
         }
     }
@@ -293,13 +287,19 @@ impl Machine {
                 self.on_config_deleted(&name, uid.as_deref(), outcome);
             }
             Input::Output(i, w) => self.on_output_watch(i, w),
-            Input::Reread { node, uid, now } => self.on_reread(&node, uid.as_deref(), now),
-            Input::Written(result) => self.on_write_result(result),
+            Input::Reread { node, uid, now } => {
+                let (writes, nodes, mut cx) = self.writes();
+                writes.on_reread(&node, uid.as_deref(), now, nodes, &mut cx);
+            }
+            Input::Written(result) => {
+                let (writes, nodes, mut cx) = self.writes();
+                writes.on_write_result(result, nodes, &mut cx);
+            }
             Input::ConfigWritten(job) => self.on_config_written(&job),
             Input::Published(network) => self.on_published(&network),
             Input::Tick => {
                 self.configs.request_finalizers(&mut self.core);
-                self.reread_due();
+                self.writes.reread_due(&mut self.core);
                 let (nodes, mut cx) = self.nodes();
                 nodes.wake_parked(&mut cx);
                 nodes.warn_long_waits(&mut cx);
@@ -414,34 +414,7 @@ impl Machine {
     /// a fresh GET before their blocks are released: a watch may lag, a GET does not.
     fn on_relisted(&mut self, source: Source, seen: &HashSet<String>) {
         match source {
-            Source::Nodes => {
-                let missing: Vec<(String, Option<String>)> = self
-                    .core
-                    .ipam()
-                    .node_names()
-                    .chain(self.nodes.waiting().map(|n| n.name))
-                    .filter(|n| !seen.contains(*n))
-                    .map(|n| {
-                        let uid = match self.core.ipam().node(n) {
-                            Some(r) => r.uid.clone(),
-                            None => self.nodes.uid(n).cloned(),
-                        };
-                        (n.to_string(), uid)
-                    })
-                    .collect();
-                // A leaked write's node deleted while the watch was down: only a GET tells.
-                let leaked: Vec<(String, Option<String>)> = self
-                    .core
-                    .ipam()
-                    .leaked_nodes()
-                    .filter(|(n, _)| !seen.contains(*n))
-                    .filter(|(n, _)| !missing.iter().any(|(m, _)| m == n))
-                    .map(|(n, uid)| (n.to_string(), uid.map(str::to_string)))
-                    .collect();
-                for (node, uid) in missing.into_iter().chain(leaked) {
-                    self.core.push(Effect::Reread { node, uid });
-                }
-            }
+            Source::Nodes => self.writes.relisted(seen, &self.nodes, &mut self.core),
             Source::Configs => {
                 let gone: Vec<String> = self
                     .configs
@@ -479,57 +452,27 @@ impl Machine {
         }
     }
 
-    /// A node missing from a relist, read again. `uid` is the object we asked about: a newer
-    /// object of the same name keeps its blocks.
-    fn on_reread(&mut self, node: &str, uid: Option<&str>, now: NodeNow) {
-        match now {
-            NodeNow::Gone => {
-                self.on_node_gone(node, uid);
-                self.settle_leaks(node, NodeSeen::Absent);
-            }
-            // Not known either way: ask again later, or its blocks stay held for good.
-            NodeNow::Unknown(why) => {
-                debug!(node, %why, "re-reading a node missing from the relist failed; retrying");
-                let at = self.core.mono() + REREAD_RETRY;
-                self.rereads_due
-                    .insert(node.to_string(), (uid.map(str::to_string), at));
-            }
-            NodeNow::Has { uid, cidrs } => {
-                debug!(node, ?cidrs, "missing from the relist but still there");
-                let seen = NodeSeen::Object {
-                    uid: uid.as_deref(),
-                    cidrs: &cidrs,
-                };
-                self.settle_leaks(node, seen);
-            }
-            NodeNow::Empty { uid, .. } => {
-                debug!(node, "missing from the relist but still there");
-                let seen = NodeSeen::Object {
-                    uid: uid.as_deref(),
-                    cidrs: &[],
-                };
-                self.settle_leaks(node, seen);
-            }
-        }
-    }
-
-    /// Re-reads that failed are asked again once their time comes.
-    fn reread_due(&mut self) {
-        let now = self.core.mono();
-        let due: Vec<String> = self
-            .rereads_due
-            .iter()
-            .filter(|(_, (_, at))| *at <= now)
-            .map(|(n, _)| n.clone())
-            .collect();
-        for node in due {
-            if let Some((uid, _)) = self.rereads_due.remove(&node) {
-                self.core.push(Effect::Reread { node, uid });
-            }
-        }
-    }
-
     // ----- nodes -----
+
+    /// The writes and the nodes, and the parts their handling reaches.
+    fn writes(&mut self) -> (&mut Writes, &mut Nodes, Around<'_>) {
+        let Machine {
+            core,
+            writes,
+            nodes,
+            configs,
+            statuses,
+            pools,
+            ..
+        } = self;
+        let cx = Around {
+            core,
+            statuses,
+            configs,
+            pools,
+        };
+        (writes, nodes, cx)
+    }
 
     /// The nodes, and the parts their handling reaches.
     fn nodes(&mut self) -> (&mut Nodes, Around<'_>) {
@@ -560,21 +503,6 @@ impl Machine {
         nodes.on_node_gone(name, uid, &mut cx);
     }
 
-    fn settle_leaks(&mut self, name: &str, seen: NodeSeen<'_>) {
-        let (nodes, mut cx) = self.nodes();
-        nodes.settle_leaks(name, seen, &mut cx);
-    }
-
-    fn freed(&mut self, cidrs: &[IpNet]) {
-        let (nodes, mut cx) = self.nodes();
-        nodes.freed(cidrs, &mut cx);
-    }
-
-    fn try_allocate(&mut self, name: &str) {
-        let (nodes, mut cx) = self.nodes();
-        nodes.try_allocate(name, &mut cx);
-    }
-
     /// Once every watch has listed, every pending node again: capacity may have appeared.
     fn retry_pending(&mut self) {
         if self.core.synced() {
@@ -591,187 +519,6 @@ impl Machine {
     /// Marks the configs whose ranges `cidrs` touch for a status update.
     fn touch(&mut self, cidrs: &[IpNet]) {
         self.statuses.touch(self.core.ipam(), cidrs);
-    }
-
-    // ----- write outcomes -----
-
-    fn on_write_result(&mut self, result: WriteResult) {
-        let WriteResult { job, outcome } = result;
-        let current = matches!(
-            self.core.ipam().node(&job.node).map(|r| r.phase),
-            Some(Phase::Writing { ticket, .. }) if ticket == job.ticket
-        );
-        if !current {
-            debug!(node = %job.node, "stale write outcome ignored");
-            return;
-        }
-        let decision = decide(&outcome, &job.cidrs, job.uid.as_deref(), job.was_ambiguous);
-        debug!(node = %job.node, ?outcome, ?decision, "write outcome");
-        match decision {
-            Decision::Confirm { uid } => {
-                self.core
-                    .ipam_mut()
-                    .confirm(&job.node, job.ticket, uid.as_deref());
-                if self.core.ipam().node(&job.node).is_none() {
-                    // It landed on an object deleted meanwhile.
-                    self.freed(&job.cidrs);
-                }
-                self.touch(&job.cidrs);
-            }
-            Decision::Adopt { uid, cidrs } => {
-                let adoption = self
-                    .core
-                    .ipam_mut()
-                    .observe_node(&job.node, uid.as_deref(), &cidrs);
-                self.touch(&cidrs);
-                self.freed(&adoption.released);
-            }
-            Decision::Release => {
-                let freed = self.core.ipam_mut().abandon(&job.node, job.ticket);
-                self.freed(&freed);
-            }
-            Decision::Leak => {
-                let leaked = self.leak(&job);
-                error!(node = %job.node, ?leaked, "write outcome unknowable: blocks kept occupied, and their config held, until the write can no longer land");
-            }
-            Decision::Retry => return self.retry_write(job, &outcome),
-        }
-        // The record is resolved; a newer object of the same name may be waiting.
-        if self.nodes.is_pending(&job.node) {
-            self.try_allocate(&job.node);
-        }
-    }
-
-    /// The same blocks again, unless the API server refused them too often.
-    fn retry_write(&mut self, job: WriteJob, outcome: &WriteOutcome) {
-        let ambiguous = job.was_ambiguous || matches!(outcome, WriteOutcome::Ambiguous { .. });
-        // A conflict is the Node changing under us, not a refusal of the blocks.
-        let rejected = matches!(outcome, WriteOutcome::Rejected { .. });
-        let rejections = job.rejections + u32::from(rejected);
-        let why = match outcome {
-            WriteOutcome::Rejected { reason, .. }
-            | WriteOutcome::Conflict { reason, .. }
-            | WriteOutcome::Ambiguous { reason, .. } => reason.clone(),
-            other => format!("{other:?}"),
-        };
-        if let Some((source, range)) = job
-            .cidrs
-            .iter()
-            .find_map(|c| self.core.ipam().service_range_over(c))
-        {
-            return self.choose_again(
-                job,
-                ambiguous,
-                &format!("{range} is now a Service range ({source})"),
-            );
-        }
-        if rejected && rejections >= self.options.write_attempts.max(1) {
-            return self.give_up(job, rejections, ambiguous, &why);
-        }
-        let attempt = job.attempt + 1;
-        if attempt == 3 {
-            let message = format!(
-                "writing podCIDRs {:?} keeps failing: {why}; retrying",
-                job.cidrs
-            );
-            let note = Note::node(
-                &job.node,
-                job.uid.as_deref(),
-                true,
-                effects::CIDR_ASSIGNMENT_FAILED,
-                message,
-            );
-            self.core.note(note);
-        }
-        warn!(node = %job.node, attempt, ?outcome, "podCIDR write did not land; retrying the same blocks");
-        self.core.metric(Metric::Error("node_write"));
-        // The same blocks, on the version of the Node read since, if one was.
-        let version = match outcome {
-            WriteOutcome::Rejected { now, .. }
-            | WriteOutcome::Conflict { now, .. }
-            | WriteOutcome::Ambiguous { now, .. } => match now {
-                NodeNow::Empty { version, .. } => version.clone().or(job.version.clone()),
-                _ => job.version.clone(),
-            },
-            _ => job.version.clone(),
-        };
-        self.core.push(Effect::Write(WriteJob {
-            attempt,
-            rejections,
-            was_ambiguous: ambiguous,
-            version,
-            ..job
-        }));
-    }
-
-    /// The blocks were chosen before something made them wrong (a Service range created over
-    /// them): rather than write them again, let them go and choose again. Only if an earlier
-    /// attempt was ambiguous may they be on the node already; then they stay occupied, and a
-    /// new choice that finds them there adopts them.
-    fn choose_again(&mut self, job: WriteJob, ambiguous: bool, why: &str) {
-        info!(node = %job.node, cidrs = ?job.cidrs, reason = why, "not writing these blocks again; choosing new ones");
-        if ambiguous {
-            self.leak(&job);
-        } else {
-            let freed = self.core.ipam_mut().abandon(&job.node, job.ticket);
-            self.touch(&freed);
-            self.statuses.unmanaged_moved();
-        }
-        let name = job.node.clone();
-        self.nodes.repend(job, None);
-        if self.core.synced() {
-            self.try_allocate(&name);
-        }
-    }
-
-    /// The API server refused every write of these blocks (an admission policy on Nodes, a
-    /// 403): stop, free the blocks so a Terminating config can drain, and try the node again
-    /// from scratch later. Refused writes changed nothing; only if an earlier attempt was
-    /// ambiguous might the blocks be on the node, and then they stay occupied.
-    fn give_up(&mut self, job: WriteJob, rejections: u32, ambiguous: bool, why: &str) {
-        let after = self.options.retry_rejected_after;
-        if ambiguous {
-            self.leak(&job);
-        } else {
-            let freed = self.core.ipam_mut().abandon(&job.node, job.ticket);
-            self.touch(&freed);
-            self.statuses.unmanaged_moved();
-        }
-        self.core.metric(Metric::AssignmentFailure);
-        self.core.metric(Metric::Error("node_write"));
-        warn!(node = %job.node, rejections, reason = %why, "podCIDR write refused every time: gave up; the node is tried again later");
-        let message = format!(
-            "gave up writing podCIDRs {:?} after {rejections} refused attempts: {why}; {} and the node is tried again in {}s",
-            job.cidrs,
-            if ambiguous {
-                "the blocks stay reserved (an earlier attempt may have landed)"
-            } else {
-                "the blocks are released"
-            },
-            after.as_secs()
-        );
-        let note = Note::node(
-            &job.node,
-            job.uid.as_deref(),
-            true,
-            effects::CIDR_ASSIGNMENT_FAILED,
-            message,
-        );
-        self.core.note(note);
-        self.nodes.repend(job, Some(self.core.mono() + after));
-        if self.core.synced() {
-            self.retry_pending();
-        }
-    }
-
-    /// Keeps a write's blocks occupied, and their config held, until the write can no longer
-    /// land, rather than risk a duplicate.
-    fn leak(&mut self, job: &WriteJob) -> Vec<IpNet> {
-        let leaked = self.core.ipam_mut().leak(&job.node, job.ticket);
-        self.core
-            .metric(Metric::Leaked(self.core.ipam().leaked_blocks()));
-        self.touch(&leaked);
-        leaked
     }
 
     // ----- configs -----
@@ -1002,6 +749,7 @@ mod nodes;
 mod pools;
 mod publication;
 mod statuses;
+mod writes;
 
 #[cfg(test)]
 mod tests;

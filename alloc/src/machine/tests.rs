@@ -1,11 +1,13 @@
 //! The machine's handlers, one fact at a time: what each input makes it do.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use nodeipam_crd::{Allocation as AllocationSwitch, FINALIZER};
 
 use super::*;
+use crate::effects;
 use crate::fixtures::{config, configmap, node, service_cidr};
 use crate::outcome::{NodeNow, WriteOutcome};
 use crate::pool as scaling;
