@@ -46,9 +46,6 @@ pub const GATE_GRACE: Duration = Duration::from_secs(30);
 /// move at every tick. A flipped condition, a new generation or capacity go out at once.
 pub const STATUS_COUNTS_EVERY: Duration = Duration::from_secs(1);
 
-/// The source name of the `--service-cidr` flag among the Service ranges.
-const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
-
 /// What a machine is told once, when it starts.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
@@ -233,7 +230,7 @@ pub struct Machine {
 impl Machine {
     pub fn new(options: Options) -> Self {
         let mut ipam = Ipam::new();
-        ipam.set_service_cidrs(SERVICE_FLAG_SOURCE, options.service_cidrs.clone());
+        services::from_flag(&mut ipam, options.service_cidrs);
         let publication = Publication::new(&options.outputs, options.extra_non_masquerade);
         let nodes = Nodes::new(options.panic_on_node);
         let lists = Lists::new(
@@ -266,8 +263,14 @@ impl Machine {
             Input::Service(w) => self.on_watch(
                 Source::Services,
                 w,
-                |m, s| m.on_service(&s),
-                |m, s| m.on_service_gone(&s.name_any()),
+                |m, s| {
+                    let (_, nodes, mut cx) = m.parts();
+                    services::applied(&s, nodes, &mut cx);
+                },
+                |m, s| {
+                    let (_, nodes, mut cx) = m.parts();
+                    services::gone(&s.name_any(), nodes, &mut cx);
+                },
             ),
             Input::Pool(w) => match w {
                 Watch::ListStart => self.list_started(Source::Pools),
@@ -288,11 +291,11 @@ impl Machine {
             }
             Input::Output(i, w) => self.on_output_watch(i, w),
             Input::Reread { node, uid, now } => {
-                let (writes, nodes, mut cx) = self.writes();
+                let (writes, nodes, mut cx) = self.parts();
                 writes.on_reread(&node, uid.as_deref(), now, nodes, &mut cx);
             }
             Input::Written(result) => {
-                let (writes, nodes, mut cx) = self.writes();
+                let (writes, nodes, mut cx) = self.parts();
                 writes.on_write_result(result, nodes, &mut cx);
             }
             Input::ConfigWritten(job) => self.on_config_written(&job),
@@ -300,7 +303,7 @@ impl Machine {
             Input::Tick => {
                 self.configs.request_finalizers(&mut self.core);
                 self.writes.reread_due(&mut self.core);
-                let (nodes, mut cx) = self.nodes();
+                let (_, nodes, mut cx) = self.parts();
                 nodes.wake_parked(&mut cx);
                 nodes.warn_long_waits(&mut cx);
                 self.flush_status();
@@ -431,17 +434,8 @@ impl Machine {
                 self.pools.configs_relisted(started, seen);
             }
             Source::Services => {
-                let gone: Vec<String> = self
-                    .core
-                    .ipam()
-                    .service_sources()
-                    .filter_map(|s| s.strip_prefix("servicecidr/"))
-                    .filter(|n| !seen.contains(*n))
-                    .map(str::to_string)
-                    .collect();
-                for name in gone {
-                    self.on_service_gone(&name);
-                }
+                let (_, nodes, mut cx) = self.parts();
+                services::relisted(seen, nodes, &mut cx);
             }
             Source::Pools => {
                 for name in self.pools.missing_from(seen) {
@@ -455,7 +449,7 @@ impl Machine {
     // ----- nodes -----
 
     /// The writes and the nodes, and the parts their handling reaches.
-    fn writes(&mut self) -> (&mut Writes, &mut Nodes, Around<'_>) {
+    fn parts(&mut self) -> (&mut Writes, &mut Nodes, Around<'_>) {
         let Machine {
             core,
             writes,
@@ -474,51 +468,27 @@ impl Machine {
         (writes, nodes, cx)
     }
 
-    /// The nodes, and the parts their handling reaches.
-    fn nodes(&mut self) -> (&mut Nodes, Around<'_>) {
-        let Machine {
-            core,
-            nodes,
-            configs,
-            statuses,
-            pools,
-            ..
-        } = self;
-        let cx = Around {
-            core,
-            statuses,
-            configs,
-            pools,
-        };
-        (nodes, cx)
-    }
-
     fn on_node(&mut self, node: IpamNode) {
-        let (nodes, mut cx) = self.nodes();
+        let (_, nodes, mut cx) = self.parts();
         nodes.on_node(node, &mut cx);
     }
 
     fn on_node_gone(&mut self, name: &str, uid: Option<&str>) {
-        let (nodes, mut cx) = self.nodes();
+        let (_, nodes, mut cx) = self.parts();
         nodes.on_node_gone(name, uid, &mut cx);
     }
 
     /// Once every watch has listed, every pending node again: capacity may have appeared.
     fn retry_pending(&mut self) {
         if self.core.synced() {
-            let (nodes, mut cx) = self.nodes();
+            let (_, nodes, mut cx) = self.parts();
             nodes.retry_pending(&mut cx);
         }
     }
 
     fn retry_pending_for(&mut self, configs: &BTreeSet<String>) {
-        let (nodes, mut cx) = self.nodes();
+        let (_, nodes, mut cx) = self.parts();
         nodes.retry_pending_for(configs, &mut cx);
-    }
-
-    /// Marks the configs whose ranges `cidrs` touch for a status update.
-    fn touch(&mut self, cidrs: &[IpNet]) {
-        self.statuses.touch(self.core.ipam(), cidrs);
     }
 
     // ----- configs -----
@@ -562,39 +532,6 @@ impl Machine {
         // status is counted again.
         self.statuses.mark_all(self.configs.names().cloned());
         self.statuses.unmanaged_moved();
-        if self.core.synced() {
-            self.retry_pending();
-        }
-    }
-
-    // ----- Service CIDRs -----
-
-    fn on_service(&mut self, obj: &ServiceCIDR) {
-        let name = obj.name_any();
-        let cidrs: Vec<IpNet> = obj
-            .spec
-            .as_ref()
-            .and_then(|s| s.cidrs.clone())
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|c| c.parse::<IpNet>().ok())
-            .collect();
-        self.core
-            .ipam_mut()
-            .set_service_cidrs(&format!("servicecidr/{name}"), cidrs.clone());
-        self.touch(&cidrs);
-        // An update may also have freed blocks (a range removed from the object).
-        self.statuses.mark_all(self.configs.names().cloned());
-        if self.core.synced() {
-            self.retry_pending();
-        }
-    }
-
-    fn on_service_gone(&mut self, name: &str) {
-        self.core
-            .ipam_mut()
-            .set_service_cidrs(&format!("servicecidr/{name}"), Vec::new());
-        self.statuses.mark_all(self.configs.names().cloned());
         if self.core.synced() {
             self.retry_pending();
         }
@@ -646,7 +583,7 @@ impl Machine {
                 self.statuses.mark(child.clone());
             }
             if scaled.stopped_growing {
-                let (nodes, mut cx) = self.nodes();
+                let (_, nodes, mut cx) = self.parts();
                 nodes.retry_pending_of_pool(&name, &mut cx);
             }
         }
@@ -748,6 +685,7 @@ mod lists;
 mod nodes;
 mod pools;
 mod publication;
+mod services;
 mod statuses;
 mod writes;
 
