@@ -6,27 +6,32 @@
 //!
 //! One machine owns the state of one leadership term; being its only owner is what makes the
 //! controller a single writer.
+//!
+//! The machine routes each input to the parts that own what it is about, each with its own
+//! state, reading another part only through its methods:
+//! - `core`: the allocation state, the time, whether every watch has listed, the effects;
+//! - `lists`: the watches' (re)lists;
+//! - `nodes`: the nodes waiting for a block and every attempt to give them one;
+//! - `writes`: what becomes of a podCIDR write, and the re-reads of nodes a relist lacks;
+//! - `configs`: the config objects, our finalizer on them, and their gates;
+//! - `statuses`: what each config's status says, sent, in flight and landed;
+//! - `publication`: the pod network consumers read, and which ranges they hold;
+//! - `pools` and `carves`: the pools' decisions and the carves in flight;
+//! - `services`: the Service ranges.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
-use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
-use kube_core::{Resource, ResourceExt};
-use nodeipam_crd::{NodeIPAMConfig, NodeIPAMConfigStatus};
+use kube_core::ResourceExt;
+use nodeipam_crd::NodeIPAMConfig;
 use tracing::info;
 
-use super::effects::{
-    ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, Note, WriteJob, WriteResult,
-};
-use super::ipam::{ConfigInput, Ipam};
-use super::outcome::NodeNow;
-use super::podnetwork::{ConfigMapRef, OutputKind, PodNetwork};
-use super::pool::{PoolInput, PoolStatus};
+use crate::effects::{ConfigJob, DeleteOutcome};
+use crate::ipam::Ipam;
 use crate::node::IpamNode;
+use crate::podnetwork::PodNetwork;
 use configs::Configs;
-pub use configs::config_input;
 use core::Core;
 use lists::{Lists, Source};
 use nodes::{Around, Nodes};
@@ -34,6 +39,24 @@ use pools::Pools;
 use publication::Publication;
 use statuses::Statuses;
 use writes::Writes;
+
+pub use configs::config_input;
+pub use io::{Effect, Input, Metric, Now, Options, Watch};
+
+mod carves;
+mod configs;
+mod core;
+mod io;
+mod lists;
+mod nodes;
+mod pools;
+mod publication;
+mod services;
+mod statuses;
+mod writes;
+
+#[cfg(test)]
+mod tests;
 
 /// How long a node may wait behind a config's gate (our finalizer, consumers learning the
 /// range) or for a pool to carve before it is warned about: at start-up and in a burst every
@@ -46,184 +69,15 @@ pub const GATE_GRACE: Duration = Duration::from_secs(30);
 /// move at every tick. A flipped condition, a new generation or capacity go out at once.
 pub const STATUS_COUNTS_EVERY: Duration = Duration::from_secs(1);
 
-/// What a machine is told once, when it starts.
-#[derive(Clone, Debug, Default)]
-pub struct Options {
-    /// Service CIDRs from the `--service-cidr` flag, for clusters without ServiceCIDR objects.
-    pub service_cidrs: Vec<IpNet>,
-    /// Whether the API serves ServiceCIDR objects: then their list is awaited before allocating.
-    pub service_cidr_api: bool,
-    /// Whether NodeIPAMPools are watched: then their list is awaited too.
-    pub pools: bool,
-    /// How many refused writes of the same blocks before we give up on them.
-    pub write_attempts: u32,
-    /// How long a node whose write we gave up on waits before it is tried again from scratch.
-    pub retry_rejected_after: Duration,
-    /// The consumer outputs of the pod network; a range is allocated from only once every one
-    /// of them holds it.
-    pub outputs: Vec<(ConfigMapRef, OutputKind)>,
-    /// Added to ip-masq-agent's `nonMasqueradeCIDRs`.
-    pub extra_non_masquerade: Vec<IpNet>,
-    /// A test fault: the machine panics when it sees a Node of this name.
-    pub panic_on_node: Option<String>,
-}
-
-/// The time, as the driver's clocks tell it: monotonic since the machine started, and the wall
-/// clock in whole seconds (what conditions carry).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Now {
-    pub mono: Duration,
-    pub wall_seconds: i64,
-}
-
-/// One event of a watch: a (re)list is `ListStart`, one `Listed` per object, `ListDone`.
-#[derive(Clone, Debug)]
-pub enum Watch<T> {
-    ListStart,
-    Listed(T),
-    ListDone,
-    Applied(T),
-    Deleted(T),
-}
-
-/// Every fact the world can tell the machine.
-// Each input is moved once into `handle`; boxing would only add allocations.
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug)]
-pub enum Input {
-    Node(Watch<IpamNode>),
-    Config(Watch<NodeIPAMConfig>),
-    Service(Watch<ServiceCIDR>),
-    /// NodeIPAMPools, as the driver maps them.
-    Pool(Watch<PoolInput>),
-    /// The answer to `Effect::CreateConfig`.
-    ConfigCreated {
-        config: ChildConfig,
-        outcome: CreateOutcome,
-    },
-    /// The answer to `Effect::DeleteConfig`.
-    ConfigDeleted {
-        name: String,
-        uid: Option<String>,
-        outcome: DeleteOutcome,
-    },
-    /// A published ConfigMap, by its index in `Options::outputs`.
-    Output(usize, Watch<ConfigMap>),
-    /// The answer to `Effect::Reread`.
-    Reread {
-        node: String,
-        uid: Option<String>,
-        now: NodeNow,
-    },
-    /// The outcome of an `Effect::Write`.
-    Written(WriteResult),
-    /// An `Effect::Config` job is done: written, or moot because its config is gone.
-    ConfigWritten(ConfigJob),
-    /// An `Effect::Publish` is written to every output. The publisher writes one network
-    /// at a time and may skip one a newer network replaced.
-    Published(PodNetwork),
-    /// Periodic: coalesced status, publication, parked nodes whose time came.
-    Tick,
-    /// Rarely: every pending node is tried again.
-    Resync,
-}
-
-/// Every action the machine asks for.
-#[derive(Clone, Debug)]
-pub enum Effect {
-    /// Write podCIDRs (with the Node's UID as a precondition) and answer with `Input::Written`.
-    Write(WriteJob),
-    Config(ConfigJob),
-    /// Write the pod network to every output.
-    Publish(PodNetwork),
-    Note(Note),
-    /// GET the node and answer with `Input::Reread`: it was missing from a relist.
-    Reread {
-        node: String,
-        uid: Option<String>,
-    },
-    Metric(Metric),
-    /// Create a pool's child config; answer with `Input::ConfigCreated`.
-    CreateConfig(ChildConfig),
-    /// Delete a pool's empty child config, only the object `uid`; answer with
-    /// `Input::ConfigDeleted`.
-    DeleteConfig {
-        name: String,
-        uid: Option<String>,
-    },
-    /// Write a pool's status, only to the object `uid`.
-    PoolStatus {
-        name: String,
-        uid: Option<String>,
-        status: PoolStatus,
-    },
-}
-
-/// A metric change; ranges are the config ranges the blocks came from.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Metric {
-    Allocated(IpNet),
-    Released(IpNet),
-    /// Blocks leaked now (kept occupied after an ambiguous write): up when a write is given
-    /// up, down when a leak ends.
-    Leaked(u64),
-    AssignmentFailure,
-    Error(&'static str),
-    Usage {
-        range: IpNet,
-        ratio: f64,
-    },
-    Blocks {
-        config: String,
-        family: &'static str,
-        allocated: u64,
-        capacity: u64,
-    },
-    Pending(usize),
-    Unmanaged(usize),
-    /// kcm's max gauge: the blocks in a range.
-    Capacity {
-        range: IpNet,
-        blocks: u64,
-    },
-    /// The status the machine computed for a config (its condition and draining gauges).
-    Status {
-        config: String,
-        status: NodeIPAMConfigStatus,
-    },
-    /// A config is gone: drop its series.
-    ConfigGone(String),
-    /// The ranges a pool has (its active children).
-    PoolRanges {
-        pool: String,
-        ranges: u64,
-    },
-    RangeCarved {
-        pool: String,
-    },
-    RangeRetired {
-        pool: String,
-    },
-    /// From a pool's decision to carve (its headroom breached) to the new range accepting
-    /// allocations (its gates open: finalizer on, published).
-    ScaleUpSeconds {
-        pool: String,
-        seconds: f64,
-    },
-    /// A pool is gone: drop its series.
-    PoolGone(String),
-}
-
 #[derive(Clone)]
 pub struct Machine {
-    /// The allocation state, the time, the effects.
     core: Core,
     lists: Lists,
     nodes: Nodes,
+    writes: Writes,
     configs: Configs,
     statuses: Statuses,
     publication: Publication,
-    writes: Writes,
     pools: Pools,
 }
 
@@ -231,8 +85,6 @@ impl Machine {
     pub fn new(options: Options) -> Self {
         let mut ipam = Ipam::new();
         services::from_flag(&mut ipam, options.service_cidrs);
-        let publication = Publication::new(&options.outputs, options.extra_non_masquerade);
-        let nodes = Nodes::new(options.panic_on_node);
         let lists = Lists::new(
             options.outputs.len(),
             options.service_cidr_api,
@@ -241,11 +93,11 @@ impl Machine {
         Machine {
             core: Core::new(ipam),
             lists,
-            nodes,
+            nodes: Nodes::new(options.panic_on_node),
+            writes: Writes::new(options.write_attempts, options.retry_rejected_after),
             configs: Configs::default(),
             statuses: Statuses::default(),
-            publication,
-            writes: Writes::new(options.write_attempts, options.retry_rejected_after),
+            publication: Publication::new(&options.outputs, options.extra_non_masquerade),
             pools: Pools::default(),
         }
     }
@@ -254,34 +106,26 @@ impl Machine {
     pub fn handle(&mut self, now: Now, input: Input) -> Vec<Effect> {
         self.core.begin(now);
         match input {
-            Input::Node(w) => self.on_watch(Source::Nodes, w, Self::on_node, |m, n| {
-                m.on_node_gone(&n.name_any(), n.uid().as_deref());
-            }),
-            Input::Config(w) => self.on_watch(Source::Configs, w, Self::on_config, |m, c| {
-                m.on_config_gone(&c.name_any());
-            }),
+            Input::Node(w) => self.on_watch(Source::Nodes, w, name, Self::on_node, Self::node_gone),
+            Input::Config(w) => {
+                self.on_watch(Source::Configs, w, name, Self::on_config, |m, c| {
+                    m.on_config_gone(&c.name_any());
+                });
+            }
             Input::Service(w) => self.on_watch(
                 Source::Services,
                 w,
-                |m, s| {
-                    let (_, nodes, mut cx) = m.parts();
-                    services::applied(&s, nodes, &mut cx);
-                },
-                |m, s| {
-                    let (_, nodes, mut cx) = m.parts();
-                    services::gone(&s.name_any(), nodes, &mut cx);
-                },
+                name,
+                |m, s| m.with_nodes(|nodes, cx| services::applied(&s, nodes, cx)),
+                |m, s| m.with_nodes(|nodes, cx| services::gone(&s.name_any(), nodes, cx)),
             ),
-            Input::Pool(w) => match w {
-                Watch::ListStart => self.list_started(Source::Pools),
-                Watch::Listed(p) => {
-                    self.list_saw(Source::Pools, p.name.clone());
-                    self.pools.on_pool(p);
-                }
-                Watch::Applied(p) => self.pools.on_pool(p),
-                Watch::Deleted(p) => self.on_pool_gone(&p.name),
-                Watch::ListDone => self.list_done(Source::Pools),
-            },
+            Input::Pool(w) => self.on_watch(
+                Source::Pools,
+                w,
+                |p| p.name.clone(),
+                |m, p| m.pools.on_pool(p),
+                |m, p| m.on_pool_gone(&p.name),
+            ),
             Input::ConfigCreated { config, outcome } => {
                 self.pools
                     .on_config_created(&config, outcome, &mut self.core);
@@ -299,17 +143,11 @@ impl Machine {
                 writes.on_write_result(result, nodes, &mut cx);
             }
             Input::ConfigWritten(job) => self.on_config_written(&job),
-            Input::Published(network) => self.on_published(&network),
-            Input::Tick => {
-                self.configs.request_finalizers(&mut self.core);
-                self.writes.reread_due(&mut self.core);
-                let (_, nodes, mut cx) = self.parts();
-                nodes.wake_parked(&mut cx);
-                nodes.warn_long_waits(&mut cx);
-                self.flush_status();
-                self.scale_pools();
-                self.publish_network();
+            Input::Published(network) => {
+                self.publication.on_published(&network);
+                self.regate();
             }
+            Input::Tick => self.tick(),
             Input::Resync => self.retry_pending(),
         }
         // What consumers must learn goes out now, not at the next tick: a new range (a carve
@@ -348,21 +186,66 @@ impl Machine {
         self.configs.len()
     }
 
+    /// The pod network as the allocation state has it now.
+    pub fn network(&self) -> PodNetwork {
+        publication::network(&self.configs, &self.core)
+    }
+
+    /// The writes and the nodes, and the parts their handling reaches.
+    fn parts(&mut self) -> (&mut Writes, &mut Nodes, Around<'_>) {
+        let Machine {
+            core,
+            writes,
+            nodes,
+            configs,
+            statuses,
+            pools,
+            ..
+        } = self;
+        let cx = Around {
+            core,
+            statuses,
+            configs,
+            pools,
+        };
+        (writes, nodes, cx)
+    }
+
+    fn with_nodes(&mut self, f: impl FnOnce(&mut Nodes, &mut Around<'_>)) {
+        let (_, nodes, mut cx) = self.parts();
+        f(nodes, &mut cx);
+    }
+
+    /// Periodic: finalizers asked again, failed re-reads and parked nodes whose time came,
+    /// long waits warned, statuses flushed, pools decided, the pod network published.
+    fn tick(&mut self) {
+        self.configs.request_finalizers(&mut self.core);
+        self.writes.reread_due(&mut self.core);
+        self.with_nodes(|nodes, cx| {
+            nodes.wake_parked(cx);
+            nodes.warn_long_waits(cx);
+        });
+        self.flush_status();
+        self.scale_pools();
+        self.publish_network();
+    }
+
     // ----- watches and lists -----
 
     /// One event of a watched resource: the list bookkeeping is the same for every kind,
     /// what an object's arrival and departure mean is the kind's own.
-    fn on_watch<T: Resource<DynamicType = ()>>(
+    fn on_watch<T>(
         &mut self,
         source: Source,
         w: Watch<T>,
+        name: fn(&T) -> String,
         apply: fn(&mut Self, T),
         gone: fn(&mut Self, T),
     ) {
         match w {
-            Watch::ListStart => self.list_started(source),
+            Watch::ListStart => self.lists.started(source, self.core.step()),
             Watch::Listed(obj) => {
-                self.list_saw(source, obj.name_any());
+                self.lists.saw(source, name(&obj));
                 apply(self, obj);
             }
             Watch::Applied(obj) => apply(self, obj),
@@ -379,14 +262,6 @@ impl Machine {
         if seen.listed {
             self.list_done(Source::Output(index));
         }
-    }
-
-    fn list_started(&mut self, source: Source) {
-        self.lists.started(source, self.core.step());
-    }
-
-    fn list_saw(&mut self, source: Source, name: String) {
-        self.lists.saw(source, name);
     }
 
     fn list_done(&mut self, source: Source) {
@@ -433,10 +308,7 @@ impl Machine {
                 let started = self.lists.configs_list_step();
                 self.pools.configs_relisted(started, seen);
             }
-            Source::Services => {
-                let (_, nodes, mut cx) = self.parts();
-                services::relisted(seen, nodes, &mut cx);
-            }
+            Source::Services => self.with_nodes(|nodes, cx| services::relisted(seen, nodes, cx)),
             Source::Pools => {
                 for name in self.pools.missing_from(seen) {
                     self.on_pool_gone(&name);
@@ -448,47 +320,20 @@ impl Machine {
 
     // ----- nodes -----
 
-    /// The writes and the nodes, and the parts their handling reaches.
-    fn parts(&mut self) -> (&mut Writes, &mut Nodes, Around<'_>) {
-        let Machine {
-            core,
-            writes,
-            nodes,
-            configs,
-            statuses,
-            pools,
-            ..
-        } = self;
-        let cx = Around {
-            core,
-            statuses,
-            configs,
-            pools,
-        };
-        (writes, nodes, cx)
-    }
-
     fn on_node(&mut self, node: IpamNode) {
-        let (_, nodes, mut cx) = self.parts();
-        nodes.on_node(node, &mut cx);
+        self.with_nodes(|nodes, cx| nodes.on_node(node, cx));
     }
 
-    fn on_node_gone(&mut self, name: &str, uid: Option<&str>) {
-        let (_, nodes, mut cx) = self.parts();
-        nodes.on_node_gone(name, uid, &mut cx);
+    fn node_gone(&mut self, node: IpamNode) {
+        let (name, uid) = (node.name_any(), node.uid());
+        self.with_nodes(|nodes, cx| nodes.on_node_gone(&name, uid.as_deref(), cx));
     }
 
     /// Once every watch has listed, every pending node again: capacity may have appeared.
     fn retry_pending(&mut self) {
         if self.core.synced() {
-            let (_, nodes, mut cx) = self.parts();
-            nodes.retry_pending(&mut cx);
+            self.with_nodes(Nodes::retry_pending);
         }
-    }
-
-    fn retry_pending_for(&mut self, configs: &BTreeSet<String>) {
-        let (_, nodes, mut cx) = self.parts();
-        nodes.retry_pending_for(configs, &mut cx);
     }
 
     // ----- configs -----
@@ -504,20 +349,12 @@ impl Machine {
             // allocation or other configs depend on.
             return;
         }
-        let input = self.gated(&name);
-        let open = input.gate.is_none();
-        self.core.ipam_mut().upsert_config(input);
-        if open {
+        if self.regate_one(&name) {
             self.pools.scaled_up(&name, &mut self.core);
         }
         // Overlaps and which config owns a block (so every config's Ready and counts) may
         // change with any config.
-        self.statuses.mark_all(self.configs.names().cloned());
-        self.statuses.unmanaged_moved();
-        self.publication.mark_dirty();
-        if self.core.synced() {
-            self.retry_pending();
-        }
+        self.configs_moved();
     }
 
     fn on_config_gone(&mut self, name: &str) {
@@ -527,24 +364,106 @@ impl Machine {
         self.statuses.config_gone(name);
         self.pools.config_gone(name);
         self.core.ipam_mut().remove_config(name);
-        self.publication.mark_dirty();
         // Its blocks are the next oldest config's now (and overlaps may be gone): every
         // status is counted again.
+        self.configs_moved();
+    }
+
+    /// A config came, went or changed what allocation reads of it: every status, the
+    /// unmanaged podCIDRs, the pod network and every pending node may move.
+    fn configs_moved(&mut self) {
         self.statuses.mark_all(self.configs.names().cloned());
         self.statuses.unmanaged_moved();
-        if self.core.synced() {
-            self.retry_pending();
+        self.publication.mark_dirty();
+        self.retry_pending();
+    }
+
+    /// A config job is done. The config writer writes one job at a time, so a status reported
+    /// written is what the object holds now (unless someone edits it later).
+    fn on_config_written(&mut self, job: &ConfigJob) {
+        match job {
+            ConfigJob::AddFinalizer { name } => self.configs.finalizer_answered(name),
+            ConfigJob::Status { name, status, .. } => {
+                self.statuses.landed(name, status);
+                self.update_drain_gate(name);
+            }
+            ConfigJob::RemoveFinalizer { .. } => {}
         }
+    }
+
+    /// A status of ours was sent or landed: the drain gate may move.
+    fn update_drain_gate(&mut self, name: &str) {
+        let Some(gate) = self.configs.update_drain_gate(name, &self.statuses) else {
+            return;
+        };
+        self.regate_one(name);
+        if !gate {
+            let opened = BTreeSet::from([name.to_string()]);
+            self.with_nodes(|nodes, cx| nodes.retry_pending_for(&opened, cx));
+        }
+    }
+
+    /// One config's gates again, into the allocation state (marked for a status flush):
+    /// whether it accepts allocations now.
+    fn regate_one(&mut self, name: &str) -> bool {
+        let input = self.configs.gated(name, &self.pools, &self.publication);
+        let open = input.gate.is_none();
+        self.core.ipam_mut().upsert_config(input);
+        self.statuses.mark(name.to_string());
+        open
+    }
+
+    /// Every config's gate again, after what consumers know changed. Only those whose gate
+    /// opened can serve more.
+    fn regate(&mut self) {
+        let opened = self.configs.regate(
+            &self.pools,
+            &self.publication,
+            &mut self.statuses,
+            self.core.ipam_mut(),
+        );
+        for name in &opened {
+            self.pools.scaled_up(name, &mut self.core);
+        }
+        self.with_nodes(|nodes, cx| nodes.retry_pending_for(&opened, cx));
+    }
+
+    // ----- statuses and the pod network -----
+
+    fn flush_status(&mut self) {
+        if !self.core.synced() {
+            return;
+        }
+        let (network_moved, names) = self.statuses.begin_flush(&mut self.core);
+        if network_moved {
+            self.publication.mark_dirty();
+        }
+        let now = self.core.wall();
+        for name in names {
+            let flushed = self
+                .statuses
+                .flush_config(&name, &self.configs, &mut self.core, &now);
+            let Some(flushed) = flushed else { continue };
+            if flushed.sent {
+                self.update_drain_gate(&name);
+            }
+            if let Some(uid) = flushed.release {
+                self.core
+                    .push(Effect::Config(ConfigJob::RemoveFinalizer { name, uid }));
+            }
+        }
+    }
+
+    fn publish_network(&mut self) {
+        self.publication.publish(&self.configs, &mut self.core);
     }
 
     // ----- pools -----
 
     fn on_pool_gone(&mut self, name: &str) {
         self.pools.on_pool_gone(name, &mut self.core);
-        if self.core.synced() {
-            // Nodes that waited for it without a warning get one now.
-            self.retry_pending();
-        }
+        // Nodes that waited for it without a warning get one now.
+        self.retry_pending();
     }
 
     fn on_config_deleted(&mut self, name: &str, uid: Option<&str>, outcome: DeleteOutcome) {
@@ -577,117 +496,18 @@ impl Machine {
                 &self.statuses,
                 &mut self.core,
             );
+            // A child being retired hands out nothing from now on.
             for child in &scaled.retired {
-                let gated = self.gated(child);
-                self.core.ipam_mut().upsert_config(gated);
-                self.statuses.mark(child.clone());
+                self.regate_one(child);
             }
             if scaled.stopped_growing {
-                let (_, nodes, mut cx) = self.parts();
-                nodes.retry_pending_of_pool(&name, &mut cx);
+                self.with_nodes(|nodes, cx| nodes.retry_pending_of_pool(&name, cx));
             }
         }
-    }
-
-    // ----- status -----
-
-    fn flush_status(&mut self) {
-        if !self.core.synced() {
-            return;
-        }
-        let (network_moved, names) = self.statuses.begin_flush(&mut self.core);
-        if network_moved {
-            self.publication.mark_dirty();
-        }
-        let now = self.core.wall();
-        for name in names {
-            let flushed = self
-                .statuses
-                .flush_config(&name, &self.configs, &mut self.core, &now);
-            let Some(flushed) = flushed else { continue };
-            if flushed.sent {
-                self.update_drain_gate(&name);
-            }
-            if let Some(uid) = flushed.release {
-                self.core
-                    .push(Effect::Config(ConfigJob::RemoveFinalizer { name, uid }));
-            }
-        }
-    }
-
-    /// A config job is done. The config writer writes one job at a time, so a status reported
-    /// written is what the object holds now (unless someone edits it later).
-    fn on_config_written(&mut self, job: &ConfigJob) {
-        if let ConfigJob::AddFinalizer { name } = job {
-            self.configs.finalizer_answered(name);
-        }
-        if let ConfigJob::Status { name, status, .. } = job {
-            self.statuses.landed(name, status);
-            self.update_drain_gate(name);
-        }
-    }
-
-    /// A status of ours was sent or landed: the drain gate may move.
-    fn update_drain_gate(&mut self, name: &str) {
-        let Some(gate) = self.configs.update_drain_gate(name, &self.statuses) else {
-            return;
-        };
-        let input = self.gated(name);
-        self.core.ipam_mut().upsert_config(input);
-        self.statuses.mark(name.to_string());
-        if !gate {
-            self.retry_pending_for(&BTreeSet::from([name.to_string()]));
-        }
-    }
-
-    // ----- the published pod network -----
-
-    fn publish_network(&mut self) {
-        self.publication.publish(&self.configs, &mut self.core);
-    }
-
-    /// The pod network as the allocation state has it now.
-    pub fn network(&self) -> PodNetwork {
-        publication::network(&self.configs, &self.core)
-    }
-
-    /// A network is written: gates may open.
-    fn on_published(&mut self, network: &PodNetwork) {
-        self.publication.on_published(network);
-        self.regate();
-    }
-
-    /// Every config's gate again, after what consumers know changed.
-    /// Only the configs whose gate moved change; only those whose gate opened can serve more.
-    fn regate(&mut self) {
-        let opened = self.configs.regate(
-            &self.pools,
-            &self.publication,
-            &mut self.statuses,
-            self.core.ipam_mut(),
-        );
-        for name in &opened {
-            self.pools.scaled_up(name, &mut self.core);
-        }
-        self.retry_pending_for(&opened);
-    }
-
-    /// The config's input with its gates.
-    fn gated(&self, name: &str) -> ConfigInput {
-        self.configs.gated(name, &self.pools, &self.publication)
     }
 }
 
-mod carves;
-mod configs;
-mod core;
-mod lists;
-mod nodes;
-mod pools;
-mod publication;
-mod services;
-mod statuses;
-mod writes;
-
-#[cfg(test)]
-mod tests;
+/// A watched object's name.
+fn name<T: ResourceExt>(obj: &T) -> String {
+    obj.name_any()
+}

@@ -3,14 +3,16 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use nodeipam_crd::{Allocation as AllocationSwitch, FINALIZER};
+use nodeipam_crd::{Allocation as AllocationSwitch, FINALIZER, NodeIPAMConfigStatus};
 
 use super::*;
-use crate::effects;
+use crate::effects::{self, ChildConfig, CreateOutcome, WriteJob, WriteResult};
 use crate::fixtures::{config, configmap, node, service_cidr};
 use crate::outcome::{NodeNow, WriteOutcome};
-use crate::pool as scaling;
+use crate::podnetwork::{ConfigMapRef, OutputKind};
+use crate::pool::{self as scaling, PoolInput, PoolStatus};
 
 fn net(s: &str) -> IpNet {
     s.parse().expect("test CIDR")
