@@ -284,3 +284,91 @@ pub(super) fn child_config(pool: &str, input: &PoolInput, carve: &Carve) -> Chil
         selector: input.selector.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::pool;
+    use crate::ipam::Ipam;
+    use crate::machine::{Effect, Now};
+
+    fn net(s: &str) -> IpNet {
+        s.parse().expect("test CIDR")
+    }
+
+    fn at(seconds: u64) -> Now {
+        Now {
+            mono: Duration::from_secs(seconds),
+            wall_seconds: 0,
+        }
+    }
+
+    fn creates(core: &mut Core) -> usize {
+        core.take()
+            .iter()
+            .filter(|e| matches!(e, Effect::CreateConfig(_)))
+            .count()
+    }
+
+    fn one_carve() -> (PoolInput, Carve, Carves) {
+        let input = pool(
+            "p",
+            "pu",
+            (Some((&["10.0.0.0/16"], 24, 26)), None),
+            (0, 4, 1),
+            60,
+            None,
+        );
+        let carve = Carve {
+            name: "p-1".into(),
+            ipv4: Some(net("10.0.0.0/24")),
+            ipv6: None,
+        };
+        let mut carves = Carves::default();
+        carves.started("p", input.uid.clone(), &carve, Duration::ZERO);
+        (input, carve, carves)
+    }
+
+    #[test]
+    fn a_failed_create_is_asked_again_after_its_backoff_unless_it_is_moot() {
+        let (input, carve, mut carves) = one_carve();
+        let mut core = Core::new(Ipam::new());
+        let child = child_config("p", &input, &carve);
+        carves.on_config_created(&child, CreateOutcome::Failed("500".into()), &mut core);
+        core.take();
+        carves.retry_failed("p", &input, &[], |_| false, &mut core);
+        assert_eq!(creates(&mut core), 0, "not before its backoff");
+        core.begin(at(1));
+        carves.retry_failed("p", &input, &[], |_| false, &mut core);
+        assert_eq!(creates(&mut core), 1);
+        carves.on_config_created(&child, CreateOutcome::Failed("500".into()), &mut core);
+        core.begin(at(5));
+        let taken = [net("10.0.0.0/16")];
+        carves.retry_failed("p", &input, &taken, |_| false, &mut core);
+        assert_eq!(
+            creates(&mut core),
+            0,
+            "its range is taken: it cannot have landed"
+        );
+        assert_eq!(carves.len(), 0);
+    }
+
+    #[test]
+    fn a_created_child_the_watch_does_not_show_is_asked_for_again_after_a_while() {
+        let (input, carve, mut carves) = one_carve();
+        let mut core = Core::new(Ipam::new());
+        let child = child_config("p", &input, &carve);
+        carves.on_config_created(&child, CreateOutcome::Created, &mut core);
+        carves.recheck(CARVE_RECHECK - Duration::from_secs(1));
+        carves.retry_failed("p", &input, &[], |_| false, &mut core);
+        assert_eq!(creates(&mut core), 0);
+        carves.recheck(CARVE_RECHECK);
+        carves.retry_failed("p", &input, &[], |_| false, &mut core);
+        assert_eq!(creates(&mut core), 1, "the same range under the same name");
+        assert_eq!(carves.in_flight("p", &[]), vec![carve.clone()]);
+        assert!(
+            carves.in_flight("p", &["p-1".to_string()]).is_empty(),
+            "the child counts"
+        );
+    }
+}

@@ -315,3 +315,78 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
         pool: obj.labels().get(crate::pool::POOL_LABEL).cloned(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::config;
+    use crate::machine::statuses::drained;
+
+    fn one(finalized: bool) -> NodeIPAMConfig {
+        let family = Some(("10.0.0.0/24", 26));
+        config("c", "u1", 1, (family, None), None, finalized)
+    }
+
+    fn finalizer_requests(core: &mut Core) -> usize {
+        core.take()
+            .iter()
+            .filter(|e| matches!(e, Effect::Config(ConfigJob::AddFinalizer { .. })))
+            .count()
+    }
+
+    #[test]
+    fn our_finalizer_is_asked_for_once_at_a_time() {
+        let (mut configs, mut statuses) = (Configs::default(), Statuses::default());
+        let mut core = Core::new(Ipam::new());
+        assert!(configs.on_config(one(false), &mut statuses, &mut core));
+        assert_eq!(finalizer_requests(&mut core), 1);
+        assert!(
+            !configs.on_config(one(false), &mut statuses, &mut core),
+            "the same object again moves nothing"
+        );
+        configs.request_finalizers(&mut core);
+        assert_eq!(finalizer_requests(&mut core), 0, "still asked for");
+        configs.finalizer_answered("c");
+        configs.request_finalizers(&mut core);
+        assert_eq!(
+            finalizer_requests(&mut core),
+            1,
+            "answered and still missing"
+        );
+        assert!(configs.on_config(one(true), &mut statuses, &mut core));
+        configs.request_finalizers(&mut core);
+        assert_eq!(finalizer_requests(&mut core), 0);
+    }
+
+    #[test]
+    fn a_config_waits_for_our_finalizer_and_while_its_status_says_drained() {
+        let (mut configs, mut statuses) = (Configs::default(), Statuses::default());
+        let mut core = Core::new(Ipam::new());
+        let (pools, publication) = (Pools::default(), Publication::new(&[], Vec::new()));
+        let gate = |c: &Configs| c.gated("c", &pools, &publication).gate;
+        configs.on_config(one(false), &mut statuses, &mut core);
+        let finalizer = format!("waiting for the {FINALIZER} finalizer");
+        assert_eq!(gate(&configs), Some(finalizer));
+        let mut was_drained = one(true);
+        was_drained.status = Some(drained());
+        configs.on_config(was_drained, &mut statuses, &mut core);
+        let drain = "waiting until its status no longer says Drained";
+        assert_eq!(gate(&configs).as_deref(), Some(drain));
+        assert_eq!(configs.update_drain_gate("c", &statuses), None, "unmoved");
+        assert!(configs.on_config(one(true), &mut statuses, &mut core));
+        assert_eq!(gate(&configs), None, "no output to wait for");
+    }
+
+    #[test]
+    fn only_the_configs_whose_gate_moved_are_given_to_the_allocation_state_again() {
+        let (mut configs, mut statuses) = (Configs::default(), Statuses::default());
+        let mut core = Core::new(Ipam::new());
+        let (pools, publication) = (Pools::default(), Publication::new(&[], Vec::new()));
+        configs.on_config(one(true), &mut statuses, &mut core);
+        let mut ipam = Ipam::new();
+        let opened = configs.regate(&pools, &publication, &mut statuses, &mut ipam);
+        assert_eq!(opened, BTreeSet::from(["c".to_string()]));
+        let again = configs.regate(&pools, &publication, &mut statuses, &mut ipam);
+        assert!(again.is_empty());
+    }
+}

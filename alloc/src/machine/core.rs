@@ -84,3 +84,27 @@ impl Core {
         self.push(Effect::Metric(metric));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_input_is_a_step_and_its_effects_are_handed_over_once() {
+        let mut core = Core::new(Ipam::new());
+        let now = Now {
+            mono: Duration::from_secs(3),
+            wall_seconds: 1_800_000_000,
+        };
+        core.begin(now);
+        core.begin(now);
+        assert_eq!((core.step(), core.mono()), (2, Duration::from_secs(3)));
+        assert_eq!(core.wall().0.as_second(), 1_800_000_000);
+        core.metric(Metric::Pending(1));
+        assert_eq!(core.take().len(), 1);
+        assert!(core.take().is_empty());
+        assert!(!core.synced());
+        core.set_synced();
+        assert!(core.synced());
+    }
+}

@@ -36,6 +36,39 @@ impl Around<'_> {
     }
 }
 
+/// The parts a node's handling reaches, owned: for the parts' tests.
+#[cfg(test)]
+pub(super) struct World {
+    pub(super) core: Core,
+    pub(super) statuses: Statuses,
+    pub(super) configs: Configs,
+    pub(super) pools: Pools,
+}
+
+#[cfg(test)]
+impl World {
+    /// Every watch has listed; nothing is known yet.
+    pub(super) fn synced() -> Self {
+        let mut core = Core::new(crate::ipam::Ipam::new());
+        core.set_synced();
+        World {
+            core,
+            statuses: Statuses::default(),
+            configs: Configs::default(),
+            pools: Pools::default(),
+        }
+    }
+
+    pub(super) fn around(&mut self) -> Around<'_> {
+        Around {
+            core: &mut self.core,
+            statuses: &mut self.statuses,
+            configs: &self.configs,
+            pools: &mut self.pools,
+        }
+    }
+}
+
 /// A node waiting for a block.
 #[derive(Clone, Debug)]
 struct PendingNode {
@@ -457,5 +490,72 @@ impl Nodes {
         if !newer {
             self.pending.insert(name, node);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::node;
+
+    fn job(node: &str, uid: &str) -> WriteJob {
+        WriteJob {
+            node: node.into(),
+            uid: Some(uid.into()),
+            version: None,
+            labels: BTreeMap::new(),
+            config: "c".into(),
+            cidrs: Vec::new(),
+            ticket: 1,
+            attempt: 0,
+            rejections: 0,
+            was_ambiguous: false,
+        }
+    }
+
+    fn notes(core: &mut Core) -> usize {
+        core.take()
+            .iter()
+            .filter(|e| matches!(e, Effect::Note(_)))
+            .count()
+    }
+
+    #[test]
+    fn before_the_first_config_a_node_waits_without_a_warning_until_the_grace_ends() {
+        let mut world = World::synced();
+        let mut nodes = Nodes::default();
+        nodes.on_node(node("a", "u-a", &[], &[]), &mut world.around());
+        assert_eq!(nodes.len(), 1);
+        assert_eq!(nodes.uid("a"), Some(&"u-a".to_string()));
+        assert_eq!(
+            notes(&mut world.core),
+            0,
+            "a first install applies its configs next"
+        );
+        world.core.begin(super::super::Now {
+            mono: GATE_GRACE,
+            wall_seconds: 0,
+        });
+        nodes.warn_long_waits(&mut world.around());
+        assert_eq!(notes(&mut world.core), 1);
+        nodes.warn_long_waits(&mut world.around());
+        assert_eq!(notes(&mut world.core), 0, "warned once");
+        nodes.on_node_gone("a", Some("u-other"), &mut world.around());
+        assert!(nodes.is_pending("a"), "another object's deletion");
+        nodes.on_node_gone("a", Some("u-a"), &mut world.around());
+        assert_eq!(nodes.len(), 0);
+    }
+
+    #[test]
+    fn a_stopped_write_waits_again_unless_a_newer_object_waits_in_its_place() {
+        let mut world = World::synced();
+        let mut nodes = Nodes::default();
+        nodes.on_node(node("a", "u-new", &[], &[]), &mut world.around());
+        nodes.repend(job("a", "u-old"), None);
+        assert_eq!(nodes.uid("a"), Some(&"u-new".to_string()));
+        nodes.repend(job("b", "u-b"), Some(Duration::from_secs(60)));
+        assert!(nodes.is_pending("b"));
+        let waiting: Vec<&str> = nodes.waiting().map(|n| n.name).collect();
+        assert_eq!(waiting, ["a", "b"]);
     }
 }

@@ -521,3 +521,63 @@ fn config_facts(name: &str, statuses: &Statuses, core: &Core) -> Option<ConfigFa
         None => core.ipam().config_facts(name),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{pool, selecting};
+    use crate::ipam::Ipam;
+
+    fn labelled(value: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([("pool".to_string(), value.to_string())])
+    }
+
+    #[test]
+    fn a_node_a_pool_that_can_grow_selects_waits_without_a_warning() {
+        let mut pools = Pools::default();
+        let family = Some((&["10.0.0.0/16"][..], 24, 26));
+        let input = pool(
+            "p",
+            "pu",
+            (family, None),
+            (0, 4, 1),
+            60,
+            Some(selecting("pool", "p")),
+        );
+        pools.on_pool(input);
+        assert!(pools.may_grow("a", &labelled("p")));
+        assert!(!pools.may_grow("b", &labelled("q")), "no pool selects it");
+        let node = NodeView {
+            name: "a",
+            labels: &labelled("p"),
+        };
+        assert!(pools.takes("p", node));
+        if let Some(p) = pools.pools.get_mut("p") {
+            p.room = false;
+        }
+        assert!(
+            !pools.may_grow("a", &labelled("p")),
+            "its pool is at its budget"
+        );
+        assert_eq!(pools.missing_from(&HashSet::new()), vec!["p".to_string()]);
+    }
+
+    #[test]
+    fn only_the_answer_for_the_retired_object_hands_a_child_back() {
+        let mut pools = Pools::default();
+        let mut core = Core::new(Ipam::new());
+        pools.retiring.insert("c".into(), Some("u1".into()));
+        let gone = |p: &mut Pools, uid, core: &mut Core| {
+            p.on_config_deleted("c", Some(uid), DeleteOutcome::Gone, core)
+        };
+        assert!(
+            !gone(&mut pools, "u2", &mut core),
+            "another object's answer"
+        );
+        let deleted = pools.on_config_deleted("c", Some("u1"), DeleteOutcome::Deleted, &mut core);
+        assert!(!deleted, "held back until the watch shows it deleting");
+        assert!(pools.is_retiring("c"));
+        assert!(gone(&mut pools, "u1", &mut core));
+        assert!(!pools.is_retiring("c"));
+    }
+}

@@ -228,3 +228,110 @@ pub(super) fn network(configs: &Configs, core: &Core) -> PodNetwork {
         .collect();
     PodNetwork::new(&configs, &ipam.unmanaged())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::configmap;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().expect("test CIDR")
+    }
+
+    fn one_output() -> Publication {
+        let target = ConfigMapRef {
+            namespace: "nodeipam-system".into(),
+            name: "pod-network".into(),
+        };
+        Publication::new(&[(target, OutputKind::PodNetwork)], Vec::new())
+    }
+
+    /// The pod network of one active config of `range`, as publication `seq`.
+    fn network_of(range: &str, seq: u64) -> PodNetwork {
+        let config = ConfigRanges {
+            name: "c".into(),
+            families: vec![(net(range), 0, 4)],
+            nodes: 0,
+            deleting: false,
+            enabled: true,
+            drained: false,
+        };
+        PodNetwork {
+            seq,
+            ..PodNetwork::new(&[config], &[])
+        }
+    }
+
+    fn holding(network: &PodNetwork) -> Watch<ConfigMap> {
+        let data = network.configmap_data("0");
+        Watch::Applied(configmap("nodeipam-system", "pod-network", data))
+    }
+
+    #[test]
+    fn a_range_waits_until_the_output_holds_it() {
+        let mut p = one_output();
+        let range = [net("10.0.0.0/24")];
+        assert_eq!(
+            p.behind(&range),
+            vec!["ConfigMap nodeipam-system/pod-network includes 10.0.0.0/24".to_string()],
+            "not listed yet: it holds nothing"
+        );
+        let seen = p.on_watch(0, holding(&network_of("10.0.0.0/24", 0)));
+        assert_eq!(
+            seen,
+            OutputSeen {
+                changed: true,
+                listed: false
+            }
+        );
+        assert!(p.behind(&range).is_empty());
+        let again = p.on_watch(0, holding(&network_of("10.0.0.0/24", 0)));
+        assert!(!again.changed, "the same content moves no gate");
+    }
+
+    #[test]
+    fn a_publication_in_flight_or_landed_that_lacks_a_range_keeps_it_behind() {
+        let mut p = one_output();
+        let range = [net("10.0.0.0/24")];
+        p.on_watch(0, holding(&network_of("10.0.0.0/24", 0)));
+        let without = network_of("10.1.0.0/24", 3);
+        let desired = p.desired(&without);
+        p.network_in_flight.push((3, desired));
+        assert_eq!(p.behind(&range).len(), 1, "on its way, it may still land");
+        p.on_published(&without);
+        assert!(p.network_in_flight.is_empty());
+        assert_eq!(p.behind(&range).len(), 1, "landed: the watch may lag");
+        p.on_published(&network_of("10.0.0.0/24", 4));
+        assert!(p.behind(&range).is_empty());
+    }
+
+    #[test]
+    fn an_output_that_drifts_from_what_was_sent_is_sent_again() {
+        let mut p = one_output();
+        let sent = network_of("10.0.0.0/24", 1);
+        p.network_sent = Some(p.desired(&sent));
+        p.network_dirty = false;
+        p.on_watch(0, holding(&sent));
+        assert!(!p.is_dirty(), "it holds what was sent");
+        let deleted = configmap("nodeipam-system", "pod-network", BTreeMap::new());
+        p.on_watch(0, Watch::Deleted(deleted));
+        assert!(p.is_dirty(), "deleted: written again");
+        assert!(p.network_sent.is_none());
+    }
+
+    #[test]
+    fn an_output_a_list_lacks_holds_nothing() {
+        let mut p = one_output();
+        p.on_watch(0, holding(&network_of("10.0.0.0/24", 0)));
+        p.on_watch(0, Watch::ListStart);
+        let done = p.on_watch(0, Watch::ListDone);
+        assert_eq!(
+            done,
+            OutputSeen {
+                changed: true,
+                listed: true
+            }
+        );
+        assert_eq!(p.behind(&[net("10.0.0.0/24")]).len(), 1);
+    }
+}

@@ -71,3 +71,33 @@ pub(super) fn relisted(seen: &HashSet<String>, nodes: &mut Nodes, cx: &mut Aroun
         gone(&name, nodes, cx);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::service_cidr;
+    use crate::machine::nodes::World;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().expect("test CIDR")
+    }
+
+    #[test]
+    fn a_service_cidr_keeps_its_ranges_out_until_it_is_gone_or_a_relist_lacks_it() {
+        let mut world = World::synced();
+        let mut nodes = Nodes::default();
+        from_flag(world.core.ipam_mut(), vec![net("10.96.0.0/16")]);
+        let obj = service_cidr("s", &["10.97.0.0/16"]);
+        applied(&obj, &mut nodes, &mut world.around());
+        let ranges = |w: &World| w.core.ipam().service_ranges().collect::<Vec<_>>();
+        assert_eq!(ranges(&world).len(), 2);
+        relisted(
+            &HashSet::from(["s".to_string()]),
+            &mut nodes,
+            &mut world.around(),
+        );
+        assert_eq!(ranges(&world).len(), 2, "listed: still there");
+        relisted(&HashSet::new(), &mut nodes, &mut world.around());
+        assert_eq!(ranges(&world), vec![net("10.96.0.0/16")], "the flag's stay");
+    }
+}

@@ -268,3 +268,81 @@ pub(super) fn says_drained(status: Option<&NodeIPAMConfigStatus>) -> bool {
             .any(|c| c.type_ == nodeipam_crd::CONDITION_DRAINED && c.status == "True")
     })
 }
+
+/// A status that says Drained, for the parts' tests.
+#[cfg(test)]
+pub(super) fn drained() -> NodeIPAMConfigStatus {
+    NodeIPAMConfigStatus {
+        conditions: vec![Condition {
+            type_: nodeipam_crd::CONDITION_DRAINED.into(),
+            status: "True".into(),
+            reason: "Drained".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }],
+        ..NodeIPAMConfigStatus::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(n: u64) -> NodeIPAMConfigStatus {
+        NodeIPAMConfigStatus {
+            nodes: Some(n),
+            ..NodeIPAMConfigStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_status_edited_by_someone_else_is_no_longer_taken_for_ours() {
+        let mut s = Statuses::default();
+        s.written.insert("c".into(), nodes(1));
+        s.object_shows("c", Some(&nodes(1)));
+        assert!(s.written.contains_key("c"), "the object shows our write");
+        s.object_shows("c", Some(&nodes(7)));
+        assert!(!s.written.contains_key("c"));
+    }
+
+    #[test]
+    fn drained_is_on_its_way_in_flight_and_landed_until_a_later_status_lands() {
+        let mut s = Statuses::default();
+        assert!(!s.drained_on_its_way("c"));
+        s.status_in_flight
+            .insert("c".into(), vec![drained(), nodes(1)]);
+        assert!(s.drained_on_its_way("c"));
+        s.landed("c", &drained());
+        assert_eq!(
+            s.status_in_flight["c"],
+            vec![nodes(1)],
+            "it and what came before"
+        );
+        assert!(s.drained_on_its_way("c"), "landed: consumers may read it");
+        s.landed("c", &nodes(1));
+        assert!(!s.drained_on_its_way("c"));
+        assert!(s.status_in_flight["c"].is_empty());
+    }
+
+    #[test]
+    fn a_flush_takes_the_marked_configs_and_says_whether_the_pod_network_may_move() {
+        let mut core = Core::new(Ipam::new());
+        let mut s = Statuses::default();
+        assert_eq!(s.begin_flush(&mut core), (false, BTreeSet::new()));
+        s.mark("b".into());
+        s.mark_all(["a".to_string()]);
+        let (moved, names) = s.begin_flush(&mut core);
+        assert!(moved);
+        assert_eq!(names, BTreeSet::from(["a".to_string(), "b".to_string()]));
+        assert!(core.take().is_empty());
+        s.unmanaged_moved();
+        let (moved, names) = s.begin_flush(&mut core);
+        assert!(moved, "unmanaged podCIDRs are part of the pod network");
+        assert!(names.is_empty());
+        assert!(matches!(
+            core.take()[..],
+            [Effect::Metric(Metric::Unmanaged(0))]
+        ));
+    }
+}

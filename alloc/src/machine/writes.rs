@@ -319,3 +319,57 @@ fn leak(job: &WriteJob, cx: &mut Around<'_>) -> Vec<IpNet> {
     cx.touch(&leaked);
     leaked
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::node;
+    use crate::machine::Now;
+    use crate::machine::nodes::World;
+
+    fn at(seconds: u64) -> Now {
+        Now {
+            mono: Duration::from_secs(seconds),
+            wall_seconds: 0,
+        }
+    }
+
+    fn rereads(core: &mut Core) -> Vec<(String, Option<String>)> {
+        core.take()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Reread { node, uid } => Some((node, uid)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_node_a_relist_lacks_is_read_again_and_a_failed_read_later_again() {
+        let mut world = World::synced();
+        let mut nodes = Nodes::default();
+        let mut writes = Writes::new(3, Duration::from_secs(60));
+        nodes.on_node(node("a", "u-a", &[], &[]), &mut world.around());
+        world.core.take();
+        writes.relisted(&HashSet::from(["b".to_string()]), &nodes, &mut world.core);
+        let asked = vec![("a".to_string(), Some("u-a".to_string()))];
+        assert_eq!(rereads(&mut world.core), asked);
+        let unknown = NodeNow::Unknown("timeout".into());
+        writes.on_reread("a", Some("u-a"), unknown, &mut nodes, &mut world.around());
+        writes.reread_due(&mut world.core);
+        assert!(rereads(&mut world.core).is_empty(), "not at once");
+        world.core.begin(at(5));
+        writes.reread_due(&mut world.core);
+        assert_eq!(rereads(&mut world.core), asked);
+        writes.reread_due(&mut world.core);
+        assert!(rereads(&mut world.core).is_empty(), "asked once");
+        writes.on_reread(
+            "a",
+            Some("u-a"),
+            NodeNow::Gone,
+            &mut nodes,
+            &mut world.around(),
+        );
+        assert_eq!(nodes.len(), 0, "gone: it waits no more");
+    }
+}
