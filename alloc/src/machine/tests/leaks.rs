@@ -1,6 +1,7 @@
 //! Leaks: a write whose outcome is unknown holds its config until it ends.
 
 use super::*;
+use super::pools::{child_object, creates, deletes, published, small_pool, with_pool};
 
 /// The publisher writes each publication among `effects` and its watch reads it back: the
 /// gate on the published pod network opens.
@@ -61,7 +62,7 @@ fn leak_after_refusals(m: &mut Machine, now: Now, job: &WriteJob) -> Vec<Effect>
     out
 }
 
-fn deleting(mut c: NodeIPAMConfig, seconds: i64) -> NodeIPAMConfig {
+pub(super) fn deleting(mut c: NodeIPAMConfig, seconds: i64) -> NodeIPAMConfig {
     c.metadata.deletion_timestamp = Some(Time(
         k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + seconds).unwrap_or_default(),
     ));
@@ -75,7 +76,7 @@ fn drained(status: &NodeIPAMConfigStatus) -> bool {
         .any(|c| c.type_ == nodeipam_crd::CONDITION_DRAINED && c.status == "True")
 }
 
-fn removes_finalizer(effects: &[Effect]) -> bool {
+pub(super) fn removes_finalizer(effects: &[Effect]) -> bool {
     config_jobs(effects)
         .iter()
         .any(|j| matches!(j, ConfigJob::RemoveFinalizer { .. }))

@@ -10,7 +10,7 @@ fn pool_options() -> Options {
 }
 
 /// A synced machine that watches pools and knows `pool`.
-fn with_pool(pool: PoolInput) -> Machine {
+pub(super) fn with_pool(pool: PoolInput) -> Machine {
     let mut m = Machine::new(pool_options());
     m.handle(at(0), Input::Node(Watch::ListDone));
     m.handle(at(0), Input::Config(Watch::ListDone));
@@ -20,7 +20,7 @@ fn with_pool(pool: PoolInput) -> Machine {
     m
 }
 
-fn creates(effects: &[Effect]) -> Vec<&ChildConfig> {
+pub(super) fn creates(effects: &[Effect]) -> Vec<&ChildConfig> {
     effects
         .iter()
         .filter_map(|e| match e {
@@ -30,7 +30,7 @@ fn creates(effects: &[Effect]) -> Vec<&ChildConfig> {
         .collect()
 }
 
-fn deletes(effects: &[Effect]) -> Vec<(&str, Option<&str>)> {
+pub(super) fn deletes(effects: &[Effect]) -> Vec<(&str, Option<&str>)> {
     effects
         .iter()
         .filter_map(|e| match e {
@@ -48,7 +48,7 @@ fn pool_status(effects: &[Effect]) -> Option<&PoolStatus> {
 }
 
 /// The child the API server made of a create, with our finalizer on it.
-fn child_object(c: &ChildConfig, uid: &str) -> NodeIPAMConfig {
+pub(super) fn child_object(c: &ChildConfig, uid: &str) -> NodeIPAMConfig {
     let mut obj = c.object();
     obj.metadata.uid = Some(uid.into());
     obj.metadata.generation = Some(1);
@@ -59,7 +59,7 @@ fn child_object(c: &ChildConfig, uid: &str) -> NodeIPAMConfig {
     obj
 }
 
-fn small_pool(min: u32, max: u32, headroom: u64) -> PoolInput {
+pub(super) fn small_pool(min: u32, max: u32, headroom: u64) -> PoolInput {
     // /29 children of /30 blocks: 2 blocks each, 4 children in the budget.
     crate::fixtures::pool(
         "pods",
@@ -397,7 +397,7 @@ fn the_answer_for_a_publication_does_not_account_for_a_later_one_with_the_same_c
     assert_eq!(writes(&out).len(), 1, "{out:?}");
 }
 
-fn published(effects: &[Effect]) -> Option<PodNetwork> {
+pub(super) fn published(effects: &[Effect]) -> Option<PodNetwork> {
     effects.iter().find_map(|e| match e {
         Effect::Publish(n) => Some(n.clone()),
         _ => None,
