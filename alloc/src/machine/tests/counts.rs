@@ -1,7 +1,7 @@
 //! Status counts: allocated and nodes count the same blocks, as a recount from the nodes does.
 
-use super::*;
 use super::leaks::{deleting, removes_finalizer};
+use super::*;
 
 /// What a config's status should count, recounted from the nodes: the nodes holding a block
 /// of it, and those blocks, a block being the oldest config's whose range contains it.

@@ -1,7 +1,7 @@
 //! Leaks: a write whose outcome is unknown holds its config until it ends.
 
-use super::*;
 use super::pools::{child_object, creates, deletes, published, small_pool, with_pool};
+use super::*;
 
 /// The publisher writes each publication among `effects` and its watch reads it back: the
 /// gate on the published pod network opens.
