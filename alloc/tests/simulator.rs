@@ -106,9 +106,11 @@ fn seeded_schedules_keep_every_invariant() {
 
 /// A seed names one run, not only one schedule: the machine and the world decide the same
 /// way every time (no order taken from a hash map's seed), so a failure found once replays.
+/// CI checks 200 seeds; `NODEIPAM_SIM_TRACE_SEEDS` checks more.
 #[test]
 fn a_seed_names_one_trace() {
-    for seed in 0..200 {
+    let seeds: u64 = env("NODEIPAM_SIM_TRACE_SEEDS").unwrap_or(200);
+    for seed in 0..seeds {
         let (setup, actions) = generate(seed, STEPS);
         let (_, first) = run_traced(&setup, &actions);
         let (_, second) = run_traced(&setup, &actions);

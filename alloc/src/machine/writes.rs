@@ -221,7 +221,12 @@ impl Writes {
             .filter(|(n, _)| !missing.iter().any(|(m, _)| m == n))
             .map(|(n, uid)| (n.to_string(), uid.map(str::to_string)))
             .collect();
-        for (node, uid) in missing.into_iter().chain(leaked) {
+        // In name order: the allocation state keeps nodes in a hash map, and the same inputs
+        // must give the same effects in the same order (the simulator replays a seed by it).
+        let mut rereads: Vec<(String, Option<String>)> =
+            missing.into_iter().chain(leaked).collect();
+        rereads.sort();
+        for (node, uid) in rereads {
             core.push(Effect::Reread { node, uid });
         }
     }
