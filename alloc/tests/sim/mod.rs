@@ -295,6 +295,9 @@ pub struct Sim {
     last_held: BTreeMap<String, Duration>,
     /// The shortest emptyFor each pool (by name) ever had.
     min_empty_for: BTreeMap<String, Duration>,
+    /// Every input and effect, in order, when asked for (`run_traced`): a seed must name one
+    /// trace, or a failure found once could not be replayed.
+    trace: Option<Vec<String>>,
 }
 
 fn streams(outputs: usize, services: bool) -> Vec<Stream> {
@@ -318,6 +321,7 @@ impl Sim {
             elapsed: Duration::ZERO,
             last_held: BTreeMap::new(),
             min_empty_for: BTreeMap::new(),
+            trace: None,
         };
         sim.procs.push(sim.process());
         sim.start(0);
@@ -417,7 +421,13 @@ impl Sim {
         if verbose() {
             eprintln!("  [{p}] <- {}", brief(&format!("{input:?}")));
         }
+        if let Some(trace) = &mut self.trace {
+            trace.push(format!("[{p}] <- {input:?}"));
+        }
         let effects = self.procs[p].machine.handle(now, input);
+        if let Some(trace) = &mut self.trace {
+            trace.extend(effects.iter().map(|e| format!("[{p}] -> {e:?}")));
+        }
         for effect in effects {
             if verbose() && !matches!(effect, Effect::Metric(_)) {
                 eprintln!("  [{p}] -> {}", brief(&format!("{effect:?}")));
@@ -1926,6 +1936,26 @@ pub fn run(setup: &Setup, actions: &[Action]) -> Result<(), (usize, Violation)> 
         sim.act(action).map_err(|v| (i, v))?;
     }
     sim.calm().map_err(|v| (actions.len(), v))
+}
+
+/// Runs a schedule as `run` does and returns every input and effect the machines saw, in order.
+pub fn run_traced(
+    setup: &Setup,
+    actions: &[Action],
+) -> (Result<(), (usize, Violation)>, Vec<String>) {
+    let mut sim = Sim::new(setup.clone());
+    sim.trace = Some(Vec::new());
+    let mut result = Ok(());
+    for (i, action) in actions.iter().enumerate() {
+        if let Err(v) = sim.act(action) {
+            result = Err((i, v));
+            break;
+        }
+    }
+    if result.is_ok() {
+        result = sim.calm().map_err(|v| (actions.len(), v));
+    }
+    (result, sim.trace.take().unwrap_or_default())
 }
 
 /// The shortest schedule found that still breaks the same rule: drops chunks, then single
