@@ -12,7 +12,8 @@
 #                        (default 2); prints the KUBECONFIG export
 #   deploy               import the nodeipam image (hack/image.sh) and
 #                        `kubectl apply -k hack/cluster/overlay` (= config/default + the image
-#                        name and the API server address); waits for the Deployment
+#                        name and, with config/components/api-server, the API server's
+#                        address); waits for the Deployment
 #   add-node [--labels k=v,...]   start one more node; prints its name
 #   remove-node NAME     stop a node's kubelet, pods, containerd and kube-proxy and remove its
 #                        network namespace (the Node object stays: delete it with kubectl)
@@ -673,8 +674,9 @@ cmd_up() {
 
 cmd_deploy() {
   [[ -f "$CLUSTER_DIR/admin.kubeconfig" ]] || die "step=deploy: no cluster running (hack/cluster.sh up)"
-  # Exactly what users apply, through an overlay that only sets the image and the API server
-  # address (see hack/cluster/overlay/kustomization.yaml for why the address).
+  # Exactly what users apply, through an overlay that only sets the image and, with the
+  # api-server component, the API server's address (hack/cluster/overlay/kustomization.yaml
+  # says why the address).
   timed "kubectl apply -k hack/cluster/overlay" KUBECTL apply -k "$NODEIPAM_ROOT/hack/cluster/overlay"
   timed "nodeipam rollout" KUBECTL -n nodeipam-system rollout status deployment/nodeipam-controller --timeout=180s \
     || die "step=deploy: the nodeipam Deployment did not become available; $(KUBECTL -n nodeipam-system get pods -o wide 2>&1)"

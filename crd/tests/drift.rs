@@ -1,5 +1,6 @@
-//! Every committed copy of each CRD's YAML (`config/crd/bases` and the Helm chart's `crds/`),
-//! NodeIPAMConfig and NodeIPAMPool, must be exactly what crdgen generates from the Rust types.
+//! Every committed copy of each CRD's YAML (`config/crd/bases` and the Helm chart's templates
+//! in `templates/crds`), NodeIPAMConfig and NodeIPAMPool, must be exactly what crdgen
+//! generates from the Rust types.
 
 use std::path::PathBuf;
 
@@ -51,8 +52,9 @@ fn chart_pool_crd_matches_generated() {
 }
 
 /// crdgen writes every path the drift tests check, all different files, and every CRD file
-/// committed under `config/crd/bases` and the chart's `crds/` is one of them (a CRD added
-/// without a drift check, or left behind after a rename, fails here).
+/// committed under `config/crd/bases` and the chart's `templates/crds` is one of them (a CRD
+/// added without a drift check, or left behind after a rename, fails here). The chart has no
+/// `crds/` folder: Helm would install those CRDs once, and then refuse the templated ones.
 #[test]
 fn every_copy_is_checked() {
     let paths = nodeipam_crd::CRD_PATHS;
@@ -72,7 +74,11 @@ fn every_copy_is_checked() {
         }
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    for dir in ["config/crd/bases", "charts/nodeipam/crds"] {
+    assert!(
+        !root.join("charts/nodeipam/crds").exists(),
+        "charts/nodeipam/crds/ exists: the chart's CRDs are templates (templates/crds)"
+    );
+    for dir in ["config/crd/bases", "charts/nodeipam/templates/crds"] {
         for entry in std::fs::read_dir(root.join(dir)).expect("CRD folder is readable") {
             let name = entry.expect("directory entry").file_name();
             let rel = format!("{dir}/{}", name.to_string_lossy());
@@ -82,4 +88,35 @@ fn every_copy_is_checked() {
             );
         }
     }
+}
+
+/// The chart's template of a CRD renders to the CRD as generated, with the keep policy and the
+/// chart's labels, and only when `crds.install` is true; a `{{` in a CRD would be escaped.
+#[test]
+fn the_chart_template_wraps_the_generated_crd() {
+    let crd = nodeipam_crd::crd_yaml();
+    let template = nodeipam_crd::chart_template(&crd);
+    assert!(
+        template.starts_with("{{- if .Values.crds.install }}\n"),
+        "{template}"
+    );
+    assert!(template.ends_with("{{- end }}\n"), "{template}");
+    assert!(
+        template.contains(
+            "metadata:\n  annotations:\n    helm.sh/resource-policy: keep\n  labels:\n    \
+             {{- include \"nodeipam.labels\" . | nindent 4 }}\n  name: nodeipamconfigs.nodeipam.io\n"
+        ),
+        "{template}"
+    );
+    let spec = crd.find("\nspec:\n").expect("the CRD has a spec");
+    assert!(
+        template.contains(&crd[spec..]),
+        "the spec is the generated one"
+    );
+    let escaped =
+        nodeipam_crd::chart_template("kind: X\nmetadata:\n  name: a\ndescription: '{{x}}'\n");
+    assert!(
+        escaped.contains("description: '{{ \"{{\" }}x}}'"),
+        "{escaped}"
+    );
 }

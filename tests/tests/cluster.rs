@@ -330,7 +330,9 @@ async fn metric(addr: &str, sample: &str, token: &str) -> Result<f64, String> {
 
 async fn controller_pods(client: &Client) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    pods.list(&ListParams::default().labels("app.kubernetes.io/name=nodeipam"))
+    // The component too: a failed `helm test` pod stays, with the same name label.
+    let selector = "app.kubernetes.io/name=nodeipam,app.kubernetes.io/component=controller";
+    pods.list(&ListParams::default().labels(selector))
         .await
         .unwrap_or_else(|e| panic!("list nodeipam pods: {e}"))
         .items
@@ -469,7 +471,9 @@ async fn autoscaling_pool_grows_on_a_real_cluster(client: &Client) {
 
 /// The image `hack/image.sh` builds and imports into every node (no registry).
 const LOCAL_IMAGE: (&str, &str) = ("localhost/nodeipam", "dev");
-/// The API server's address from the nodes (see hack/cluster/overlay for why nodeipam needs it).
+/// The API server's address from the nodes (hack/cluster/overlay gives config/default the same
+/// with config/components/api-server): the nodes' kube-proxy programs no Service before its
+/// Node has a podCIDR, so through the `kubernetes` Service nodeipam would wait for itself.
 const API_SERVER: (&str, &str) = ("10.251.0.2", "6443");
 
 /// Runs Helm against the cluster (`--kubeconfig` of the admin), with its state in `home`;
@@ -525,13 +529,9 @@ fn helm_install_chart(home: &std::path::Path, extra: &[&str]) -> String {
         "--set".into(),
         format!("image.tag={}", LOCAL_IMAGE.1),
         "--set".into(),
-        "extraEnv[0].name=KUBERNETES_SERVICE_HOST".into(),
-        "--set-string".into(),
-        format!("extraEnv[0].value={}", API_SERVER.0),
+        format!("apiServer.host={}", API_SERVER.0),
         "--set".into(),
-        "extraEnv[1].name=KUBERNETES_SERVICE_PORT".into(),
-        "--set-string".into(),
-        format!("extraEnv[1].value={}", API_SERVER.1),
+        format!("apiServer.port={}", API_SERVER.1),
         "--wait".into(),
         "--timeout".into(),
         format!("{}s", STEP_LIMIT.as_secs()),
@@ -620,6 +620,20 @@ async fn the_helm_chart_installs_on_a_real_cluster() {
     for name in ["node-1", "node-2"] {
         wait_ready_with_cidrs(&client, name, DEFAULT_POOL).await;
     }
+    // `helm test`: its pod, on a node as the controller's are, reads the ranges through the
+    // API server's address (it exits 0 only if it could).
+    helm(
+        "helm-test",
+        home.path(),
+        &[
+            "test",
+            "nodeipam",
+            "--namespace",
+            NAMESPACE,
+            "--timeout",
+            &format!("{}s", STEP_LIMIT.as_secs()),
+        ],
+    );
     let refused = config_api(&client)
         .create(
             &PostParams::default(),
@@ -810,6 +824,28 @@ async fn a_real_cluster_consumes_what_nodeipam_allocates() {
         on[0], on[1],
         "step=deploy-nodeipam: anti-affinity: replicas on {on:?}"
     );
+    // Booted through config/components/api-server: the API server's address from its
+    // ConfigMap, the node's resolver.
+    for pod in &replicas {
+        let spec = pod.spec.as_ref().expect("pod spec");
+        let env = spec.containers[0].env.clone().unwrap_or_default();
+        let from_config_map = |name: &str| {
+            env.iter().any(|v| {
+                v.name == name
+                    && v.value_from
+                        .as_ref()
+                        .and_then(|f| f.config_map_key_ref.as_ref())
+                        .is_some_and(|r| r.name.starts_with("nodeipam-api-server-"))
+            })
+        };
+        assert!(
+            from_config_map("KUBERNETES_SERVICE_HOST")
+                && from_config_map("KUBERNETES_SERVICE_PORT"),
+            "step=deploy-nodeipam: {} has no API server address from the component: {env:?}",
+            pod.name_any()
+        );
+        assert_eq!(spec.dns_policy.as_deref(), Some("Default"));
+    }
     for node in nodes
         .list(&ListParams::default())
         .await

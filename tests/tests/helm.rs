@@ -1,11 +1,13 @@
 //! The Helm chart (`charts/nodeipam`): `helm lint`, `helm template` with default and other
-//! values, the rendered objects against the real API server (server-side dry run, then a real
-//! `helm install`/`upgrade`/`uninstall` on the test control plane), and the chart's equivalence
-//! with the kustomize manifests it mirrors: with default values it renders the objects of
+//! values, its values schema, the rendered objects against the real API server (server-side
+//! dry run, then a real `helm install`/`upgrade`/`uninstall` on the test control plane, and an
+//! upgrade that brings a CRD field and a new kind), and the chart's equivalence with the
+//! kustomize manifests it mirrors: with default values it renders the objects of
 //! `config/default` (the Namespace aside: Helm installs into an existing namespace), with
-//! `certMode=cert-manager` those of `config/certmanager`, and with `ipMasqAgent.enabled` adds
-//! exactly `config/ip-masq-agent`. A change to `config/` that the chart does not follow (or the
-//! reverse) fails here, naming the object and the field.
+//! `certMode=cert-manager` those of `config/certmanager`, with `ipMasqAgent.enabled` adds
+//! exactly `config/ip-masq-agent`, and with `apiServer` set it renders what the
+//! `config/components/api-server` overlay of the real-cluster suite does. A change to `config/`
+//! that the chart does not follow (or the reverse) fails here, naming the object and the field.
 //!
 //! Helm is built by `hack/helm.sh build` (hack/test.sh does) into `$NODEIPAM_HELM`; kubectl is
 //! the pinned one of the control-plane binaries. Nothing is downloaded here.
@@ -61,6 +63,10 @@ fn config_dir(rel: &str) -> String {
         .to_string()
 }
 
+/// The local cluster's overlay (`hack/cluster.sh deploy`): config/default with the API server
+/// component, its ConfigMap and the local image.
+const CLUSTER_OVERLAY: &str = "../hack/cluster/overlay";
+
 /// Helm with its cache, config and data folders in a temporary folder, so tests never read
 /// or write the user's Helm state.
 fn helm(home: &Path) -> Command {
@@ -91,22 +97,35 @@ fn run_ok(step: &str, cmd: &mut Command) -> String {
     out
 }
 
-/// `helm template` of the chart in [`NAMESPACE`] with `--set` values, CRDs included.
+/// `helm template` of the chart in [`NAMESPACE`] with `--set` values, CRDs included (they are
+/// templates), the `helm test` pod left out (kustomize has none).
 fn template(set: &[&str]) -> String {
+    render(set, false)
+}
+
+/// `helm template`, with the `helm test` hooks when `tests`.
+fn render(set: &[&str], tests: bool) -> String {
+    run_ok("helm-template", &mut template_cmd(set, tests))
+}
+
+fn template_cmd(set: &[&str], tests: bool) -> Command {
     let home = tempfile::tempdir().expect("temp folder");
     let mut cmd = helm(home.path());
-    cmd.args([
-        "template",
-        RELEASE,
-        &chart_dir(),
-        "--namespace",
-        NAMESPACE,
-        "--include-crds",
-    ]);
+    cmd.args(["template", RELEASE, &chart_dir(), "--namespace", NAMESPACE]);
+    if !tests {
+        cmd.arg("--skip-tests");
+    }
     for s in set {
         cmd.args(["--set", s]);
     }
-    run_ok("helm-template", &mut cmd)
+    cmd
+}
+
+/// `helm template` with `set`, which must fail; returns its error output.
+fn template_error(set: &[&str]) -> String {
+    let (ok, out, err) = run("helm-template", &mut template_cmd(set, false));
+    assert!(!ok, "{set:?} rendered:\n{out}");
+    err
 }
 
 fn kustomize(rel: &str) -> String {
@@ -138,14 +157,24 @@ fn key(obj: &Value) -> Key {
     )
 }
 
+/// Helm's own annotation on the chart's CRDs: kept on uninstall (checked on its own).
+const KEEP: &str = "helm.sh/resource-policy";
+
 /// The objects by key, with what legitimately differs between Helm and kustomize removed:
-/// the labels on the objects (Helm's release labels; kustomize's part-of). Everything else,
-/// specs, rules, arguments, annotations, must be equal.
+/// the labels on the objects (Helm's release labels; kustomize's part-of) and the CRDs' keep
+/// policy. Everything else, specs, rules, arguments, annotations, must be equal.
 fn by_key(docs: Vec<Value>) -> BTreeMap<Key, Value> {
     let mut out = BTreeMap::new();
     for mut obj in docs {
         if let Some(meta) = obj["metadata"].as_object_mut() {
             meta.remove("labels");
+            let annotations = meta.get_mut("annotations").and_then(Value::as_object_mut);
+            if let Some(annotations) = annotations {
+                annotations.remove(KEEP);
+                if annotations.is_empty() {
+                    meta.remove("annotations");
+                }
+            }
         }
         let k = key(&obj);
         assert!(out.insert(k.clone(), obj).is_none(), "{k:?} rendered twice");
@@ -219,6 +248,13 @@ fn cluster_key(kind: &str, name: &str) -> Key {
 
 fn container(docs: &BTreeMap<Key, Value>) -> &Value {
     &docs[&ns_key("Deployment", "nodeipam-controller")]["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn env(docs: &BTreeMap<Key, Value>) -> Vec<Value> {
+    container(docs)["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn args(docs: &BTreeMap<Key, Value>) -> Vec<String> {
@@ -307,6 +343,129 @@ fn the_default_chart_renders_config_default() {
         let crd = &chart[&cluster_key("CustomResourceDefinition", name)];
         assert_eq!(crd["spec"]["group"], "nodeipam.io", "{name}");
     }
+    // The CRDs are templates that Helm keeps on uninstall (by_key leaves the policy out).
+    let crds: Vec<Value> = yaml_docs(&template(&[]))
+        .into_iter()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .collect();
+    assert_eq!(crds.len(), 2, "{crds:?}");
+    for crd in &crds {
+        assert_eq!(
+            crd["metadata"]["annotations"][KEEP],
+            "keep",
+            "{}",
+            key(crd).2
+        );
+    }
+    // Replicas spread over zones where there are some, on every cluster alike otherwise; the
+    // API server through the kubernetes Service, names through cluster DNS.
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["topologySpreadConstraints"],
+        json!([{
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {
+                "app.kubernetes.io/name": "nodeipam",
+                "app.kubernetes.io/component": "controller",
+            }},
+            "matchLabelKeys": ["pod-template-hash"],
+        }])
+    );
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert!(
+        !c["env"].to_string().contains("KUBERNETES_SERVICE"),
+        "{}",
+        c["env"]
+    );
+}
+
+/// The kustomize side's env with each `configMapKeyRef` replaced by the value of the ConfigMap
+/// it names (rendered beside it), so that it compares with the chart's literal values.
+fn resolve_config_map_env(docs: &mut BTreeMap<Key, Value>) {
+    let config_maps: BTreeMap<String, Value> = docs
+        .iter()
+        .filter(|(k, _)| k.0 == "ConfigMap")
+        .map(|(k, v)| (k.2.clone(), v["data"].clone()))
+        .collect();
+    let deploy = docs
+        .get_mut(&ns_key("Deployment", "nodeipam-controller"))
+        .expect("the Deployment");
+    let env = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .expect("env");
+    for var in env {
+        let Some(r) = var["valueFrom"].get("configMapKeyRef").cloned() else {
+            continue;
+        };
+        let cm = r["name"].as_str().expect("configMapKeyRef.name");
+        let key = r["key"].as_str().expect("configMapKeyRef.key");
+        let value = config_maps
+            .get(cm)
+            .and_then(|d| d.get(key))
+            .unwrap_or_else(|| panic!("{var}: no key {key} in ConfigMap {cm}"))
+            .clone();
+        *var = json!({"name": var["name"], "value": value});
+    }
+}
+
+/// `apiServer.host`/`.port` render what the api-server component does with its ConfigMap
+/// (the overlay the real-cluster suite deploys): the address in the env, the node's
+/// resolver. Both sides are compared whole.
+#[test]
+fn the_api_server_value_renders_the_api_server_component() {
+    let chart = by_key(yaml_docs(&template(&[
+        "apiServer.host=10.251.0.2",
+        "apiServer.port=6443",
+        "image.repository=localhost/nodeipam",
+        "image.tag=dev",
+    ])));
+    let mut overlay = by_key(yaml_docs(&kustomize(CLUSTER_OVERLAY)));
+    resolve_config_map_env(&mut overlay);
+    let config_map = overlay
+        .keys()
+        .find(|k| k.0 == "ConfigMap" && k.2.starts_with("nodeipam-api-server-"))
+        .cloned()
+        .expect("the overlay generates the nodeipam-api-server ConfigMap");
+    let namespace = cluster_key("Namespace", NAMESPACE);
+    assert_equivalent(
+        &chart,
+        &overlay,
+        &[namespace, config_map],
+        "config/components/api-server",
+    );
+    assert_eq!(
+        env(&chart)[0..2],
+        [
+            json!({"name": "KUBERNETES_SERVICE_HOST", "value": "10.251.0.2"}),
+            json!({"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}),
+        ]
+    );
+    let deploy = &chart[&ns_key("Deployment", "nodeipam-controller")];
+    assert_eq!(deploy["spec"]["template"]["spec"]["dnsPolicy"], "Default");
+
+    // An IPv6 address as it is (clients add the brackets); the port given once.
+    let chart = by_key(yaml_docs(&template(&[
+        "apiServer.host=fd00::1",
+        "apiServer.port=443",
+    ])));
+    assert_eq!(
+        env(&chart)[0..2],
+        [
+            json!({"name": "KUBERNETES_SERVICE_HOST", "value": "fd00::1"}),
+            json!({"name": "KUBERNETES_SERVICE_PORT", "value": "443"}),
+        ]
+    );
+    let err = template_error(&[
+        "apiServer.host=10.0.0.1",
+        "extraEnv[0].name=KUBERNETES_SERVICE_HOST",
+        "extraEnv[0].value=10.0.0.2",
+    ]);
+    assert!(
+        err.contains("extraEnv sets KUBERNETES_SERVICE_HOST and so does apiServer.host"),
+        "{err}"
+    );
 }
 
 /// The chart's appVersion, its default image tag.
@@ -374,8 +533,12 @@ fn values_reach_the_rendered_objects() {
         "replicas=3",
         "resources.limits.memory=1Gi",
         "extraArgs[0]=--log-level=debug",
-        "extraEnv[0].name=KUBERNETES_SERVICE_HOST",
-        "extraEnv[0].value=10.0.0.1",
+        "extraEnv[0].name=RUST_BACKTRACE",
+        "extraEnv[0].value=full",
+        "topologySpreadConstraints[0].maxSkew=2",
+        "topologySpreadConstraints[0].topologyKey=rack",
+        "topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule",
+        "crds.install=false",
         "nodeSelector.pool=system",
         "tolerations[0].key=dedicated",
         "tolerations[0].operator=Exists",
@@ -424,8 +587,21 @@ fn values_reach_the_rendered_objects() {
     );
     assert_eq!(
         c["env"][2],
-        json!({"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.0.1"})
+        json!({"name": "RUST_BACKTRACE", "value": "full"})
     );
+    assert_eq!(
+        pod["topologySpreadConstraints"],
+        json!([{
+            "maxSkew": 2,
+            "topologyKey": "rack",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {
+                "app.kubernetes.io/name": "nodeipam",
+                "app.kubernetes.io/component": "controller",
+            }},
+        }])
+    );
+    assert!(!chart.keys().any(|k| k.0 == "CustomResourceDefinition"));
     assert_eq!(pod["nodeSelector"], json!({"pool": "system"}));
     assert_eq!(
         pod["tolerations"],
@@ -466,14 +642,15 @@ fn values_reach_the_rendered_objects() {
     );
     assert!(!chart.contains_key(&cluster_key("ClusterRole", "nodeipam-metrics-reader")));
 
-    // A mistyped cert mode, and loopback probes off the host network (the kubelet could not
-    // reach them), are refused by name.
+    // No spread at all.
+    let chart = by_key(yaml_docs(&template(&["topologySpreadConstraints=null"])));
+    let pod = &chart[&ns_key("Deployment", "nodeipam-controller")]["spec"]["template"]["spec"];
+    assert!(pod.get("topologySpreadConstraints").is_none(), "{pod}");
+
+    // Loopback probes off the host network (the kubelet could not reach them), and metrics
+    // objects without metrics, are refused by name.
     let home = tempfile::tempdir().expect("temp folder");
     for (set, message) in [
-        (
-            &["certMode=acme"][..],
-            "certMode must be managed or cert-manager",
-        ),
         (
             &["hostNetwork=false"][..],
             "probes.host is loopback but hostNetwork is false",
@@ -494,6 +671,74 @@ fn values_reach_the_rendered_objects() {
         let (ok, _, err) = run("helm-template", &mut cmd);
         assert!(!ok && err.contains(message), "{set:?}: {err}");
     }
+}
+
+/// values.schema.json describes every value: the defaults pass a schema that refuses unknown
+/// keys at every level, and a misspelt key or a bad value, from `--set` or a values file, is
+/// refused naming where it is.
+#[test]
+fn the_values_schema_refuses_typos_and_bad_values() {
+    let defaults = yaml_docs(&template(&[]));
+    assert!(!defaults.is_empty());
+    for (set, message) in [
+        (
+            &["replica=3"][..],
+            "at '': additional properties 'replica' not allowed",
+        ),
+        (
+            &["metrics.serviceMonitor.enable=true"][..],
+            "at '/metrics/serviceMonitor': additional properties 'enable' not allowed",
+        ),
+        (&["apiServer.port=0"][..], "at '/apiServer/port': minimum"),
+        (
+            &["apiServer.port=65536"][..],
+            "at '/apiServer/port': maximum",
+        ),
+        (
+            &["apiServer.host=10.0.0.1:6443"][..],
+            "at '/apiServer/host'",
+        ),
+        (
+            &["apiServer.host=https://10.0.0.1"][..],
+            "at '/apiServer/host'",
+        ),
+        (&["apiServer.host=999.0.0.1"][..], "at '/apiServer/host'"),
+        (
+            &["certMode=acme"][..],
+            "at '/certMode': value must be one of",
+        ),
+        (&["logFormat=yaml"][..], "at '/logFormat'"),
+        // The API server would refuse a number where Kubernetes wants a string.
+        (
+            &["extraEnv[0].name=RUST_BACKTRACE", "extraEnv[0].value=1"][..],
+            "at '/extraEnv/0/value': got number, want string",
+        ),
+        (
+            &["topologySpreadConstraints[0].topologyKey=zone"][..],
+            "at '/topologySpreadConstraints/0': missing properties",
+        ),
+    ] {
+        let err = template_error(set);
+        assert!(err.contains(message), "{set:?}: {err}");
+    }
+    // A port given as a string (as the env variables it becomes are) is refused too.
+    let mut cmd = template_cmd(&[], false);
+    cmd.args(["--set-string", "apiServer.port=6443"]);
+    let (ok, _, err) = run("helm-template", &mut cmd);
+    assert!(
+        !ok && err.contains("at '/apiServer/port': got string, want integer"),
+        "{err}"
+    );
+    // A values file with a misspelt key.
+    let dir = tempfile::tempdir().expect("temp folder");
+    let file = write(dir.path(), "values.yaml", "apiServer:\n  hots: 10.0.0.1\n");
+    let mut cmd = template_cmd(&[], false);
+    cmd.args(["--values", &file]);
+    let (ok, _, err) = run("helm-template", &mut cmd);
+    assert!(
+        !ok && err.contains("at '/apiServer': additional properties 'hots' not allowed"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -648,9 +893,23 @@ fn stand_in_crds(cp: &ControlPlane) {
     }
 }
 
-/// Every variant of the rendered chart passes the real API server's admission and schema
-/// (server-side dry run, strict field validation), then the chart installs, upgrades and
-/// uninstalls for real with Helm (no scheduler runs here, so no pod starts; the objects do).
+/// Helm against the test control plane, in [`NAMESPACE`], with its state in `home`.
+fn helm_cp(cp: &ControlPlane, home: &Path, args: &[&str]) -> Command {
+    let mut cmd = helm(home);
+    cmd.args(args).args([
+        "--kubeconfig",
+        &cp.kubeconfig_path().display().to_string(),
+        "--namespace",
+        NAMESPACE,
+    ]);
+    cmd
+}
+
+/// The chart installs for real with Helm (no scheduler runs here, so no pod starts; the
+/// objects do), after refusing a namespace whose pod-security level forbids its pods; then
+/// every variant of the rendered chart, `helm test` pod included, passes the real API server's
+/// admission and schema (server-side dry run, strict field validation); then an upgrade and an
+/// uninstall, which keeps the CRDs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_applies_to_the_real_api_server() {
     let cp = ControlPlane::builder()
@@ -663,70 +922,46 @@ async fn the_chart_applies_to_the_real_api_server() {
         "create-namespace",
         cp.kubectl().args(["create", "namespace", NAMESPACE]),
     );
+    let home = tempfile::tempdir().expect("temp folder");
 
-    // The CRDs first (a dry run of a CRD does not create it), then every variant.
-    for path in [
-        nodeipam_crd::CHART_CRD_PATH,
-        nodeipam_crd::CHART_POOL_CRD_PATH,
-    ] {
-        let crd = workspace_root().join(path);
+    // A namespace that enforces `restricted` would refuse every pod of the host network: the
+    // Deployment would install and never run. The chart says so instead, naming the label.
+    let label = |level: &str| {
         run_ok(
-            "apply-chart-crd",
-            cp.kubectl()
-                .args(["apply", "-f", &crd.display().to_string()]),
-        );
-    }
-    let variants: [&[&str]; 5] = [
-        &[],
-        &["certMode=cert-manager"],
-        &["ipMasqAgent.enabled=true"],
-        &[
-            "metrics.serviceMonitor.enabled=true",
-            "metrics.readerBinding.enabled=true",
-            "metrics.prometheusRule.enabled=true",
-            "extraArgs[0]=--log-level=debug",
-        ],
-        &[
-            "metrics.secure=false",
-            "metrics.serviceMonitor.enabled=true",
-            "hostNetwork=false",
-            "probes.host=",
-        ],
-    ];
-    for (i, set) in variants.iter().enumerate() {
-        let rendered = template(set);
-        let expected = yaml_docs(&rendered).len();
-        let path = write(cp.dir(), &format!("rendered-{i}.yaml"), &rendered);
-        let out = run_ok(
-            "apply-dry-run-server",
+            "label-namespace",
             cp.kubectl().args([
-                "apply",
-                "--dry-run=server",
-                "--validate=strict",
-                "-f",
-                &path,
+                "label",
+                "namespace",
+                NAMESPACE,
+                "--overwrite",
+                &format!("pod-security.kubernetes.io/enforce={level}"),
             ]),
         );
-        let accepted = out
-            .lines()
-            .filter(|l| l.contains("(server dry run)"))
-            .count();
-        assert_eq!(accepted, expected, "variant {set:?}:\n{out}");
-    }
-
-    // A real install, an upgrade that turns on ip-masq-agent sync, and an uninstall.
-    let home = tempfile::tempdir().expect("temp folder");
-    let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let helm_cp = |args: &[&str]| {
-        let mut cmd = helm(home.path());
-        cmd.args(args)
-            .args(["--kubeconfig", &kubeconfig, "--namespace", NAMESPACE]);
-        cmd
     };
-    run_ok(
-        "helm-install",
-        &mut helm_cp(&["install", RELEASE, &chart_dir()]),
+    label("restricted");
+    let (ok, out, err) = run(
+        "helm-install-restricted",
+        &mut helm_cp(&cp, home.path(), &["install", RELEASE, &chart_dir()]),
     );
+    assert!(
+        !ok && err.contains(
+            "namespace nodeipam-system enforces pod-security.kubernetes.io/enforce=restricted, \
+             which refuses the host network"
+        ),
+        "{err}\n{out}"
+    );
+    label("privileged");
+    let notes = run_ok(
+        "helm-install",
+        &mut helm_cp(&cp, home.path(), &["install", RELEASE, &chart_dir()]),
+    );
+    for line in [
+        "kubectl nodeipam status",
+        "copy the kubectl-nodeipam binary onto your PATH",
+        "set apiServer.host",
+    ] {
+        assert!(notes.contains(line), "NOTES: no {line:?}:\n{notes}");
+    }
     let deployed = run_ok(
         "kubectl-get",
         cp.kubectl().args([
@@ -751,37 +986,296 @@ async fn the_chart_applies_to_the_real_api_server() {
             "{object} not installed:\n{deployed}"
         );
     }
+
+    // Every variant, with the CRDs (installed above) and the `helm test` pod.
+    let variants: [&[&str]; 6] = [
+        &[],
+        &["certMode=cert-manager"],
+        &["ipMasqAgent.enabled=true"],
+        &[
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.readerBinding.enabled=true",
+            "metrics.prometheusRule.enabled=true",
+            "extraArgs[0]=--log-level=debug",
+        ],
+        &[
+            "metrics.secure=false",
+            "metrics.serviceMonitor.enabled=true",
+            "hostNetwork=false",
+            "probes.host=",
+        ],
+        &["apiServer.host=10.0.0.1", "apiServer.port=6443"],
+    ];
+    for (i, set) in variants.iter().enumerate() {
+        let rendered = render(set, true);
+        let docs = yaml_docs(&rendered);
+        let test_pod = docs
+            .iter()
+            .find(|o| o["kind"] == "Pod")
+            .unwrap_or_else(|| panic!("variant {set:?}: no helm test pod"));
+        assert_eq!(test_pod["metadata"]["annotations"]["helm.sh/hook"], "test");
+        let path = write(cp.dir(), &format!("rendered-{i}.yaml"), &rendered);
+        let out = run_ok(
+            "apply-dry-run-server",
+            cp.kubectl().args([
+                "apply",
+                "--dry-run=server",
+                "--validate=strict",
+                "-f",
+                &path,
+            ]),
+        );
+        let accepted = out
+            .lines()
+            .filter(|l| l.contains("(server dry run)"))
+            .count();
+        assert_eq!(accepted, docs.len(), "variant {set:?}:\n{out}");
+    }
+
+    // An upgrade that turns on ip-masq-agent sync, and an uninstall.
     run_ok(
         "helm-upgrade",
-        &mut helm_cp(&[
-            "upgrade",
-            RELEASE,
-            &chart_dir(),
-            "--set",
-            "ipMasqAgent.enabled=true",
-        ]),
+        &mut helm_cp(
+            &cp,
+            home.path(),
+            &[
+                "upgrade",
+                RELEASE,
+                &chart_dir(),
+                "--set",
+                "ipMasqAgent.enabled=true",
+            ],
+        ),
     );
     run_ok(
         "kubectl-get-ip-masq-agent-role",
         cp.kubectl()
             .args(["get", "role", "nodeipam-ip-masq-agent", "-n", "kube-system"]),
     );
-    let status = run_ok("helm-status", &mut helm_cp(&["status", RELEASE]));
+    let status = run_ok(
+        "helm-status",
+        &mut helm_cp(&cp, home.path(), &["status", RELEASE]),
+    );
     assert!(status.contains("REVISION: 2"), "{status}");
-    run_ok("helm-uninstall", &mut helm_cp(&["uninstall", RELEASE]));
+    run_ok(
+        "helm-uninstall",
+        &mut helm_cp(&cp, home.path(), &["uninstall", RELEASE]),
+    );
     let (ok, _, err) = run(
         "kubectl-get-after-uninstall",
         cp.kubectl()
             .args(["get", "deployment", "nodeipam-controller", "-n", NAMESPACE]),
     );
     assert!(!ok && err.contains("NotFound"), "{err}");
-    // Helm leaves CRDs (and so every NodeIPAMConfig) in place on uninstall.
+    // The keep policy leaves the CRDs (and so every NodeIPAMConfig) in place on uninstall.
     run_ok(
         "kubectl-get-crd-after-uninstall",
-        cp.kubectl()
-            .args(["get", "crd", "nodeipamconfigs.nodeipam.io"]),
+        cp.kubectl().args([
+            "get",
+            "crd",
+            "nodeipamconfigs.nodeipam.io",
+            "nodeipampools.nodeipam.io",
+        ]),
     );
 
+    cp.stop().await;
+}
+
+// ----- upgrades -----
+
+/// Copies the folder `from` into `to` (which must not exist), files and folders only.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap_or_else(|e| panic!("mkdir {}: {e}", to.display()));
+    let entries =
+        std::fs::read_dir(from).unwrap_or_else(|e| panic!("read {}: {e}", from.display()));
+    for entry in entries {
+        let entry = entry.expect("directory entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target)
+                .unwrap_or_else(|e| panic!("copy {}: {e}", entry.path().display()));
+        }
+    }
+}
+
+/// The NodeIPAMConfig CRD as an older release had it: without `spec.allocation`.
+fn config_crd_without_allocation() -> String {
+    let mut crd: Value = serde_yaml::from_str(&nodeipam_crd::crd_yaml()).expect("the CRD parses");
+    let spec = &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let removed = spec["properties"]
+        .as_object_mut()
+        .and_then(|p| p.remove("allocation"));
+    assert!(removed.is_some(), "the CRD has spec.allocation: {spec}");
+    serde_yaml::to_string(&crd).expect("the CRD serializes")
+}
+
+/// Two older charts made from this one, in `dir`, each with the older NodeIPAMConfig CRD and
+/// no NodeIPAMPool: `crds-folder`, laid out as 0.1.0 was (Helm's `crds/`, installed once), and
+/// `templated`, with the CRD as a template (as from this release on).
+fn older_charts(dir: &Path) -> (String, String) {
+    let crd = config_crd_without_allocation();
+    let folder = dir.join("crds-folder");
+    copy_dir(&workspace_root().join("charts/nodeipam"), &folder);
+    std::fs::remove_dir_all(folder.join("templates/crds")).expect("remove templates/crds");
+    std::fs::create_dir(folder.join("crds")).expect("mkdir crds");
+    write(
+        &folder.join("crds"),
+        "nodeipam.io_nodeipamconfigs.yaml",
+        &crd,
+    );
+
+    let templated = dir.join("templated");
+    copy_dir(&workspace_root().join("charts/nodeipam"), &templated);
+    let crds = templated.join("templates/crds");
+    std::fs::remove_file(crds.join("nodeipam.io_nodeipampools.yaml")).expect("remove pool CRD");
+    write(
+        &crds,
+        "nodeipam.io_nodeipamconfigs.yaml",
+        &nodeipam_crd::chart_template(&crd),
+    );
+    (
+        folder.display().to_string(),
+        templated.display().to_string(),
+    )
+}
+
+/// Whether the API server's OpenAPI document for nodeipam.io/v1alpha1 has
+/// NodeIPAMConfig's `spec.allocation`.
+fn allocation_served(cp: &ControlPlane) -> bool {
+    let (ok, out, _) = run(
+        "kubectl-get-openapi",
+        cp.kubectl()
+            .args(["get", "--raw", "/openapi/v3/apis/nodeipam.io/v1alpha1"]),
+    );
+    let doc: Value = if ok {
+        serde_json::from_str(&out).expect("OpenAPI is JSON")
+    } else {
+        Value::Null
+    };
+    doc["components"]["schemas"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(name, _)| name.ends_with(".NodeIPAMConfig"))
+        .any(|(_, s)| {
+            s["properties"]["spec"]["properties"]
+                .get("allocation")
+                .is_some()
+        })
+}
+
+/// Polls `check` every 200 ms for at most a minute (a limit, not an assertion about time).
+fn eventually(step: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !check() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "step={step}: not so after a minute"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// `helm upgrade` upgrades the CRDs. From a 0.1.0-style chart (CRDs in `crds/`, which Helm
+/// installed without owning them) once with `--take-ownership`; from then on a plain upgrade
+/// brings a new field and a new kind, which the real API server then serves; `helm uninstall`
+/// keeps both CRDs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_upgrade_upgrades_the_crds() {
+    let cp = ControlPlane::builder()
+        .install_crds(false)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("step=control-plane: the control plane did not start: {e}"));
+    run_ok(
+        "create-namespace",
+        cp.kubectl().args(["create", "namespace", NAMESPACE]),
+    );
+    let home = tempfile::tempdir().expect("temp folder");
+    let charts = tempfile::tempdir().expect("temp folder");
+    let (crds_folder, templated) = older_charts(charts.path());
+    let helm_ok = |step: &str, args: &[&str]| run_ok(step, &mut helm_cp(&cp, home.path(), args));
+
+    helm_ok(
+        "helm-install-crds-folder",
+        &["install", RELEASE, &crds_folder],
+    );
+    run_ok(
+        "crd-established",
+        cp.kubectl().args([
+            "wait",
+            "--for=condition=Established",
+            "crd/nodeipamconfigs.nodeipam.io",
+            "--timeout=60s",
+        ]),
+    );
+    assert!(!allocation_served(&cp), "the older CRD has no allocation");
+
+    // Helm did not record the CRDs of crds/ as the release's: taking them over is refused
+    // unless asked for, naming why.
+    let (ok, _, err) = run(
+        "helm-upgrade-without-take-ownership",
+        &mut helm_cp(&cp, home.path(), &["upgrade", RELEASE, &templated]),
+    );
+    assert!(
+        !ok && err.contains("invalid ownership metadata"),
+        "the CRD of crds/ was taken over unasked: {err}"
+    );
+    helm_ok(
+        "helm-upgrade-take-ownership",
+        &["upgrade", RELEASE, &templated, "--take-ownership"],
+    );
+    let owner = run_ok(
+        "crd-owner",
+        cp.kubectl().args([
+            "get",
+            "crd",
+            "nodeipamconfigs.nodeipam.io",
+            "-o",
+            "jsonpath={.metadata.annotations.meta\\.helm\\.sh/release-name}",
+        ]),
+    );
+    assert_eq!(owner, RELEASE);
+    let (ok, _, _) = run(
+        "no-pool-crd-yet",
+        cp.kubectl()
+            .args(["get", "crd", "nodeipampools.nodeipam.io"]),
+    );
+    assert!(!ok, "the older charts have no NodeIPAMPool CRD");
+
+    // The current chart: a plain upgrade adds spec.allocation and the NodeIPAMPool kind.
+    helm_ok("helm-upgrade", &["upgrade", RELEASE, &chart_dir()]);
+    eventually("allocation-served", || allocation_served(&cp));
+    run_ok(
+        "pool-crd-established",
+        cp.kubectl().args([
+            "wait",
+            "--for=condition=Established",
+            "crd/nodeipampools.nodeipam.io",
+            "--timeout=60s",
+        ]),
+    );
+    eventually("pools-served", || {
+        run(
+            "list-pools",
+            cp.kubectl()
+                .args(["get", "--raw", "/apis/nodeipam.io/v1alpha1/nodeipampools"]),
+        )
+        .0
+    });
+
+    helm_ok("helm-uninstall", &["uninstall", RELEASE]);
+    run_ok(
+        "crds-kept",
+        cp.kubectl().args([
+            "get",
+            "crd",
+            "nodeipamconfigs.nodeipam.io",
+            "nodeipampools.nodeipam.io",
+        ]),
+    );
     cp.stop().await;
 }
 

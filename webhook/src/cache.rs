@@ -62,7 +62,7 @@ impl Caches {
 
         let (pools, writer) = reflector::store();
         let api: Api<NodeIPAMPool> = Api::all(client.clone());
-        // A controller upgraded before its CRDs (Helm does not upgrade `crds/`) finds no
+        // A controller upgraded before its CRDs (kustomize users apply config/crd) finds no
         // NodeIPAMPools: there are none to protect then, so configs are still reviewed, and
         // the watcher keeps retrying until the CRD is served; pool requests wait for it.
         let pools_served = !matches!(

@@ -1,6 +1,6 @@
 //! Prints the CRD YAML (NodeIPAMConfig and NodeIPAMPool, as one stream), or with `--write`
-//! writes each CRD to `config/crd/bases/` and to the Helm chart's `charts/nodeipam/crds/`, in
-//! the workspace.
+//! writes each CRD to `config/crd/bases/` and, as a template, to the Helm chart's
+//! `charts/nodeipam/templates/crds/`, in the workspace.
 
 use std::path::Path;
 use std::process::ExitCode;
