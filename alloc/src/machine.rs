@@ -25,9 +25,7 @@ use super::effects::{
 };
 use super::ipam::{AllocateError, ConfigInput, Ipam, NodeSeen, Phase, nets_overlap};
 use super::outcome::{Decision, NodeNow, WriteOutcome, decide};
-use super::podnetwork::{
-    ConfigMapRef, ConfigRanges, OutputContent, OutputKind, PodNetwork, covered,
-};
+use super::podnetwork::{ConfigMapRef, OutputContent, OutputKind, PodNetwork, covered};
 use super::pool::{
     self as scaling, Carve, ChildView, DEMAND_WINDOW, PoolInput, PoolStatus, PoolWorld,
 };
@@ -2209,31 +2207,7 @@ impl Machine {
 
     /// The pod network as the allocation state has it now.
     pub fn network(&self) -> PodNetwork {
-        let configs: Vec<ConfigRanges> = self
-            .configs
-            .iter()
-            .filter_map(|(name, seen)| {
-                let facts = self.ipam.config_facts(name)?;
-                let families = [(seen.base.ipv4, facts.ipv4), (seen.base.ipv6, facts.ipv6)]
-                    .into_iter()
-                    .filter_map(|(range, f)| {
-                        range.map(|(r, _)| {
-                            (r, f.map_or(0, |f| f.allocated), f.map_or(0, |f| f.capacity))
-                        })
-                    })
-                    .collect();
-                let stopped = facts.deleting || !facts.enabled;
-                Some(ConfigRanges {
-                    name: name.clone(),
-                    families,
-                    nodes: facts.nodes,
-                    deleting: facts.deleting,
-                    enabled: facts.enabled,
-                    drained: stopped && !facts.held(),
-                })
-            })
-            .collect();
-        PodNetwork::new(&configs, &self.ipam.unmanaged())
+        self.ipam.network()
     }
 
     /// A network is written. What was sent before it landed before it or was skipped.
