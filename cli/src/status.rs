@@ -348,3 +348,89 @@ fn output_table(rows: &[OutputState]) -> Option<String> {
         &lines,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        Report {
+            leader: Leader {
+                lease: "nodeipam-system/nodeipam-controller".into(),
+                found: true,
+                holder: Some("a_1".into()),
+                lease_transitions: Some(3),
+                renew_time: Some("2026-01-01T00:00:00Z".into()),
+                lease_duration_seconds: Some(15),
+                renewed_ago: Some(90),
+                ..Leader::default()
+            },
+            configs: vec![ConfigRow {
+                name: "dual".into(),
+                ipv4: Some("10.0.0.0/16".into()),
+                ipv6: Some("fd00::/48".into()),
+                allocation: "Enabled".into(),
+                nodes: Some(2),
+                ipv4_usage: Some(FamilyStatus {
+                    capacity: 256,
+                    allocated: 2,
+                }),
+                ipv6_usage: Some(FamilyStatus {
+                    capacity: 65536,
+                    allocated: 2,
+                }),
+                ready: Some(Cond {
+                    status: "True".into(),
+                    reason: "Accepting".into(),
+                    message: "accepting allocations".into(),
+                }),
+                exhausted: None,
+                drained: None,
+            }],
+            pools: Vec::new(),
+            pending: Vec::new(),
+            outputs: vec![OutputState {
+                target: "ns/cm".into(),
+                missing: None,
+                current: false,
+            }],
+        }
+    }
+
+    #[test]
+    fn tables_say_what_is_there_and_what_is_not() {
+        let t = table(&report(), false);
+        let lines: Vec<Vec<&str>> = t.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert!(lines.contains(&vec![
+            "a_1",
+            "nodeipam-system/nodeipam-controller",
+            "3",
+            "1m30s",
+            "ago"
+        ]));
+        assert!(lines.contains(&vec![
+            "dual",
+            "10.0.0.0/16",
+            "fd00::/48",
+            "2",
+            "2/256,2/65536",
+            "True",
+            "-"
+        ]));
+        assert!(t.contains("No pending nodes."), "{t}");
+        assert!(lines.contains(&vec!["ns/cm", "no", "no", "-"]), "{t}");
+        assert!(!t.contains("POOL"), "no pools, no pool table: {t}");
+        let wide = table(&report(), true);
+        assert!(
+            wide.contains("RENEW-TIME") && wide.contains("Accepting: accepting allocations"),
+            "{wide}"
+        );
+        let mut none = report();
+        none.leader.found = false;
+        assert!(
+            table(&none, false).starts_with("No Lease nodeipam-system/nodeipam-controller"),
+            "{}",
+            table(&none, false)
+        );
+    }
+}
