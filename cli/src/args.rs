@@ -91,8 +91,9 @@ pub enum Command {
         #[arg(short = 'o', long = "output", value_enum, default_value_t = View::Table)]
         output: View,
     },
-    /// Print a shell completion script for kubectl-nodeipam (e.g. `source <(kubectl
-    /// nodeipam completion bash)`).
+    /// Print a shell completion script for the kubectl-nodeipam command (e.g. `source
+    /// <(kubectl nodeipam completion bash)`); `kubectl nodeipam <TAB>` is completed by kubectl
+    /// through kubectl_complete-nodeipam, a link to this binary.
     Completion {
         #[arg(value_enum)]
         shell: clap_complete::Shell,

@@ -5,6 +5,7 @@
 //! `nodeipam_controller::ranges`, the rules the controller itself keeps.
 
 pub mod args;
+pub mod complete;
 pub mod read;
 pub mod report;
 pub mod status;

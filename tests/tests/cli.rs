@@ -1,7 +1,7 @@
 //! End-to-end tests of `kubectl nodeipam`, the plugin binary run as a process with a
 //! kubeconfig against the real API server, beside the real `nodeipam` controller binary:
 //! `status` (leader, usage, pending nodes and why, the published outputs), `ranges` (what
-//! `nodeipam ranges` prints), plugin discovery by kubectl, and `check`, which reports every
+//! `nodeipam ranges` prints), plugin discovery and completion by kubectl, and `check`, which reports every
 //! inconsistency made by hand while the controller is stopped and none once it is fixed.
 
 mod support;
@@ -94,8 +94,8 @@ async fn wait_leader(cp: &ControlPlane, name: &str) -> String {
 
 /// `status` shows the leader, each config's usage, the node no config has room for with the
 /// controller's reason, and the published ConfigMap current; `ranges` prints what `nodeipam
-/// ranges` does, also when kubectl finds the plugin on PATH; `check` is clean; a context that
-/// is not in the kubeconfig is named.
+/// ranges` does, also when kubectl finds the plugin on PATH; kubectl completes its words
+/// through the completer link; `check` is clean; a context not in the kubeconfig is named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_ranges_and_a_clean_check_beside_a_running_controller() {
     let cp = control_plane().await;
@@ -232,6 +232,35 @@ async fn status_ranges_and_a_clean_check_beside_a_running_controller() {
         ranges.out,
         "kubectl nodeipam: {}",
         String::from_utf8_lossy(&out.stderr)
+    );
+
+    // `kubectl nodeipam <TAB>`: kubectl asks kubectl_complete-nodeipam, a link to the plugin.
+    let links = dir.path().join("bin");
+    std::fs::create_dir(&links).expect("step=link-completer: mkdir");
+    std::os::unix::fs::symlink(plugin_bin(), links.join("kubectl-nodeipam"))
+        .expect("step=link-completer: plugin");
+    std::os::unix::fs::symlink(plugin_bin(), links.join("kubectl_complete-nodeipam"))
+        .expect("step=link-completer: completer");
+    let kubectl = cp.kubectl().get_program().to_os_string();
+    let complete = |words: &'static [&'static str]| {
+        let kubectl = kubectl.clone();
+        let links = links.clone();
+        async move {
+            let out = tokio::process::Command::new(kubectl)
+                .env_clear()
+                .env("PATH", &links)
+                .arg("__completeNoDesc")
+                .args(words)
+                .output()
+                .await
+                .expect("run kubectl __complete");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    };
+    assert_eq!(complete(&["nodeipam", "ch"]).await, "check\n:4\n");
+    assert_eq!(
+        complete(&["nodeipam", "status", "-o", ""]).await,
+        "table\nwide\njson\nyaml\n:4\n"
     );
 
     let clean = plugin_until(&cp, &["check"], "a clean check", |r| r.code == Some(0)).await;
