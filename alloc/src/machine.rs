@@ -52,7 +52,7 @@ pub const STATUS_COUNTS_EVERY: Duration = Duration::from_secs(1);
 const CARVE_RECHECK: Duration = Duration::from_secs(30);
 
 /// The source name of the `--service-cidr` flag among the Service ranges.
-const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
+pub const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
 
 /// What a machine is told once, when it starts.
 #[derive(Clone, Debug, Default)]

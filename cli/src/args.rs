@@ -47,6 +47,9 @@ pub struct Global {
     /// --ip-masq-agent-configmap).
     #[arg(long, global = true)]
     pub ip_masq_agent_configmap: Option<ConfigMapRef>,
+    /// The controller's --service-cidr, for a cluster whose API serves no ServiceCIDRs.
+    #[arg(long = "service-cidr", global = true, value_delimiter = ',')]
+    pub service_cidrs: Vec<IpNet>,
     /// The controller's --extra-non-masquerade-cidr, to compare ip-masq-agent's config with.
     #[arg(
         long = "extra-non-masquerade-cidr",
@@ -148,6 +151,13 @@ mod tests {
             }
         ));
         assert_eq!(cli.global.namespace, "nodeipam-system");
+        let cli = Cli::try_parse_from([
+            "kubectl-nodeipam",
+            "check",
+            "--service-cidr=10.96.0.0/12,fd00::/108",
+        ])
+        .expect("service CIDRs");
+        assert_eq!(cli.global.service_cidrs.len(), 2);
         assert_eq!(cli.global.lease_name, "nodeipam-controller");
     }
 

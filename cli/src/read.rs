@@ -58,12 +58,18 @@ pub async fn read(client: &Client, global: &Global) -> anyhow::Result<Read> {
     )
     .await?
     .unwrap_or_default();
-    let services = list::<ServiceCIDR>(client, "ServiceCIDRs")
+    let mut services: Vec<(String, Vec<IpNet>)> = list::<ServiceCIDR>(client, "ServiceCIDRs")
         .await?
         .unwrap_or_default()
         .iter()
         .map(|s| (s.name_any(), service_ranges(s)))
         .collect();
+    if !global.service_cidrs.is_empty() {
+        services.push((
+            nodeipam_alloc::machine::SERVICE_FLAG_SOURCE.into(),
+            global.service_cidrs.clone(),
+        ));
+    }
     let mut outputs = Vec::new();
     if !global.pod_network_configmap.is_empty() {
         let target = ConfigMapRef {

@@ -425,6 +425,29 @@ mod tests {
             wide.contains("RENEW-TIME") && wide.contains("Accepting: accepting allocations"),
             "{wide}"
         );
+        let mut pooled = report();
+        pooled.pools.push(PoolRow {
+            name: "burst".into(),
+            children: 2,
+            ipv4: Some(PoolFamilyStatus {
+                ranges: 2,
+                capacity: 32,
+                allocated: 20,
+                budget_blocks: 256,
+            }),
+            ipv6: None,
+            ready: None,
+        });
+        let t = table(&pooled, false);
+        let pools: Vec<Vec<&str>> = t.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert!(
+            pools.contains(&vec!["POOL", "RANGES", "IPV4", "IPV6", "READY"]),
+            "{t}"
+        );
+        assert!(
+            pools.contains(&vec!["burst", "2", "20/32", "(budget", "256)", "-", "-"]),
+            "{t}"
+        );
         let mut none = report();
         none.leader.found = false;
         assert!(
