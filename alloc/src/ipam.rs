@@ -31,6 +31,7 @@ pub use nodeipam_crd::range::overlaps as nets_overlap;
 use nodeipam_crd::range::{FamilyRange, blocks_covered};
 
 use crate::cidrset::CidrSet;
+use crate::podnetwork::{ConfigRanges, PodNetwork};
 use crate::selection::{self, Candidate, NodeView};
 
 /// What the state needs to know about one NodeIPAMConfig, prepared by the caller.
@@ -812,6 +813,40 @@ impl Ipam {
             }
         }
         out
+    }
+
+    /// The pod network as this state has it: every config's ranges with their counts (one
+    /// whose facts say drained leaves), and the unmanaged podCIDRs. What the leader publishes,
+    /// and what `check` compares the published outputs with.
+    pub fn network(&self) -> PodNetwork {
+        let configs: Vec<ConfigRanges> = self
+            .configs
+            .iter()
+            .filter_map(|(name, state)| {
+                let facts = self.config_facts(name)?;
+                let families = [
+                    (state.input.ipv4, facts.ipv4),
+                    (state.input.ipv6, facts.ipv6),
+                ]
+                .into_iter()
+                .filter_map(|(range, f)| {
+                    range.map(|(r, _)| {
+                        (r, f.map_or(0, |f| f.allocated), f.map_or(0, |f| f.capacity))
+                    })
+                })
+                .collect();
+                let stopped = facts.deleting || !facts.enabled;
+                Some(ConfigRanges {
+                    name: name.clone(),
+                    families,
+                    nodes: facts.nodes,
+                    deleting: facts.deleting,
+                    enabled: facts.enabled,
+                    drained: stopped && !facts.held(),
+                })
+            })
+            .collect();
+        PodNetwork::new(&configs, &self.unmanaged())
     }
 
     // ----- facts for status -----

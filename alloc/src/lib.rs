@@ -2,8 +2,10 @@
 //! of them, so it cannot name them). The bitmaps (`cidrset`), the allocation state (`ipam`),
 //! config selection, write outcomes, status, the pod network, the leadership rules
 //! (`lease`) and the seal of a take-over (`seal`) are decided here, and `machine` puts them together behind one
-//! `handle(input) -> effects`.
+//! `handle(input) -> effects`. `check` recounts a cluster read from the API by the same
+//! rules, for the command line.
 
+pub mod check;
 pub mod cidrset;
 pub mod effects;
 pub mod fixtures;

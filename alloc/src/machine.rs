@@ -42,6 +42,7 @@ use writes::Writes;
 
 pub use configs::config_input;
 pub use io::{Effect, Input, Metric, Now, Options, Watch};
+pub use services::SERVICE_FLAG_SOURCE;
 
 mod carves;
 mod configs;
@@ -188,7 +189,7 @@ impl Machine {
 
     /// The pod network as the allocation state has it now.
     pub fn network(&self) -> PodNetwork {
-        publication::network(&self.configs, &self.core)
+        publication::network(&self.core)
     }
 
     /// The writes and the nodes, and the parts their handling reaches.
@@ -455,7 +456,7 @@ impl Machine {
     }
 
     fn publish_network(&mut self) {
-        self.publication.publish(&self.configs, &mut self.core);
+        self.publication.publish(&mut self.core);
     }
 
     // ----- pools -----

@@ -269,18 +269,24 @@ impl PodNetwork {
 
 /// Rows under a header, each column as wide as its widest cell, as kubectl prints tables.
 pub fn columns<const N: usize>(header: &[String; N], rows: &[[String; N]]) -> String {
-    let mut widths = header.clone().map(|h| h.len());
+    let rows: Vec<&[String]> = rows.iter().map(|r| r.as_slice()).collect();
+    table(header, &rows)
+}
+
+/// [`columns`] for tables whose width is known at run time only; a short row is padded.
+pub fn table(header: &[String], rows: &[&[String]]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(String::len).collect();
     for r in rows {
-        for (w, cell) in widths.iter_mut().zip(r) {
+        for (w, cell) in widths.iter_mut().zip(r.iter()) {
             *w = (*w).max(cell.len());
         }
     }
     let mut out = String::new();
-    for r in std::iter::once(header).chain(rows.iter()) {
-        let line: Vec<String> = r
+    for r in std::iter::once(header).chain(rows.iter().copied()) {
+        let line: Vec<String> = widths
             .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
+            .enumerate()
+            .map(|(i, w)| format!("{:<w$}", r.get(i).map_or("", String::as_str)))
             .collect();
         let _ = writeln!(out, "{}", line.join("   ").trim_end());
     }

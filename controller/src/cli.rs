@@ -12,6 +12,11 @@ use ipnet::IpNet;
 
 use crate::duration;
 
+/// The Lease the replicas elect with, in `--namespace`, unless `--lease-name` says otherwise.
+pub const DEFAULT_LEASE_NAME: &str = "nodeipam-controller";
+/// The ConfigMap (in `--namespace`) the pod network is published to by default.
+pub const DEFAULT_POD_NETWORK_CONFIGMAP: &str = "nodeipam-pod-network";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "nodeipam",
@@ -245,7 +250,7 @@ pub struct RunArgs {
         long,
         visible_alias = "leader-elect-resource-name",
         env = "NODEIPAM_LEASE_NAME",
-        default_value = "nodeipam-controller"
+        default_value = DEFAULT_LEASE_NAME
     )]
     pub lease_name: String,
     /// How long a lease is valid without renewal (whole seconds: the Lease stores seconds).
@@ -280,7 +285,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "NODEIPAM_POD_NETWORK_CONFIGMAP",
-        default_value = "nodeipam-pod-network"
+        default_value = DEFAULT_POD_NETWORK_CONFIGMAP
     )]
     pub pod_network_configmap: String,
     /// ip-masq-agent's ConfigMap (namespace/name) whose `config` key is kept in sync.

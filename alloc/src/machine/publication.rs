@@ -8,12 +8,9 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use tracing::info;
 
-use super::configs::Configs;
 use super::core::Core;
 use super::{Effect, Watch};
-use crate::podnetwork::{
-    ConfigMapRef, ConfigRanges, OutputContent, OutputKind, PodNetwork, covered,
-};
+use crate::podnetwork::{ConfigMapRef, OutputContent, OutputKind, PodNetwork, covered};
 
 /// A consumer output of the pod network and what its watch last showed.
 #[derive(Clone, Debug)]
@@ -87,11 +84,11 @@ impl Publication {
 
     /// Publishes the pod network when what consumers read changed. Drained configs leave it
     /// here, and only here, so a range leaves consumers' view only after its last node is gone.
-    pub(super) fn publish(&mut self, configs: &Configs, core: &mut Core) {
+    pub(super) fn publish(&mut self, core: &mut Core) {
         if !core.synced() || self.outputs.is_empty() || !std::mem::take(&mut self.network_dirty) {
             return;
         }
-        let network = network(configs, core);
+        let network = network(core);
         // What consumers read, not the counts beside it: a new node changes no output.
         let desired = self.desired(&network);
         if self.network_sent.as_ref() != Some(&desired) {
@@ -200,39 +197,15 @@ impl Publication {
 }
 
 /// The pod network as the allocation state has it now.
-pub(super) fn network(configs: &Configs, core: &Core) -> PodNetwork {
-    let ipam = core.ipam();
-    let configs: Vec<ConfigRanges> = configs
-        .iter()
-        .filter_map(|(name, seen)| {
-            let facts = ipam.config_facts(name)?;
-            let families = [
-                (seen.input().ipv4, facts.ipv4),
-                (seen.input().ipv6, facts.ipv6),
-            ]
-            .into_iter()
-            .filter_map(|(range, f)| {
-                range.map(|(r, _)| (r, f.map_or(0, |f| f.allocated), f.map_or(0, |f| f.capacity)))
-            })
-            .collect();
-            let stopped = facts.deleting || !facts.enabled;
-            Some(ConfigRanges {
-                name: name.clone(),
-                families,
-                nodes: facts.nodes,
-                deleting: facts.deleting,
-                enabled: facts.enabled,
-                drained: stopped && !facts.held(),
-            })
-        })
-        .collect();
-    PodNetwork::new(&configs, &ipam.unmanaged())
+pub(super) fn network(core: &Core) -> PodNetwork {
+    core.ipam().network()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fixtures::configmap;
+    use crate::podnetwork::ConfigRanges;
 
     fn net(s: &str) -> IpNet {
         s.parse().expect("test CIDR")

@@ -12,7 +12,7 @@ use super::nodes::{Around, Nodes};
 use crate::ipam::Ipam;
 
 /// The source name of the `--service-cidr` flag among the Service ranges.
-const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
+pub const SERVICE_FLAG_SOURCE: &str = "--service-cidr";
 
 /// The source of a ServiceCIDR object's ranges.
 fn source(name: &str) -> String {

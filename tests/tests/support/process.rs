@@ -24,25 +24,35 @@ pub const SA_GROUPS: &[&str] = &[
 /// The `nodeipam` binary: `$NODEIPAM_BIN`, else next to this test binary's folder
 /// (`<target>/debug/deps/<test>-*` → `<target>/debug/nodeipam`).
 pub fn nodeipam_bin() -> PathBuf {
-    if let Some(path) = std::env::var_os("NODEIPAM_BIN").filter(|v| !v.is_empty()) {
+    workspace_bin("nodeipam", "NODEIPAM_BIN", "nodeipam-controller")
+}
+
+/// The `kubectl-nodeipam` plugin: `$KUBECTL_NODEIPAM_BIN`, else beside `nodeipam`.
+pub fn plugin_bin() -> PathBuf {
+    workspace_bin("kubectl-nodeipam", "KUBECTL_NODEIPAM_BIN", "nodeipam-cli")
+}
+
+/// A binary of the workspace: `$<env>`, else in the folder above this test binary's.
+fn workspace_bin(name: &str, env: &str, package: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(env).filter(|v| !v.is_empty()) {
         let path = PathBuf::from(path);
         assert!(
             path.is_file(),
-            "step=locate-nodeipam: NODEIPAM_BIN={} is not a file",
+            "step=locate-{name}: {env}={} is not a file",
             path.display()
         );
         return path;
     }
-    let exe = std::env::current_exe().expect("step=locate-nodeipam: path of the test binary");
+    let exe = std::env::current_exe().expect("step=locate-binary: path of the test binary");
     let candidate = exe
         .parent()
         .and_then(Path::parent)
-        .map(|debug| debug.join("nodeipam"));
+        .map(|debug| debug.join(name));
     match candidate {
         Some(path) if path.is_file() => path,
         _ => panic!(
-            "step=locate-nodeipam: no nodeipam binary at {:?} (next to {}): run `cargo build -p \
-             nodeipam-controller --bin nodeipam` first (hack/test.sh does), or set NODEIPAM_BIN",
+            "step=locate-{name}: no {name} binary at {:?} (next to {}): run `cargo build -p \
+             {package} --bin {name}` first (hack/test.sh does), or set {env}",
             candidate,
             exe.display()
         ),

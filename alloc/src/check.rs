@@ -1,0 +1,530 @@
+//! `kubectl nodeipam check` and `status`, decided: the cluster as read (configs, Nodes, Service
+//! ranges, published outputs) recounted by the controller's own rules, and every place where
+//! what is written disagrees with the recount. Pure: the caller reads the objects.
+//!
+//! The recount is what a new leader does at start-up: the allocation state built from the
+//! configs ([`config_input`]), the Service ranges and the Nodes' podCIDRs
+//! ([`Ipam::observe_node`], which also finds overlaps and unmanaged podCIDRs), then each
+//! config's status ([`desired_status`]) and the pod network ([`Ipam::network`]) from it. Only
+//! what is on the objects counts, so it needs no controller running.
+//!
+//! ## What disagrees
+//! - two nodes' podCIDRs overlap, a podCIDR lies in a Service range or in no config;
+//! - a status counts more blocks than the nodes hold: a leak (a write whose outcome the
+//!   controller could not learn, counted until it can no longer land) or a stale count;
+//! - any other status count, or its `Drained` condition, differs from the recount;
+//! - a published output misses a range of the pod network (or is not there).
+//!
+//! While the controller works, its counts may trail the nodes for a moment
+//! (`STATUS_COUNTS_EVERY`): a finding that goes away on a second run was one of those.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use ipnet::IpNet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube_core::ResourceExt;
+use nodeipam_crd::{CONDITION_DRAINED, FamilyStatus, NodeIPAMConfig, NodeIPAMConfigStatus};
+use serde::Serialize;
+
+use crate::ipam::Ipam;
+use crate::machine::config_input;
+use crate::node::IpamNode;
+use crate::podnetwork::{ConfigMapRef, OutputKind, PodNetwork, RangeState, covered};
+use crate::selection::{self, NodeView};
+use crate::status::desired_status;
+
+/// A published output as read: where it is, its kind, and its data (`None`: it is not there).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Output {
+    pub target: ConfigMapRef,
+    pub kind: OutputKind,
+    pub data: Option<BTreeMap<String, String>>,
+}
+
+/// Everything the checks look at, as read from the API.
+#[derive(Clone, Copy, Debug)]
+pub struct Cluster<'a> {
+    pub configs: &'a [NodeIPAMConfig],
+    pub nodes: &'a [IpamNode],
+    /// Service ranges by source (a ServiceCIDR's name).
+    pub services: &'a [(String, Vec<IpNet>)],
+    pub outputs: &'a [Output],
+    /// What the controller adds to ip-masq-agent's `nonMasqueradeCIDRs`.
+    pub extra_non_masquerade: &'a [IpNet],
+}
+
+/// The allocation state rebuilt from the objects, and what rebuilding it found.
+#[derive(Clone)]
+pub struct Recount {
+    pub ipam: Ipam,
+    /// Each overlapping pair once: (node, its podCIDR, the other node, the other's podCIDR).
+    pub overlaps: Vec<(String, IpNet, String, IpNet)>,
+    /// podCIDRs in no config's range: (node, podCIDR).
+    pub unmanaged: Vec<(String, IpNet)>,
+    /// Nodes whose podCIDRs do not parse: (node, why).
+    pub unparsable: Vec<(String, String)>,
+    /// Every node's podCIDRs, by name.
+    pub held: BTreeMap<String, Vec<IpNet>>,
+}
+
+/// Rebuilds the allocation state as a new leader would: configs first, then the Service
+/// ranges, then every node's podCIDRs in name order.
+pub fn recount(cluster: &Cluster<'_>) -> Recount {
+    let mut ipam = Ipam::new();
+    for c in cluster.configs {
+        ipam.upsert_config(config_input(c));
+    }
+    for (source, cidrs) in cluster.services {
+        ipam.set_service_cidrs(source, cidrs.clone());
+    }
+    let mut out = Recount {
+        ipam,
+        overlaps: Vec::new(),
+        unmanaged: Vec::new(),
+        unparsable: Vec::new(),
+        held: BTreeMap::new(),
+    };
+    for n in sorted(cluster.nodes) {
+        let name = n.name_any();
+        let cidrs = match n.cidrs() {
+            Ok(c) if c.is_empty() => continue,
+            Ok(c) => c,
+            Err(e) => {
+                out.unparsable.push((name, e));
+                continue;
+            }
+        };
+        let found = out.ipam.observe_node(&name, n.uid().as_deref(), &cidrs);
+        for (other, ours, theirs) in found.conflicts {
+            out.overlaps.push((name.clone(), ours, other, theirs));
+        }
+        out.unmanaged
+            .extend(found.unmanaged.into_iter().map(|c| (name.clone(), c)));
+        out.held.insert(name, cidrs);
+    }
+    out
+}
+
+fn sorted(nodes: &[IpamNode]) -> Vec<&IpamNode> {
+    let mut list: Vec<&IpamNode> = nodes.iter().collect();
+    list.sort_by_key(|n| n.name_any());
+    list
+}
+
+/// One inconsistency, as `check` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(
+    tag = "kind",
+    rename_all = "kebab-case",
+    rename_all_fields = "camelCase"
+)]
+pub enum Finding {
+    /// Two nodes hold overlapping podCIDRs.
+    Overlap {
+        node: String,
+        cidr: IpNet,
+        other_node: String,
+        other_cidr: IpNet,
+    },
+    /// A podCIDR lies in a Service range.
+    ServiceRange {
+        node: String,
+        cidr: IpNet,
+        service_cidr: String,
+        range: IpNet,
+    },
+    /// A podCIDR lies in no config's range.
+    OutsideConfigs { node: String, cidr: IpNet },
+    /// A node's podCIDRs do not parse.
+    BadPodCidr { node: String, error: String },
+    /// A config has no status: the controller has not counted it.
+    NoStatus { config: String },
+    /// A status describes an older generation of the spec.
+    StaleStatus {
+        config: String,
+        observed: Option<i64>,
+        generation: Option<i64>,
+    },
+    /// A status counts more blocks allocated than the nodes hold.
+    Leaked {
+        config: String,
+        family: &'static str,
+        counted: u64,
+        held: u64,
+    },
+    /// Any other status count that differs from the recount.
+    Count {
+        config: String,
+        field: String,
+        status: Option<u64>,
+        recount: u64,
+    },
+    /// A config's `Drained` condition says what the nodes contradict.
+    Drained {
+        config: String,
+        status: String,
+        why: String,
+    },
+    /// A published output is not there.
+    MissingOutput { output: String },
+    /// A published output lacks a range of the pod network.
+    Unpublished {
+        output: String,
+        cidr: IpNet,
+        state: RangeState,
+    },
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Finding::Overlap {
+                node,
+                cidr,
+                other_node,
+                other_cidr,
+            } => write!(
+                f,
+                "overlap: node {node} podCIDR {cidr} overlaps {other_cidr} of node {other_node}"
+            ),
+            Finding::ServiceRange {
+                node,
+                cidr,
+                service_cidr,
+                range,
+            } => write!(
+                f,
+                "service-range: node {node} podCIDR {cidr} lies in Service range {range} (ServiceCIDR {service_cidr})"
+            ),
+            Finding::OutsideConfigs { node, cidr } => write!(
+                f,
+                "outside-configs: node {node} podCIDR {cidr} lies in no NodeIPAMConfig (kept as unmanaged)"
+            ),
+            Finding::BadPodCidr { node, error } => write!(f, "bad-pod-cidr: node {node}: {error}"),
+            Finding::NoStatus { config } => write!(
+                f,
+                "no-status: NodeIPAMConfig {config} has no status: the controller has not counted it"
+            ),
+            Finding::StaleStatus {
+                config,
+                observed,
+                generation,
+            } => write!(
+                f,
+                "stale-status: NodeIPAMConfig {config} status describes generation {} of {}",
+                show(*observed),
+                show(*generation)
+            ),
+            Finding::Leaked {
+                config,
+                family,
+                counted,
+                held,
+            } => write!(
+                f,
+                "leaked: NodeIPAMConfig {config} status.{family}.allocated counts {counted} block(s) but nodes hold {held}"
+            ),
+            Finding::Count {
+                config,
+                field,
+                status,
+                recount,
+            } => write!(
+                f,
+                "count: NodeIPAMConfig {config} status.{field} is {} but a recount from the Nodes gives {recount}",
+                show(*status)
+            ),
+            Finding::Drained {
+                config,
+                status,
+                why,
+            } => write!(
+                f,
+                "drained: NodeIPAMConfig {config} says Drained={status} but {why}"
+            ),
+            Finding::MissingOutput { output } => write!(
+                f,
+                "unpublished: ConfigMap {output} does not exist: consumers know no pod network"
+            ),
+            Finding::Unpublished {
+                output,
+                cidr,
+                state,
+            } => write!(
+                f,
+                "unpublished: ConfigMap {output} lacks {cidr} ({} range of the pod network)",
+                state.as_str()
+            ),
+        }
+    }
+}
+
+fn show<T: fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "unset".into(), |v| v.to_string())
+}
+
+/// Every inconsistency in `cluster`, nodes first, then configs, then outputs.
+pub fn check(cluster: &Cluster<'_>) -> Vec<Finding> {
+    let r = recount(cluster);
+    let mut out: Vec<Finding> = Vec::new();
+    out.extend(
+        r.overlaps
+            .iter()
+            .map(|(node, cidr, other, theirs)| Finding::Overlap {
+                node: node.clone(),
+                cidr: *cidr,
+                other_node: other.clone(),
+                other_cidr: *theirs,
+            }),
+    );
+    for (node, cidrs) in &r.held {
+        for cidr in cidrs {
+            if let Some((source, range)) = r.ipam.service_range_over(cidr) {
+                out.push(Finding::ServiceRange {
+                    node: node.clone(),
+                    cidr: *cidr,
+                    service_cidr: source.to_string(),
+                    range,
+                });
+            }
+        }
+    }
+    out.extend(
+        r.unmanaged
+            .iter()
+            .map(|(node, cidr)| Finding::OutsideConfigs {
+                node: node.clone(),
+                cidr: *cidr,
+            }),
+    );
+    out.extend(
+        r.unparsable
+            .iter()
+            .map(|(node, error)| Finding::BadPodCidr {
+                node: node.clone(),
+                error: error.clone(),
+            }),
+    );
+    let mut configs: Vec<&NodeIPAMConfig> = cluster.configs.iter().collect();
+    configs.sort_by_key(|c| c.name_any());
+    for c in configs {
+        out.extend(status_findings(c, &r.ipam));
+    }
+    let network = r.ipam.network();
+    for o in outputs(cluster, &network) {
+        match o.missing {
+            None => out.push(Finding::MissingOutput { output: o.target }),
+            Some(missing) => {
+                out.extend(
+                    missing
+                        .into_iter()
+                        .map(|(cidr, state)| Finding::Unpublished {
+                            output: o.target.clone(),
+                            cidr,
+                            state,
+                        }),
+                )
+            }
+        }
+    }
+    out
+}
+
+/// Where a config's written status disagrees with the status the recount gives it.
+fn status_findings(config: &NodeIPAMConfig, ipam: &Ipam) -> Vec<Finding> {
+    let name = config.name_any();
+    let Some(written) = &config.status else {
+        return vec![Finding::NoStatus { config: name }];
+    };
+    let Some(facts) = ipam.config_facts(&name) else {
+        return Vec::new();
+    };
+    let generation = config.metadata.generation;
+    // The time only stamps flipped conditions, which are not compared.
+    let (want, _) = desired_status(
+        &facts,
+        generation,
+        &written.conditions,
+        &Time(Default::default()),
+    );
+    let mut out = Vec::new();
+    if written.observed_generation != generation {
+        out.push(Finding::StaleStatus {
+            config: name.clone(),
+            observed: written.observed_generation,
+            generation,
+        });
+    }
+    for (family, w, d) in [
+        ("ipv4", written.ipv4, want.ipv4),
+        ("ipv6", written.ipv6, want.ipv6),
+    ] {
+        out.extend(family_findings(&name, family, w, d));
+    }
+    let nodes = want.nodes.unwrap_or(0);
+    if written.nodes != Some(nodes) {
+        out.push(Finding::Count {
+            config: name.clone(),
+            field: "nodes".into(),
+            status: written.nodes,
+            recount: nodes,
+        });
+    }
+    out.extend(drained_finding(&name, written, &want));
+    out
+}
+
+fn family_findings(
+    config: &str,
+    family: &'static str,
+    written: Option<FamilyStatus>,
+    want: Option<FamilyStatus>,
+) -> Vec<Finding> {
+    let Some(want) = want else {
+        return Vec::new();
+    };
+    let count = |field: &str, status: Option<u64>, recount: u64| Finding::Count {
+        config: config.to_string(),
+        field: format!("{family}.{field}"),
+        status,
+        recount,
+    };
+    let Some(written) = written else {
+        return vec![count("allocated", None, want.allocated)];
+    };
+    let mut out = Vec::new();
+    if written.allocated > want.allocated {
+        out.push(Finding::Leaked {
+            config: config.to_string(),
+            family,
+            counted: written.allocated,
+            held: want.allocated,
+        });
+    } else if written.allocated < want.allocated {
+        out.push(count("allocated", Some(written.allocated), want.allocated));
+    }
+    if written.capacity != want.capacity {
+        out.push(count("capacity", Some(written.capacity), want.capacity));
+    }
+    out
+}
+
+/// The written `Drained` against the one the recount gives, which says why in its message.
+fn drained_finding(
+    config: &str,
+    written: &NodeIPAMConfigStatus,
+    want: &NodeIPAMConfigStatus,
+) -> Option<Finding> {
+    let drained = |s: &NodeIPAMConfigStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_DRAINED)
+            .cloned()
+    };
+    let (w, d) = (drained(written)?, drained(want)?);
+    (w.status != d.status).then(|| Finding::Drained {
+        config: config.to_string(),
+        status: w.status,
+        why: d.message,
+    })
+}
+
+/// A published output against the pod network the recount gives.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputState {
+    /// `namespace/name`.
+    pub target: String,
+    /// The ranges of the pod network it lacks, with their state; `None` when it is not there.
+    pub missing: Option<Vec<(IpNet, RangeState)>>,
+    /// Whether what of it is ours equals what the controller would write now.
+    pub current: bool,
+}
+
+/// Each output: whether it is there, what it lacks, whether it is current.
+pub fn outputs(cluster: &Cluster<'_>, network: &PodNetwork) -> Vec<OutputState> {
+    cluster
+        .outputs
+        .iter()
+        .map(|o| {
+            let Some(data) = &o.data else {
+                return OutputState {
+                    target: o.target.to_string(),
+                    missing: None,
+                    current: false,
+                };
+            };
+            let read = o.kind.read(data);
+            let missing = network
+                .entries
+                .iter()
+                .filter(|e| !covered(&e.cidr, &read.cidrs))
+                .map(|e| (e.cidr, e.state))
+                .collect();
+            OutputState {
+                target: o.target.to_string(),
+                missing: Some(missing),
+                current: read == o.kind.desired(network, cluster.extra_non_masquerade),
+            }
+        })
+        .collect()
+}
+
+/// A node waiting for a podCIDR that some config selects, and why it waits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pending {
+    pub node: String,
+    /// The configs whose selectors match it.
+    pub selected_by: Vec<String>,
+    pub reason: String,
+}
+
+/// The nodes without podCIDRs that a config selects, in name order, each with what the
+/// controller's allocation says of it now. Each allocation that would succeed takes its
+/// blocks before the next node is asked, as the controller's would.
+pub fn pending(cluster: &Cluster<'_>, recount: &Recount) -> Vec<Pending> {
+    let mut ipam = recount.ipam.clone();
+    let mut out = Vec::new();
+    for n in sorted(cluster.nodes) {
+        if !n.cidrs().is_ok_and(|c| c.is_empty()) {
+            continue;
+        }
+        let name = n.name_any();
+        let view = NodeView {
+            name: &name,
+            labels: n.labels(),
+        };
+        let selected_by: Vec<String> = cluster
+            .configs
+            .iter()
+            .filter(|c| selection::match_score(c.spec.node_selector.as_ref(), view).is_some())
+            .map(ResourceExt::name_any)
+            .collect();
+        if selected_by.is_empty() {
+            continue;
+        }
+        let reason = match ipam.allocate(&name, n.uid().as_deref(), n.labels()) {
+            Ok(a) => format!(
+                "not written yet: the controller would give it {} from {}",
+                a.cidrs
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+                a.config
+            ),
+            Err(e) => e.to_string(),
+        };
+        out.push(Pending {
+            node: name,
+            selected_by,
+            reason,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,180 @@
+//! The `kubectl nodeipam` command line: subcommands and flags. The connection flags are
+//! kubectl's (`--kubeconfig`, `--context`) and may come before or after the subcommand, as a
+//! kubectl plugin receives them; the controller's names have the controller's defaults.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use ipnet::IpNet;
+use nodeipam_alloc::podnetwork::ConfigMapRef;
+use nodeipam_controller::cli::{ClientArgs, DEFAULT_LEASE_NAME, DEFAULT_POD_NETWORK_CONFIGMAP};
+use nodeipam_controller::ranges::Format;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl-nodeipam",
+    version = nodeipam_controller::version::SHORT,
+    about = "The pod network, the nodeipam controller's status and a consistency check, read \
+             with your kubeconfig (run as `kubectl nodeipam`)"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Global {
+    /// Path to the kubeconfig. Without it: $KUBECONFIG (a colon-separated list, merged as
+    /// kubectl does), then ~/.kube/config, then the in-cluster config.
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current-context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// The controller's namespace: its Lease and its published ConfigMaps.
+    #[arg(short = 'n', long, global = true, default_value = nodeipam_webhook::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// The controller's Lease (its --lease-name).
+    #[arg(long, global = true, default_value = DEFAULT_LEASE_NAME)]
+    pub lease_name: String,
+    /// The ConfigMap the controller publishes the pod network to (its
+    /// --pod-network-configmap); empty when it publishes none.
+    #[arg(long, global = true, default_value = DEFAULT_POD_NETWORK_CONFIGMAP)]
+    pub pod_network_configmap: String,
+    /// ip-masq-agent's ConfigMap (namespace/name), when the controller keeps it (its
+    /// --ip-masq-agent-configmap).
+    #[arg(long, global = true)]
+    pub ip_masq_agent_configmap: Option<ConfigMapRef>,
+    /// The controller's --service-cidr, for a cluster whose API serves no ServiceCIDRs.
+    #[arg(long = "service-cidr", global = true, value_delimiter = ',')]
+    pub service_cidrs: Vec<IpNet>,
+    /// The controller's --extra-non-masquerade-cidr, to compare ip-masq-agent's config with.
+    #[arg(
+        long = "extra-non-masquerade-cidr",
+        global = true,
+        value_delimiter = ','
+    )]
+    pub extra_non_masquerade_cidrs: Vec<IpNet>,
+}
+
+impl Global {
+    /// The client flags the controller's own commands take. A report sends a handful of
+    /// reads: the controller's default rate limit never holds it back.
+    pub fn client(&self) -> ClientArgs {
+        ClientArgs {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+            kube_api_qps: 50.0,
+            kube_api_burst: 100,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the pod network: every range not yet drained, and unmanaged podCIDRs (what
+    /// `nodeipam ranges` prints).
+    Ranges {
+        /// table, wide, json, yaml, name; or a consumer's format: ip-masq-agent, kube-proxy,
+        /// no-masquerade-cidrs.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
+    /// Print the leader, the configs and pools with their usage, the nodes waiting for a
+    /// podCIDR and why, and whether the published outputs are current.
+    Status {
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = View::Table)]
+        output: View,
+    },
+    /// Check the nodes, configs, Service ranges and published outputs against each other;
+    /// exit 1 with one line per inconsistency, 0 when there is none.
+    Check {
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = View::Table)]
+        output: View,
+    },
+    /// Print a shell completion script for the kubectl-nodeipam command (e.g. `source
+    /// <(kubectl nodeipam completion bash)`); `kubectl nodeipam <TAB>` is completed by kubectl
+    /// through kubectl_complete-nodeipam, a link to this binary.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the version, the git commit and the build date.
+    Version,
+}
+
+/// kubectl's `-o` for a report.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum View {
+    Table,
+    /// The table with reasons and messages.
+    Wide,
+    Json,
+    Yaml,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn connection_flags_go_before_or_after_the_subcommand() {
+        for argv in [
+            &["kubectl-nodeipam", "--context=prod", "check", "-ojson"][..],
+            &[
+                "kubectl-nodeipam",
+                "check",
+                "--context",
+                "prod",
+                "-o",
+                "json",
+            ][..],
+        ] {
+            let cli = Cli::try_parse_from(argv).expect("parses");
+            assert_eq!(cli.global.context.as_deref(), Some("prod"), "{argv:?}");
+            assert!(matches!(cli.command, Command::Check { output: View::Json }));
+        }
+        let cli =
+            Cli::try_parse_from(["kubectl-nodeipam", "ranges", "-o", "wide"]).expect("ranges");
+        assert!(matches!(
+            cli.command,
+            Command::Ranges {
+                output: Format::Wide
+            }
+        ));
+        assert_eq!(cli.global.namespace, "nodeipam-system");
+        let cli = Cli::try_parse_from([
+            "kubectl-nodeipam",
+            "check",
+            "--service-cidr=10.96.0.0/12,fd00::/108",
+        ])
+        .expect("service CIDRs");
+        assert_eq!(cli.global.service_cidrs.len(), 2);
+        assert_eq!(cli.global.lease_name, "nodeipam-controller");
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let e = Cli::try_parse_from(["kubectl-nodeipam", "status", "-o", "xml"]).expect_err("xml");
+        assert!(e.to_string().contains("--output"), "{e}");
+        let e = Cli::try_parse_from([
+            "kubectl-nodeipam",
+            "check",
+            "--ip-masq-agent-configmap=just-a-name",
+        ])
+        .expect_err("not namespace/name");
+        assert!(
+            e.to_string().contains("--ip-masq-agent-configmap")
+                && e.to_string().contains("namespace/name"),
+            "{e}"
+        );
+    }
+}

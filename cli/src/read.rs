@@ -1,0 +1,136 @@
+//! Reading the cluster for `status` and `check`: one list of each kind, the Lease and the
+//! published ConfigMaps. Only reads, so it works whether or not a controller runs.
+
+use anyhow::Context as _;
+use ipnet::IpNet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::api::ListParams;
+use kube::{Api, Client, Resource, ResourceExt};
+use nodeipam_alloc::check::{Cluster, Output};
+use nodeipam_alloc::node::IpamNode;
+use nodeipam_alloc::podnetwork::{ConfigMapRef, OutputKind};
+use nodeipam_crd::{NodeIPAMConfig, NodeIPAMPool};
+use serde::de::DeserializeOwned;
+
+use crate::args::Global;
+
+/// What `status` and `check` look at.
+#[derive(Debug)]
+pub struct Read {
+    pub configs: Vec<NodeIPAMConfig>,
+    /// `None` when the NodeIPAMPool CRD is not installed.
+    pub pools: Option<Vec<NodeIPAMPool>>,
+    pub nodes: Vec<IpamNode>,
+    /// Service ranges by ServiceCIDR name; empty where the API serves no ServiceCIDRs.
+    pub services: Vec<(String, Vec<IpNet>)>,
+    pub outputs: Vec<Output>,
+    pub lease: Option<Lease>,
+    /// `namespace/name` of the Lease.
+    pub lease_ref: String,
+    pub extra_non_masquerade: Vec<IpNet>,
+}
+
+impl Read {
+    /// The facts as the pure checks take them.
+    pub fn cluster(&self) -> Cluster<'_> {
+        Cluster {
+            configs: &self.configs,
+            nodes: &self.nodes,
+            services: &self.services,
+            outputs: &self.outputs,
+            extra_non_masquerade: &self.extra_non_masquerade,
+        }
+    }
+}
+
+/// Lists every kind, failing on the first that cannot be read (naming it).
+pub async fn read(client: &Client, global: &Global) -> anyhow::Result<Read> {
+    let configs = list::<NodeIPAMConfig>(client, "NodeIPAMConfigs")
+        .await?
+        .context("the NodeIPAMConfig CRD (nodeipamconfigs.nodeipam.io) is not installed in this cluster: apply config/crd first (kubectl apply -k config/crd)")?;
+    let pools = list::<NodeIPAMPool>(client, "NodeIPAMPools").await?;
+    // Read as protobuf, as the controller and `ranges` do: there may be many thousand.
+    let nodes = list::<IpamNode>(
+        &nodeipam_controller::node_lists::client(client.clone()),
+        "Nodes",
+    )
+    .await?
+    .unwrap_or_default();
+    let mut services: Vec<(String, Vec<IpNet>)> = list::<ServiceCIDR>(client, "ServiceCIDRs")
+        .await?
+        .unwrap_or_default()
+        .iter()
+        .map(|s| (s.name_any(), service_ranges(s)))
+        .collect();
+    if !global.service_cidrs.is_empty() {
+        services.push((
+            nodeipam_alloc::machine::SERVICE_FLAG_SOURCE.into(),
+            global.service_cidrs.clone(),
+        ));
+    }
+    let mut outputs = Vec::new();
+    if !global.pod_network_configmap.is_empty() {
+        let target = ConfigMapRef {
+            namespace: global.namespace.clone(),
+            name: global.pod_network_configmap.clone(),
+        };
+        outputs.push(output(client, target, OutputKind::PodNetwork).await?);
+    }
+    if let Some(target) = &global.ip_masq_agent_configmap {
+        outputs.push(output(client, target.clone(), OutputKind::IpMasqAgent).await?);
+    }
+    let lease = Api::<Lease>::namespaced(client.clone(), &global.namespace)
+        .get_opt(&global.lease_name)
+        .await
+        .with_context(|| format!("reading Lease {}/{}", global.namespace, global.lease_name))?;
+    Ok(Read {
+        configs,
+        pools,
+        nodes,
+        services,
+        outputs,
+        lease,
+        lease_ref: format!("{}/{}", global.namespace, global.lease_name),
+        extra_non_masquerade: global.extra_non_masquerade_cidrs.clone(),
+    })
+}
+
+/// Every object of a cluster-wide kind; `None` when the API does not serve the kind.
+async fn list<K>(client: &Client, what: &str) -> anyhow::Result<Option<Vec<K>>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match Api::<K>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(l) => Ok(Some(l.items)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("listing {what}"))),
+    }
+}
+
+/// A ServiceCIDR's ranges; what does not parse protects nothing and is left out.
+fn service_ranges(s: &ServiceCIDR) -> Vec<IpNet> {
+    s.spec
+        .as_ref()
+        .and_then(|s| s.cidrs.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.parse().ok())
+        .collect()
+}
+
+async fn output(client: &Client, target: ConfigMapRef, kind: OutputKind) -> anyhow::Result<Output> {
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &target.namespace)
+        .get_opt(&target.name)
+        .await
+        .with_context(|| format!("reading ConfigMap {target}"))?;
+    Ok(Output {
+        target,
+        kind,
+        data: cm.map(|c| c.data.unwrap_or_default()),
+    })
+}

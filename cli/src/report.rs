@@ -1,0 +1,102 @@
+//! Running a command: connect, read, print in the `-o` asked for, and the exit status (0 done
+//! or clean, 1 `check` found something, 2 the command could not run).
+
+use std::process::ExitCode;
+
+use clap::CommandFactory;
+use nodeipam_alloc::check::{Finding, check};
+use serde::Serialize;
+
+use crate::args::{Cli, Command, Global, View};
+use crate::read::read;
+use crate::status;
+
+/// Exit status when `check` found an inconsistency.
+const FOUND: u8 = 1;
+/// Exit status when a command could not run (no cluster, no CRD, a bad kubeconfig).
+const FAILED: u8 = 2;
+
+pub async fn run(cli: Cli) -> ExitCode {
+    let out = match cli.command {
+        Command::Version => Ok((nodeipam_controller::version::text(), true)),
+        Command::Completion { shell } => {
+            let mut buf = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "kubectl-nodeipam", &mut buf);
+            Ok((String::from_utf8_lossy(&buf).into_owned(), true))
+        }
+        Command::Ranges { output } => ranges(&cli.global, output).await.map(|s| (s, true)),
+        Command::Status { output } => status(&cli.global, output).await.map(|s| (s, true)),
+        Command::Check { output } => checked(&cli.global, output).await,
+    };
+    match out {
+        Ok((text, clean)) => {
+            print!("{text}");
+            if clean {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(FOUND)
+            }
+        }
+        Err(e) => {
+            eprintln!("kubectl nodeipam: {e:#}");
+            ExitCode::from(FAILED)
+        }
+    }
+}
+
+async fn client(global: &Global) -> anyhow::Result<kube::Client> {
+    nodeipam_controller::app::client(&global.client()).await
+}
+
+async fn ranges(
+    global: &Global,
+    format: nodeipam_controller::ranges::Format,
+) -> anyhow::Result<String> {
+    let client = client(global).await?;
+    let network = nodeipam_controller::ranges::read(&client).await?;
+    Ok(nodeipam_controller::ranges::render(&network, format)?)
+}
+
+async fn status(global: &Global, view: View) -> anyhow::Result<String> {
+    let read = read(&client(global).await?, global).await?;
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let report = status::report(&read, now);
+    match view {
+        View::Table => Ok(status::table(&report, false)),
+        View::Wide => Ok(status::table(&report, true)),
+        View::Json | View::Yaml => structured(&report, view),
+    }
+}
+
+/// The findings, and whether there were none.
+async fn checked(global: &Global, view: View) -> anyhow::Result<(String, bool)> {
+    let read = read(&client(global).await?, global).await?;
+    let findings = check(&read.cluster());
+    let clean = findings.is_empty();
+    let text = match view {
+        View::Table | View::Wide => lines(&findings, &read),
+        View::Json | View::Yaml => structured(&findings, view)?,
+    };
+    Ok((text, clean))
+}
+
+/// One line per finding; a clean check says what it looked at.
+fn lines(findings: &[Finding], read: &crate::read::Read) -> String {
+    if findings.is_empty() {
+        return format!(
+            "No inconsistencies: {} node(s), {} NodeIPAMConfig(s), {} Service range(s), {} published output(s) checked.\n",
+            read.nodes.len(),
+            read.configs.len(),
+            read.services.iter().map(|(_, c)| c.len()).sum::<usize>(),
+            read.outputs.len()
+        );
+    }
+    findings.iter().map(|f| format!("{f}\n")).collect()
+}
+
+fn structured<T: Serialize>(value: &T, view: View) -> anyhow::Result<String> {
+    Ok(match view {
+        View::Yaml => serde_yaml::to_string(value)?,
+        _ => serde_json::to_string_pretty(value)? + "\n",
+    })
+}
