@@ -7,7 +7,8 @@
 # the podCIDRs the kubelet passes on (bridge + host-local), and nodeipam is what hands them out.
 #
 #   build                install the Debian packages and build kubelet, kube-proxy,
-#                        kube-scheduler, containerd and the pause image (cached, stamped)
+#                        kube-scheduler, containerd, the pause image, flanneld (hack/flannel)
+#                        and the netprobe image (hack/cluster/netprobe) (cached, stamped)
 #   up [--nodes N]       (after a `down` of any leftovers) start the control plane and N nodes
 #                        (default 2); prints the KUBECONFIG export
 #   deploy               import the nodeipam image (hack/image.sh) and
@@ -36,6 +37,13 @@ NODE_BIN="$NODEIPAM_BIN_DIR/node-k8s-$K8S_VERSION-containerd-$CONTAINERD_VERSION
 CLUSTER_DIR="$NODEIPAM_CACHE/cluster"
 PAUSE_IMAGE="localhost/pause:nodeipam"
 PAUSE_ARCHIVE="$NODE_BIN/pause.oci.tar"
+# What pods of the local cluster run to send and answer traffic (hack/cluster/netprobe).
+NETPROBE_IMAGE="localhost/netprobe:nodeipam"
+NETPROBE_DIR="$NODEIPAM_BIN_DIR/netprobe"
+NETPROBE_ARCHIVE="$NETPROBE_DIR/netprobe.oci.tar"
+# The pod network of `up --cni flannel`, built from hack/flannel (pinned there too).
+FLANNEL_VERSION="v0.28.10"
+FLANNEL_BIN="$NODEIPAM_BIN_DIR/flannel-$FLANNEL_VERSION"
 NODEIPAM_IMAGE="${NODEIPAM_IMAGE:-localhost/nodeipam:dev}"
 
 BRIDGE=nipam0
@@ -94,26 +102,66 @@ install_packages() {
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# static_image SRC BIN IMAGE ARCHIVE: compiles C file SRC static as /BIN into a one-file image
+# IMAGE (entrypoint /BIN, an unprivileged user) saved as the OCI archive ARCHIVE.
+static_image() {
+  local src="$1" bin="$2" image="$3" archive="$4"
+  local work
+  work="$(dirname "$archive")/$bin-build"
+  rm -rf "$work" && mkdir -p "$work"
+  gcc -Os -static -o "$work/$bin" "$src" || die "step=build-$bin: gcc -static $src failed"
+  strip "$work/$bin"
+  local b=(buildah --root "$work/storage" --runroot "$work/run" --storage-driver vfs)
+  local c
+  c="$("${b[@]}" from scratch)"
+  "${b[@]}" copy "$c" "$work/$bin" "/$bin" >/dev/null
+  "${b[@]}" config --entrypoint "[\"/$bin\"]" --user 65535:65535 "$c"
+  "${b[@]}" commit --quiet "$c" "$image" >/dev/null
+  rm -f "$archive"
+  "${b[@]}" push --quiet "$image" "oci-archive:$archive:$image"
+  "${b[@]}" rm --all >/dev/null 2>&1 || true
+  "${b[@]}" rmi --all >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+
 build_pause() {
   # The sandbox image: the pause.c that ships with the pinned Kubernetes module, static.
   local src
   src="$(cd "$NODEIPAM_ROOT/hack/k8s" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
   [[ -f "$src" ]] || die "step=build-pause: $src not found"
-  local work="$NODE_BIN/pause-build"
-  rm -rf "$work" && mkdir -p "$work"
-  gcc -Os -static -o "$work/pause" "$src" || die "step=build-pause: gcc -static failed"
-  strip "$work/pause"
-  local b=(buildah --root "$work/storage" --runroot "$work/run" --storage-driver vfs)
-  local c
-  c="$("${b[@]}" from scratch)"
-  "${b[@]}" copy "$c" "$work/pause" /pause >/dev/null
-  "${b[@]}" config --entrypoint '["/pause"]' --user 65535:65535 "$c"
-  "${b[@]}" commit --quiet "$c" "$PAUSE_IMAGE" >/dev/null
-  rm -f "$PAUSE_ARCHIVE"
-  "${b[@]}" push --quiet "$PAUSE_IMAGE" "oci-archive:$PAUSE_ARCHIVE:$PAUSE_IMAGE"
-  "${b[@]}" rm --all >/dev/null 2>&1 || true
-  "${b[@]}" rmi --all >/dev/null 2>&1 || true
-  rm -rf "$work"
+  static_image "$src" pause "$PAUSE_IMAGE" "$PAUSE_ARCHIVE"
+}
+
+# The pods' traffic probe (hack/cluster/netprobe): its own folder and stamp, the C file's hash.
+build_netprobe() {
+  local src="$NODEIPAM_ROOT/hack/cluster/netprobe/netprobe.c" stamp
+  stamp="$(sha256sum <"$src" | cut -c1-16)"
+  if [[ -f "$NETPROBE_ARCHIVE" && "$(cat "$NETPROBE_DIR/.stamp" 2>/dev/null)" == "$stamp" ]]; then
+    log "netprobe image up to date in $NETPROBE_ARCHIVE"
+    return 0
+  fi
+  mkdir -p "$NETPROBE_DIR"
+  timed "build the netprobe image" static_image "$src" netprobe "$NETPROBE_IMAGE" "$NETPROBE_ARCHIVE"
+  echo "$stamp" >"$NETPROBE_DIR/.stamp"
+}
+
+# flanneld from hack/flannel (its own module, folder and stamp). CGO on: flannel's udp backend,
+# which its main package always links, is C on amd64.
+build_flanneld() {
+  grep -q "^require github.com/flannel-io/flannel $FLANNEL_VERSION\$" "$NODEIPAM_ROOT/hack/flannel/go.mod" \
+    || die "step=build-flanneld: hack/flannel/go.mod does not require flannel $FLANNEL_VERSION (FLANNEL_VERSION here)"
+  local stamp
+  stamp="$(cd "$NODEIPAM_ROOT/hack/flannel" && cat go.mod go.sum tencentcloud-vpc/go.mod tencentcloud-vpc/*/*.go \
+    | sha256sum | cut -c1-16) $(go env GOVERSION)"
+  if [[ -x "$FLANNEL_BIN/flanneld" && "$(cat "$FLANNEL_BIN/.stamp" 2>/dev/null)" == "$stamp" ]]; then
+    log "flanneld $FLANNEL_VERSION up to date in $FLANNEL_BIN"
+    return 0
+  fi
+  mkdir -p "$FLANNEL_BIN"
+  timed "build flanneld $FLANNEL_VERSION" bash -c "cd '$NODEIPAM_ROOT/hack/flannel' && CGO_ENABLED=1 GOFLAGS=-mod=readonly \
+    go build -trimpath -ldflags '-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION' \
+      -o '$FLANNEL_BIN/flanneld' github.com/flannel-io/flannel"
+  echo "$stamp" >"$FLANNEL_BIN/.stamp"
 }
 
 cmd_build() {
@@ -122,6 +170,13 @@ cmd_build() {
   command -v go >/dev/null || die "step=build: 'go' is not installed"
   # The control plane (apiserver, kcm, kubectl, etcd) has its own cache and stamp.
   "$NODEIPAM_ROOT/hack/control-plane.sh" build
+  build_flanneld
+  build_netprobe
+  build_node_binaries
+}
+
+# kubelet, kube-proxy, kube-scheduler, containerd and the pause image: one folder, one stamp.
+build_node_binaries() {
   local stamp
   stamp="$(cat "$NODEIPAM_ROOT"/hack/k8s/go.{mod,sum} "$NODEIPAM_ROOT"/hack/containerd/go.{mod,sum} \
     | sha256sum | cut -c1-16) rev=$NODE_BUILD_REV $(go env GOVERSION)"
