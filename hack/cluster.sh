@@ -9,8 +9,13 @@
 #   build                install the Debian packages and build kubelet, kube-proxy,
 #                        kube-scheduler, containerd, the pause image, flanneld (hack/flannel)
 #                        and the netprobe image (hack/cluster/netprobe) (cached, stamped)
-#   up [--nodes N]       (after a `down` of any leftovers) start the control plane and N nodes
-#                        (default 2); prints the KUBECONFIG export
+#   up [--nodes N] [--cni bridge|flannel] [--flannel-network CIDR] [--flannel-backend B]
+#                        (after a `down` of any leftovers) start the control plane and N nodes
+#                        (default 2); prints the KUBECONFIG export. --cni bridge (default):
+#                        pods reach their own node only; --cni flannel: flanneld (kube subnet
+#                        manager, --ip-masq) on every node with Network CIDR (default
+#                        10.112.0.0/12, which must hold every podCIDR) and backend B (vxlan,
+#                        the default, or host-gw); docs/integrations.md says why
 #   deploy               import the nodeipam image (hack/image.sh) and
 #                        `kubectl apply -k hack/cluster/overlay` (= config/default + the image
 #                        name and the API server address); waits for the Deployment
@@ -407,8 +412,8 @@ start_control_plane() {
 
 node_dir() { echo "$CLUSTER_DIR/nodes/$1"; }
 
-write_containerd_config() { # DIR
-  local d="$1"
+write_containerd_config() { # DIR MTU
+  local d="$1" mtu="$2"
   mkdir -p "$d/cni/net.d" "$d/runc"
   cat >"$d/containerd.toml" <<EOF2
 version = 3
@@ -453,7 +458,10 @@ imports = []
       # containerd writes this template out as the node's CNI config, and the node turns Ready.
       conf_template = "$d/cni/template.conflist"
 EOF2
-  cat >"$d/cni/template.conflist" <<'EOF2'
+  if [[ "$(cni_mode)" == flannel ]]; then
+    write_flannel_cni_template "$d" "$mtu"
+  else
+    cat >"$d/cni/template.conflist" <<'EOF2'
 {"cniVersion": "0.4.0", "name": "@NETWORK@", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
    "ipam": {"type": "host-local",
@@ -463,7 +471,30 @@ EOF2
   {"type": "portmap", "capabilities": {"portMappings": true}},
   {"type": "loopback"}]}
 EOF2
+  fi
   sed -i "s|@NETWORK@|$CNI_NETWORK|; s|@DIR@|$d|" "$d/cni/template.conflist"
+}
+
+# write_flannel_cni_template DIR MTU: the stand-in for flannel's CNI plugin, which is not
+# served by the Go module proxy. That plugin only turns flanneld's subnet.env into this same
+# delegate: bridge cni0 as the pods' default gateway, host-local over the node's podCIDR
+# (= FLANNEL_SUBNET, flanneld's lease is spec.podCIDRs), a route to flannel's Network, the
+# backend's MTU (= FLANNEL_MTU) and the bridge's masquerade off, because flanneld runs with
+# --ip-masq (the plugin sets ipMasq to !FLANNEL_IPMASQ). The bridge plugin's own masquerade
+# would NAT every packet to another node's pods (docs/integrations.md, flannel).
+write_flannel_cni_template() {
+  local d="$1" mtu="$2"
+  cat >"$d/cni/template.conflist" <<EOF2
+{"cniVersion": "0.4.0", "name": "@NETWORK@", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "isDefaultGateway": true,
+   "ipMasq": false, "hairpinMode": true, "mtu": $mtu,
+   "ipam": {"type": "host-local",
+            "ranges": [{{range \$i, \$range := .PodCIDRRanges}}{{if \$i}}, {{end}}[{"subnet": "{{\$range}}"}]{{end}}],
+            "routes": [{"dst": "$(flannel_network)"}],
+            "dataDir": "@DIR@/cni/ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}},
+  {"type": "loopback"}]}
+EOF2
 }
 
 write_kubelet_config() { # NAME DIR IP
@@ -500,6 +531,58 @@ registerNode: true
 EOF2
 }
 
+# ---------------------------------------------------------------------------------------------
+# flannel (`up --cni flannel`): flanneld on every node as a host process, as systemd would run
+# it (restarted when it exits), with the kube subnet manager: each node's subnet is the
+# podCIDR nodeipam wrote. Its settings are in $CLUSTER_DIR/flannel.
+
+FLANNEL_DIR="$CLUSTER_DIR/flannel"
+
+# cni_mode: bridge (the default: pods reach only their own node) or flannel.
+cni_mode() { cat "$CLUSTER_DIR/cni" 2>/dev/null || echo bridge; }
+
+flannel_network() { cat "$FLANNEL_DIR/network"; }
+
+# pod_mtu NS: the pods' MTU on node NS: its eth0's, less vxlan's 50 bytes with that backend
+# (what flanneld writes as FLANNEL_MTU).
+pod_mtu() {
+  local mtu
+  mtu="$(ip netns exec "$1" cat /sys/class/net/eth0/mtu)"
+  if [[ "$(cni_mode)" == flannel && "$(cat "$FLANNEL_DIR/backend")" == vxlan ]]; then
+    mtu=$((mtu - 50))
+  fi
+  echo "$mtu"
+}
+
+# setup_flannel NETWORK BACKEND: its net-conf.json, its identity and RBAC (kube-flannel.yml's
+# ClusterRole without `pods get`: NODE_NAME names the node).
+setup_flannel() {
+  local network="$1" backend="$2"
+  mkdir -p "$FLANNEL_DIR"
+  echo "$network" >"$FLANNEL_DIR/network"
+  echo "$backend" >"$FLANNEL_DIR/backend"
+  printf '{"Network": "%s", "EnableIPv6": false, "Backend": {"Type": "%s"}}\n' "$network" "$backend" \
+    >"$FLANNEL_DIR/net-conf.json"
+  cert flannel nodeipam-local-flannel "" clientAuth
+  kubeconfig flannel
+  KUBECTL apply -f "$NODEIPAM_ROOT/hack/cluster/flannel-rbac.yaml" >/dev/null \
+    || die "step=flannel-rbac: kubectl apply hack/cluster/flannel-rbac.yaml failed"
+}
+
+# start_flanneld NAME DIR: flanneld in node NAME's namespace. It exits 1 while the node has no
+# podCIDR (or one outside Network); the loop restarts it a second later, as systemd's
+# Restart=always would, and logs each exit.
+start_flanneld() {
+  local name="$1" d="$2"
+  mkdir -p "$d/flannel"
+  # shellcheck disable=SC2016 # expanded by the inner bash
+  spawn "flanneld-$name" "nipam-$name" env NODE_NAME="$name" bash -c \
+    'while :; do "$@"; echo "flanneld exited $?; restarting in 1s" >&2; sleep 1; done' _ \
+    "$FLANNEL_BIN/flanneld" --kube-subnet-mgr --kubeconfig-file="$CLUSTER_DIR/flannel.kubeconfig" \
+    --net-config-path="$FLANNEL_DIR/net-conf.json" --subnet-file="$d/flannel/subnet.env" \
+    --iface=eth0 --ip-masq --healthz-port=0
+}
+
 # start_node NAME INDEX LABELS
 start_node() {
   local name="$1" i="$2" labels="$3"
@@ -513,7 +596,7 @@ start_node() {
   cert "$name-serving" "system:node:$name" system:nodes serverAuth "IP:$ip,DNS:$name"
   kubeconfig "$name"
   mv "$CLUSTER_DIR/$name.kubeconfig" "$d/kubeconfig"
-  write_containerd_config "$d"
+  write_containerd_config "$d" "$(pod_mtu "$ns")"
   write_kubelet_config "$name" "$d" "$ip"
   mkcg "/$CGROUP_PREFIX-$name"
 
@@ -522,7 +605,7 @@ start_node() {
     "$NODE_BIN/ctr" --address "$d/containerd.sock" version
   # Images: no registry; the pause image and nodeipam's, from their OCI archives.
   local archive
-  for archive in "$PAUSE_ARCHIVE" "$(NODEIPAM_IMAGE="$NODEIPAM_IMAGE" "$NODEIPAM_ROOT/hack/image.sh" path)"; do
+  for archive in "$PAUSE_ARCHIVE" "$NETPROBE_ARCHIVE" "$(NODEIPAM_IMAGE="$NODEIPAM_IMAGE" "$NODEIPAM_ROOT/hack/image.sh" path)"; do
     [[ -f "$archive" ]] || die "step=import-images-$name: $archive missing (hack/cluster.sh build, hack/image.sh)"
     "$NODE_BIN/ctr" --address "$d/containerd.sock" -n k8s.io images import --local "$archive" >/dev/null \
       || die "step=import-images-$name: ctr images import $archive failed"
@@ -540,6 +623,7 @@ start_node() {
     --conntrack-tcp-timeout-close-wait=0 \
     --metrics-bind-address=127.0.0.1:10249 --healthz-bind-address=127.0.0.1:10256
   wait_daemon "kubelet-$name" "register-node-$name" 60 KUBECTL get node "$name"
+  if [[ "$(cni_mode)" == flannel ]]; then start_flanneld "$name" "$d"; fi
 }
 
 next_index() {
@@ -603,7 +687,7 @@ stop_node() { # NAME: every process of the node, its mounts, netns, cgroups and 
   d="$(node_dir "$name")"
   local p
   # The kubelet first, so that it restarts nothing; then the pods, then containerd and shims.
-  for p in "kubelet-$name" "kube-proxy-$name"; do
+  for p in "kubelet-$name" "kube-proxy-$name" "flanneld-$name"; do
     kill_cgroup "/$CGROUP_PREFIX-sys/$p"
   done
   kill_cgroup "/$CGROUP_PREFIX-$name"
@@ -613,7 +697,7 @@ stop_node() { # NAME: every process of the node, its mounts, netns, cgroups and 
   [[ -f "$d/index" ]] && ip link del "nipam-v$(cat "$d/index")" 2>/dev/null || true
   rmcg "/$CGROUP_PREFIX-$name"
   local cg
-  for cg in "kubelet-$name" "kube-proxy-$name" "containerd-$name"; do rmcg "/$CGROUP_PREFIX-sys/$cg"; done
+  for cg in "kubelet-$name" "kube-proxy-$name" "flanneld-$name" "containerd-$name"; do rmcg "/$CGROUP_PREFIX-sys/$cg"; done
   rm -f /var/lib/cni/results/"$CNI_NETWORK"-* 2>/dev/null || true
   find /var/log/containers -maxdepth 1 -lname "$d/*" -delete 2>/dev/null || true
   rm -rf "$d"
@@ -695,17 +779,24 @@ restore_sysctls() {
 }
 
 cmd_up() {
-  local nodes=2
+  local nodes=2 cni=bridge network=10.112.0.0/12 backend=vxlan
   while (($#)); do
     case "$1" in
       --nodes) nodes="${2:?--nodes needs a number}"; shift 2 ;;
+      --cni) cni="${2:?--cni needs bridge or flannel}"; shift 2 ;;
+      --flannel-network) network="${2:?--flannel-network needs a CIDR}"; shift 2 ;;
+      --flannel-backend) backend="${2:?--flannel-backend needs vxlan or host-gw}"; shift 2 ;;
       *) die "up: unknown argument '$1'" ;;
     esac
   done
+  [[ "$cni" == bridge || "$cni" == flannel ]] || die "up: --cni must be bridge or flannel, got '$cni'"
+  [[ "$backend" == vxlan || "$backend" == host-gw ]] || die "up: --flannel-backend must be vxlan or host-gw, got '$backend'"
+  [[ "$network" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+/[0-9]+$ ]] || die "up: --flannel-network must be an IPv4 CIDR, got '$network'"
   [[ "$nodes" =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= 50)) || die "up: --nodes must be 1..50, got '$nodes'"
   [[ $EUID -eq 0 ]] || die "step=up: run as root (namespaces, mounts, cgroups)"
   local f
-  for f in "$NODEIPAM_ASSETS/kube-apiserver" "$NODEIPAM_ASSETS/etcd" "$NODE_BIN/kubelet" "$NODE_BIN/containerd" "$PAUSE_ARCHIVE"; do
+  for f in "$NODEIPAM_ASSETS/kube-apiserver" "$NODEIPAM_ASSETS/etcd" "$NODE_BIN/kubelet" "$NODE_BIN/containerd" "$PAUSE_ARCHIVE" \
+    "$NETPROBE_ARCHIVE" "$FLANNEL_BIN/flanneld"; do
     [[ -e "$f" ]] || die "step=up: $f missing: run hack/cluster.sh build"
   done
   [[ -f "$("$NODEIPAM_ROOT/hack/image.sh" path)" ]] || die "step=up: the nodeipam image is missing: run hack/image.sh"
@@ -718,11 +809,13 @@ cmd_up() {
   timed "certificates" make_pki
   make_bridge
   timed "control plane" start_control_plane
+  echo "$cni" >"$CLUSTER_DIR/cni"
+  if [[ "$cni" == flannel ]]; then timed "flannel settings and RBAC" setup_flannel "$network" "$backend"; fi
   local i
   for i in $(seq 1 "$nodes"); do
     timed "start node node-$i" start_node "node-$i" "$i" ""
   done
-  log "cluster up in $((SECONDS - began))s: $nodes node(s), NotReady until they have podCIDRs"
+  log "cluster up in $((SECONDS - began))s: $nodes node(s), CNI $cni, NotReady until they have podCIDRs"
   echo "export KUBECONFIG=$CLUSTER_DIR/admin.kubeconfig PATH=$NODEIPAM_ASSETS:\$PATH"
 }
 
@@ -814,5 +907,5 @@ case "${1:-}" in
   remove-node) shift; cmd_remove_node "$@" ;;
   kubectl) shift; KUBECTL "$@" ;;
   down) cmd_down ;;
-  *) echo "usage: $0 build | up [--nodes N] | deploy | add-node [--labels k=v,...] | remove-node NAME | kubectl ARGS... | down" >&2; exit 2 ;;
+  *) echo "usage: $0 build | up [--nodes N] [--cni bridge|flannel] [--flannel-network CIDR] [--flannel-backend vxlan|host-gw] | deploy | add-node [--labels k=v,...] | remove-node NAME | kubectl ARGS... | down" >&2; exit 2 ;;
 esac
