@@ -5,8 +5,9 @@
 //! with the address it came from, so every check also says whether the packet was NATed.
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -458,18 +459,59 @@ fn keep_talking(
     })
 }
 
+/// One connection from FROM's pod to TO's echo port, held (a line every 100 ms) until the
+/// returned child's stdin is closed; returns once the connection is up.
+fn hold_connection(from: &Member, to: &Member) -> Child {
+    let port = (PROBE_PORT + 1).to_string();
+    let mut child = Command::new(super::script_path())
+        .args(["kubectl", "exec", "-i", "-n", "default", &from.pod, "--"])
+        .args(["/netprobe", "hold", &to.pod_ip, &port])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("step=flannel-hold: run kubectl exec: {e}"));
+    let mut first = String::new();
+    let stdout = child.stdout.as_mut().expect("piped stdout");
+    let _ = BufReader::new(stdout).read_line(&mut first);
+    assert_eq!(
+        first.trim(),
+        "connected",
+        "step=flannel-hold: {} -> {}:{port} did not connect",
+        from.pod,
+        to.pod_ip
+    );
+    child
+}
+
+/// Ends a held connection: Ok(lines answered) if it never broke.
+fn release_connection(mut child: Child) -> Result<u64, String> {
+    drop(child.stdin.take());
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("wait for kubectl exec: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.trim().parse() {
+        Ok(lines) if out.status.success() => Ok(lines),
+        _ => Err(format!(
+            "{}: {stdout} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )),
+    }
+}
+
 /// (4) Range B drains: allocation disabled, its node drained and removed; Drained=True, and
 /// only then does the range leave the published pod network. Two remaining pods keep talking
-/// throughout.
+/// throughout: one connection held open across the whole drain, and new ones made meanwhile.
 async fn check_drain(client: &Client, members: &mut Vec<Member>) {
     let (gone, rest): (Vec<Member>, Vec<Member>) =
         members.iter().cloned().partition(|m| m.node == "node-2");
     let gone = gone.into_iter().next().expect("node-2 is range B's node");
+    let (first, last) = (rest[0].clone(), rest[rest.len() - 1].clone());
+    let held = hold_connection(&first, &last);
     let stop = Arc::new(AtomicBool::new(false));
-    let talker = keep_talking(
-        (rest[0].clone(), rest[rest.len() - 1].clone()),
-        stop.clone(),
-    );
+    let talker = keep_talking((first.clone(), last.clone()), stop.clone());
 
     config_api(client)
         .patch(
@@ -535,15 +577,21 @@ async fn check_drain(client: &Client, members: &mut Vec<Member>) {
     })
     .await;
     stop.store(true, Ordering::Relaxed);
+    let lines = release_connection(held).unwrap_or_else(|e| {
+        panic!(
+            "step=flannel-drain: the connection {} -> {} broke during the drain: {e}",
+            first.pod, last.pod
+        )
+    });
     let (ok, failed) = talker.join().expect("talker thread");
     assert!(
         failed.is_empty() && ok > 0,
         "step=flannel-drain: remaining pods {} and {} stopped talking during the drain: {ok} answers, failures {failed:?}",
-        rest[0].pod,
-        rest[rest.len() - 1].pod
+        first.pod,
+        last.pod
     );
     eprintln!(
-        "cluster: flannel: {} drained and unpublished after {} polls; {ok} answers between remaining pods meanwhile",
+        "cluster: flannel: {} drained and unpublished after {} polls; meanwhile {ok} new connections and one held open ({lines} lines echoed) between remaining pods",
         RANGE_B.0,
         polls.load(Ordering::Relaxed)
     );
