@@ -384,6 +384,22 @@ fn flanneld_exits(members: &[Member]) -> BTreeMap<String, usize> {
         .collect()
 }
 
+/// Each node's kube-proxy process id, if it still runs (hack/cluster.sh does not restart it:
+/// one that exited would be gone).
+fn kube_proxies(members: &[Member]) -> BTreeMap<String, Option<String>> {
+    members
+        .iter()
+        .map(|m| {
+            let file = dirs_cache().join(format!("cluster/pids/kube-proxy-{}", m.node));
+            let pid = std::fs::read_to_string(&file)
+                .ok()
+                .map(|p| p.trim().to_string())
+                .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+            (m.node.clone(), pid)
+        })
+        .collect()
+}
+
 async fn controller_restarts(client: &Client) -> i32 {
     super::controller_pods(client)
         .await
@@ -396,9 +412,14 @@ async fn controller_restarts(client: &Client) -> i32 {
 
 /// (3) The pool grows while the cluster runs: the next node takes the first range's last
 /// block, the pool carves a second range, and a node on it talks with the older pods. No
-/// flanneld restarts (flannel reads nodes' subnets at run time), nor nodeipam.
+/// flanneld restarts (flannel reads nodes' subnets at run time), nor kube-proxy, nor nodeipam.
 async fn check_pool_growth(client: &Client, members: &mut Vec<Member>) -> Vec<Arrival> {
     let exits = flanneld_exits(members);
+    let proxies = kube_proxies(members);
+    assert!(
+        proxies.values().all(Option::is_some),
+        "step=flannel-pool-growth: every node runs a kube-proxy: {proxies:?}"
+    );
     let restarts = controller_restarts(client).await;
     let older = members[0].clone();
     let mut arrivals = Vec::new();
@@ -436,6 +457,11 @@ async fn check_pool_growth(client: &Client, members: &mut Vec<Member>) -> Vec<Ar
         controller_restarts(client).await,
         restarts,
         "step=flannel-pool-growth: nodeipam restarted"
+    );
+    assert_eq!(
+        kube_proxies(&old),
+        proxies,
+        "step=flannel-pool-growth: an older node's kube-proxy is not the process it was"
     );
     arrivals
 }
