@@ -795,8 +795,10 @@ cmd_up() {
   [[ "$nodes" =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= 50)) || die "up: --nodes must be 1..50, got '$nodes'"
   [[ $EUID -eq 0 ]] || die "step=up: run as root (namespaces, mounts, cgroups)"
   local f
-  for f in "$NODEIPAM_ASSETS/kube-apiserver" "$NODEIPAM_ASSETS/etcd" "$NODE_BIN/kubelet" "$NODE_BIN/containerd" "$PAUSE_ARCHIVE" \
-    "$NETPROBE_ARCHIVE" "$FLANNEL_BIN/flanneld"; do
+  local needed=("$NODEIPAM_ASSETS/kube-apiserver" "$NODEIPAM_ASSETS/etcd" "$NODE_BIN/kubelet" "$NODE_BIN/containerd" \
+    "$PAUSE_ARCHIVE" "$NETPROBE_ARCHIVE")
+  [[ "$cni" == flannel ]] && needed+=("$FLANNEL_BIN/flanneld")
+  for f in "${needed[@]}"; do
     [[ -e "$f" ]] || die "step=up: $f missing: run hack/cluster.sh build"
   done
   [[ -f "$("$NODEIPAM_ROOT/hack/image.sh" path)" ]] || die "step=up: the nodeipam image is missing: run hack/image.sh"
