@@ -7,9 +7,15 @@
 # the podCIDRs the kubelet passes on (bridge + host-local), and nodeipam is what hands them out.
 #
 #   build                install the Debian packages and build kubelet, kube-proxy,
-#                        kube-scheduler, containerd and the pause image (cached, stamped)
-#   up [--nodes N]       (after a `down` of any leftovers) start the control plane and N nodes
-#                        (default 2); prints the KUBECONFIG export
+#                        kube-scheduler, containerd, the pause image, flanneld (hack/flannel)
+#                        and the netprobe image (hack/cluster/netprobe) (cached, stamped)
+#   up [--nodes N] [--cni bridge|flannel] [--flannel-network CIDR] [--flannel-backend B]
+#                        (after a `down` of any leftovers) start the control plane and N nodes
+#                        (default 2); prints the KUBECONFIG export. --cni bridge (default):
+#                        pods reach their own node only; --cni flannel: flanneld (kube subnet
+#                        manager, --ip-masq) on every node with Network CIDR (default
+#                        10.112.0.0/12, which must hold every podCIDR) and backend B (vxlan,
+#                        the default, or host-gw); docs/integrations.md says why
 #   deploy               import the nodeipam image (hack/image.sh) and
 #                        `kubectl apply -k hack/cluster/overlay` (= config/default + the image
 #                        name and, with config/components/api-server, the API server's
@@ -37,6 +43,13 @@ NODE_BIN="$NODEIPAM_BIN_DIR/node-k8s-$K8S_VERSION-containerd-$CONTAINERD_VERSION
 CLUSTER_DIR="$NODEIPAM_CACHE/cluster"
 PAUSE_IMAGE="localhost/pause:nodeipam"
 PAUSE_ARCHIVE="$NODE_BIN/pause.oci.tar"
+# What pods of the local cluster run to send and answer traffic (hack/cluster/netprobe).
+NETPROBE_IMAGE="localhost/netprobe:nodeipam"
+NETPROBE_DIR="$NODEIPAM_BIN_DIR/netprobe"
+NETPROBE_ARCHIVE="$NETPROBE_DIR/netprobe.oci.tar"
+# The pod network of `up --cni flannel`, built from hack/flannel (pinned there too).
+FLANNEL_VERSION="v0.28.10"
+FLANNEL_BIN="$NODEIPAM_BIN_DIR/flannel-$FLANNEL_VERSION"
 NODEIPAM_IMAGE="${NODEIPAM_IMAGE:-localhost/nodeipam:dev}"
 
 BRIDGE=nipam0
@@ -95,26 +108,66 @@ install_packages() {
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# static_image SRC BIN IMAGE ARCHIVE: compiles C file SRC static as /BIN into a one-file image
+# IMAGE (entrypoint /BIN, an unprivileged user) saved as the OCI archive ARCHIVE.
+static_image() {
+  local src="$1" bin="$2" image="$3" archive="$4"
+  local work
+  work="$(dirname "$archive")/$bin-build"
+  rm -rf "$work" && mkdir -p "$work"
+  gcc -Os -static -o "$work/$bin" "$src" || die "step=build-$bin: gcc -static $src failed"
+  strip "$work/$bin"
+  local b=(buildah --root "$work/storage" --runroot "$work/run" --storage-driver vfs)
+  local c
+  c="$("${b[@]}" from scratch)"
+  "${b[@]}" copy "$c" "$work/$bin" "/$bin" >/dev/null
+  "${b[@]}" config --entrypoint "[\"/$bin\"]" --user 65535:65535 "$c"
+  "${b[@]}" commit --quiet "$c" "$image" >/dev/null
+  rm -f "$archive"
+  "${b[@]}" push --quiet "$image" "oci-archive:$archive:$image"
+  "${b[@]}" rm --all >/dev/null 2>&1 || true
+  "${b[@]}" rmi --all >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+
 build_pause() {
   # The sandbox image: the pause.c that ships with the pinned Kubernetes module, static.
   local src
   src="$(cd "$NODEIPAM_ROOT/hack/k8s" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
   [[ -f "$src" ]] || die "step=build-pause: $src not found"
-  local work="$NODE_BIN/pause-build"
-  rm -rf "$work" && mkdir -p "$work"
-  gcc -Os -static -o "$work/pause" "$src" || die "step=build-pause: gcc -static failed"
-  strip "$work/pause"
-  local b=(buildah --root "$work/storage" --runroot "$work/run" --storage-driver vfs)
-  local c
-  c="$("${b[@]}" from scratch)"
-  "${b[@]}" copy "$c" "$work/pause" /pause >/dev/null
-  "${b[@]}" config --entrypoint '["/pause"]' --user 65535:65535 "$c"
-  "${b[@]}" commit --quiet "$c" "$PAUSE_IMAGE" >/dev/null
-  rm -f "$PAUSE_ARCHIVE"
-  "${b[@]}" push --quiet "$PAUSE_IMAGE" "oci-archive:$PAUSE_ARCHIVE:$PAUSE_IMAGE"
-  "${b[@]}" rm --all >/dev/null 2>&1 || true
-  "${b[@]}" rmi --all >/dev/null 2>&1 || true
-  rm -rf "$work"
+  static_image "$src" pause "$PAUSE_IMAGE" "$PAUSE_ARCHIVE"
+}
+
+# The pods' traffic probe (hack/cluster/netprobe): its own folder and stamp, the C file's hash.
+build_netprobe() {
+  local src="$NODEIPAM_ROOT/hack/cluster/netprobe/netprobe.c" stamp
+  stamp="$(sha256sum <"$src" | cut -c1-16)"
+  if [[ -f "$NETPROBE_ARCHIVE" && "$(cat "$NETPROBE_DIR/.stamp" 2>/dev/null)" == "$stamp" ]]; then
+    log "netprobe image up to date in $NETPROBE_ARCHIVE"
+    return 0
+  fi
+  mkdir -p "$NETPROBE_DIR"
+  timed "build the netprobe image" static_image "$src" netprobe "$NETPROBE_IMAGE" "$NETPROBE_ARCHIVE"
+  echo "$stamp" >"$NETPROBE_DIR/.stamp"
+}
+
+# flanneld from hack/flannel (its own module, folder and stamp). CGO on: flannel's udp backend,
+# which its main package always links, is C on amd64.
+build_flanneld() {
+  grep -q "^require github.com/flannel-io/flannel $FLANNEL_VERSION\$" "$NODEIPAM_ROOT/hack/flannel/go.mod" \
+    || die "step=build-flanneld: hack/flannel/go.mod does not require flannel $FLANNEL_VERSION (FLANNEL_VERSION here)"
+  local stamp
+  stamp="$(cd "$NODEIPAM_ROOT/hack/flannel" && cat go.mod go.sum tencentcloud-vpc/go.mod tencentcloud-vpc/*/*.go \
+    | sha256sum | cut -c1-16) $(go env GOVERSION)"
+  if [[ -x "$FLANNEL_BIN/flanneld" && "$(cat "$FLANNEL_BIN/.stamp" 2>/dev/null)" == "$stamp" ]]; then
+    log "flanneld $FLANNEL_VERSION up to date in $FLANNEL_BIN"
+    return 0
+  fi
+  mkdir -p "$FLANNEL_BIN"
+  timed "build flanneld $FLANNEL_VERSION" bash -c "cd '$NODEIPAM_ROOT/hack/flannel' && CGO_ENABLED=1 GOFLAGS=-mod=readonly \
+    go build -trimpath -ldflags '-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION' \
+      -o '$FLANNEL_BIN/flanneld' github.com/flannel-io/flannel"
+  echo "$stamp" >"$FLANNEL_BIN/.stamp"
 }
 
 cmd_build() {
@@ -123,6 +176,13 @@ cmd_build() {
   command -v go >/dev/null || die "step=build: 'go' is not installed"
   # The control plane (apiserver, kcm, kubectl, etcd) has its own cache and stamp.
   "$NODEIPAM_ROOT/hack/control-plane.sh" build
+  build_flanneld
+  build_netprobe
+  build_node_binaries
+}
+
+# kubelet, kube-proxy, kube-scheduler, containerd and the pause image: one folder, one stamp.
+build_node_binaries() {
   local stamp
   stamp="$(cat "$NODEIPAM_ROOT"/hack/k8s/go.{mod,sum} "$NODEIPAM_ROOT"/hack/containerd/go.{mod,sum} \
     | sha256sum | cut -c1-16) rev=$NODE_BUILD_REV $(go env GOVERSION)"
@@ -353,8 +413,8 @@ start_control_plane() {
 
 node_dir() { echo "$CLUSTER_DIR/nodes/$1"; }
 
-write_containerd_config() { # DIR
-  local d="$1"
+write_containerd_config() { # DIR MTU
+  local d="$1" mtu="$2"
   mkdir -p "$d/cni/net.d" "$d/runc"
   cat >"$d/containerd.toml" <<EOF2
 version = 3
@@ -399,7 +459,10 @@ imports = []
       # containerd writes this template out as the node's CNI config, and the node turns Ready.
       conf_template = "$d/cni/template.conflist"
 EOF2
-  cat >"$d/cni/template.conflist" <<'EOF2'
+  if [[ "$(cni_mode)" == flannel ]]; then
+    write_flannel_cni_template "$d" "$mtu"
+  else
+    cat >"$d/cni/template.conflist" <<'EOF2'
 {"cniVersion": "0.4.0", "name": "@NETWORK@", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
    "ipam": {"type": "host-local",
@@ -409,7 +472,30 @@ EOF2
   {"type": "portmap", "capabilities": {"portMappings": true}},
   {"type": "loopback"}]}
 EOF2
+  fi
   sed -i "s|@NETWORK@|$CNI_NETWORK|; s|@DIR@|$d|" "$d/cni/template.conflist"
+}
+
+# write_flannel_cni_template DIR MTU: the stand-in for flannel's CNI plugin, which is not
+# served by the Go module proxy. That plugin only turns flanneld's subnet.env into this same
+# delegate: bridge cni0 as the pods' default gateway, host-local over the node's podCIDR
+# (= FLANNEL_SUBNET, flanneld's lease is spec.podCIDRs), a route to flannel's Network, the
+# backend's MTU (= FLANNEL_MTU) and the bridge's masquerade off, because flanneld runs with
+# --ip-masq (the plugin sets ipMasq to !FLANNEL_IPMASQ). The bridge plugin's own masquerade
+# would NAT every packet to another node's pods (docs/integrations.md, flannel).
+write_flannel_cni_template() {
+  local d="$1" mtu="$2"
+  cat >"$d/cni/template.conflist" <<EOF2
+{"cniVersion": "0.4.0", "name": "@NETWORK@", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "isDefaultGateway": true,
+   "ipMasq": false, "hairpinMode": true, "mtu": $mtu,
+   "ipam": {"type": "host-local",
+            "ranges": [{{range \$i, \$range := .PodCIDRRanges}}{{if \$i}}, {{end}}[{"subnet": "{{\$range}}"}]{{end}}],
+            "routes": [{"dst": "$(flannel_network)"}],
+            "dataDir": "@DIR@/cni/ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}},
+  {"type": "loopback"}]}
+EOF2
 }
 
 write_kubelet_config() { # NAME DIR IP
@@ -446,6 +532,58 @@ registerNode: true
 EOF2
 }
 
+# ---------------------------------------------------------------------------------------------
+# flannel (`up --cni flannel`): flanneld on every node as a host process, as systemd would run
+# it (restarted when it exits), with the kube subnet manager: each node's subnet is the
+# podCIDR nodeipam wrote. Its settings are in $CLUSTER_DIR/flannel.
+
+FLANNEL_DIR="$CLUSTER_DIR/flannel"
+
+# cni_mode: bridge (the default: pods reach only their own node) or flannel.
+cni_mode() { cat "$CLUSTER_DIR/cni" 2>/dev/null || echo bridge; }
+
+flannel_network() { cat "$FLANNEL_DIR/network"; }
+
+# pod_mtu NS: the pods' MTU on node NS: its eth0's, less vxlan's 50 bytes with that backend
+# (what flanneld writes as FLANNEL_MTU).
+pod_mtu() {
+  local mtu
+  mtu="$(ip netns exec "$1" cat /sys/class/net/eth0/mtu)"
+  if [[ "$(cni_mode)" == flannel && "$(cat "$FLANNEL_DIR/backend")" == vxlan ]]; then
+    mtu=$((mtu - 50))
+  fi
+  echo "$mtu"
+}
+
+# setup_flannel NETWORK BACKEND: its net-conf.json, its identity and RBAC (kube-flannel.yml's
+# ClusterRole without `pods get`: NODE_NAME names the node).
+setup_flannel() {
+  local network="$1" backend="$2"
+  mkdir -p "$FLANNEL_DIR"
+  echo "$network" >"$FLANNEL_DIR/network"
+  echo "$backend" >"$FLANNEL_DIR/backend"
+  printf '{"Network": "%s", "EnableIPv6": false, "Backend": {"Type": "%s"}}\n' "$network" "$backend" \
+    >"$FLANNEL_DIR/net-conf.json"
+  cert flannel nodeipam-local-flannel "" clientAuth
+  kubeconfig flannel
+  KUBECTL apply -f "$NODEIPAM_ROOT/hack/cluster/flannel-rbac.yaml" >/dev/null \
+    || die "step=flannel-rbac: kubectl apply hack/cluster/flannel-rbac.yaml failed"
+}
+
+# start_flanneld NAME DIR: flanneld in node NAME's namespace. It exits 1 while the node has no
+# podCIDR (or one outside Network); the loop restarts it a second later, as systemd's
+# Restart=always would, and logs each exit.
+start_flanneld() {
+  local name="$1" d="$2"
+  mkdir -p "$d/flannel"
+  # shellcheck disable=SC2016 # expanded by the inner bash
+  spawn "flanneld-$name" "nipam-$name" env NODE_NAME="$name" bash -c \
+    'while :; do "$@"; echo "flanneld exited $?; restarting in 1s" >&2; sleep 1; done' _ \
+    "$FLANNEL_BIN/flanneld" --kube-subnet-mgr --kubeconfig-file="$CLUSTER_DIR/flannel.kubeconfig" \
+    --net-config-path="$FLANNEL_DIR/net-conf.json" --subnet-file="$d/flannel/subnet.env" \
+    --iface=eth0 --ip-masq --healthz-port=0
+}
+
 # start_node NAME INDEX LABELS
 start_node() {
   local name="$1" i="$2" labels="$3"
@@ -459,7 +597,7 @@ start_node() {
   cert "$name-serving" "system:node:$name" system:nodes serverAuth "IP:$ip,DNS:$name"
   kubeconfig "$name"
   mv "$CLUSTER_DIR/$name.kubeconfig" "$d/kubeconfig"
-  write_containerd_config "$d"
+  write_containerd_config "$d" "$(pod_mtu "$ns")"
   write_kubelet_config "$name" "$d" "$ip"
   mkcg "/$CGROUP_PREFIX-$name"
 
@@ -468,7 +606,7 @@ start_node() {
     "$NODE_BIN/ctr" --address "$d/containerd.sock" version
   # Images: no registry; the pause image and nodeipam's, from their OCI archives.
   local archive
-  for archive in "$PAUSE_ARCHIVE" "$(NODEIPAM_IMAGE="$NODEIPAM_IMAGE" "$NODEIPAM_ROOT/hack/image.sh" path)"; do
+  for archive in "$PAUSE_ARCHIVE" "$NETPROBE_ARCHIVE" "$(NODEIPAM_IMAGE="$NODEIPAM_IMAGE" "$NODEIPAM_ROOT/hack/image.sh" path)"; do
     [[ -f "$archive" ]] || die "step=import-images-$name: $archive missing (hack/cluster.sh build, hack/image.sh)"
     "$NODE_BIN/ctr" --address "$d/containerd.sock" -n k8s.io images import --local "$archive" >/dev/null \
       || die "step=import-images-$name: ctr images import $archive failed"
@@ -486,6 +624,7 @@ start_node() {
     --conntrack-tcp-timeout-close-wait=0 \
     --metrics-bind-address=127.0.0.1:10249 --healthz-bind-address=127.0.0.1:10256
   wait_daemon "kubelet-$name" "register-node-$name" 60 KUBECTL get node "$name"
+  if [[ "$(cni_mode)" == flannel ]]; then start_flanneld "$name" "$d"; fi
 }
 
 next_index() {
@@ -549,7 +688,7 @@ stop_node() { # NAME: every process of the node, its mounts, netns, cgroups and 
   d="$(node_dir "$name")"
   local p
   # The kubelet first, so that it restarts nothing; then the pods, then containerd and shims.
-  for p in "kubelet-$name" "kube-proxy-$name"; do
+  for p in "kubelet-$name" "kube-proxy-$name" "flanneld-$name"; do
     kill_cgroup "/$CGROUP_PREFIX-sys/$p"
   done
   kill_cgroup "/$CGROUP_PREFIX-$name"
@@ -559,7 +698,7 @@ stop_node() { # NAME: every process of the node, its mounts, netns, cgroups and 
   [[ -f "$d/index" ]] && ip link del "nipam-v$(cat "$d/index")" 2>/dev/null || true
   rmcg "/$CGROUP_PREFIX-$name"
   local cg
-  for cg in "kubelet-$name" "kube-proxy-$name" "containerd-$name"; do rmcg "/$CGROUP_PREFIX-sys/$cg"; done
+  for cg in "kubelet-$name" "kube-proxy-$name" "flanneld-$name" "containerd-$name"; do rmcg "/$CGROUP_PREFIX-sys/$cg"; done
   rm -f /var/lib/cni/results/"$CNI_NETWORK"-* 2>/dev/null || true
   find /var/log/containers -maxdepth 1 -lname "$d/*" -delete 2>/dev/null || true
   rm -rf "$d"
@@ -641,17 +780,26 @@ restore_sysctls() {
 }
 
 cmd_up() {
-  local nodes=2
+  local nodes=2 cni=bridge network=10.112.0.0/12 backend=vxlan
   while (($#)); do
     case "$1" in
       --nodes) nodes="${2:?--nodes needs a number}"; shift 2 ;;
+      --cni) cni="${2:?--cni needs bridge or flannel}"; shift 2 ;;
+      --flannel-network) network="${2:?--flannel-network needs a CIDR}"; shift 2 ;;
+      --flannel-backend) backend="${2:?--flannel-backend needs vxlan or host-gw}"; shift 2 ;;
       *) die "up: unknown argument '$1'" ;;
     esac
   done
+  [[ "$cni" == bridge || "$cni" == flannel ]] || die "up: --cni must be bridge or flannel, got '$cni'"
+  [[ "$backend" == vxlan || "$backend" == host-gw ]] || die "up: --flannel-backend must be vxlan or host-gw, got '$backend'"
+  [[ "$network" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+/[0-9]+$ ]] || die "up: --flannel-network must be an IPv4 CIDR, got '$network'"
   [[ "$nodes" =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= 50)) || die "up: --nodes must be 1..50, got '$nodes'"
   [[ $EUID -eq 0 ]] || die "step=up: run as root (namespaces, mounts, cgroups)"
   local f
-  for f in "$NODEIPAM_ASSETS/kube-apiserver" "$NODEIPAM_ASSETS/etcd" "$NODE_BIN/kubelet" "$NODE_BIN/containerd" "$PAUSE_ARCHIVE"; do
+  local needed=("$NODEIPAM_ASSETS/kube-apiserver" "$NODEIPAM_ASSETS/etcd" "$NODE_BIN/kubelet" "$NODE_BIN/containerd" \
+    "$PAUSE_ARCHIVE" "$NETPROBE_ARCHIVE")
+  [[ "$cni" == flannel ]] && needed+=("$FLANNEL_BIN/flanneld")
+  for f in "${needed[@]}"; do
     [[ -e "$f" ]] || die "step=up: $f missing: run hack/cluster.sh build"
   done
   [[ -f "$("$NODEIPAM_ROOT/hack/image.sh" path)" ]] || die "step=up: the nodeipam image is missing: run hack/image.sh"
@@ -664,11 +812,13 @@ cmd_up() {
   timed "certificates" make_pki
   make_bridge
   timed "control plane" start_control_plane
+  echo "$cni" >"$CLUSTER_DIR/cni"
+  if [[ "$cni" == flannel ]]; then timed "flannel settings and RBAC" setup_flannel "$network" "$backend"; fi
   local i
   for i in $(seq 1 "$nodes"); do
     timed "start node node-$i" start_node "node-$i" "$i" ""
   done
-  log "cluster up in $((SECONDS - began))s: $nodes node(s), NotReady until they have podCIDRs"
+  log "cluster up in $((SECONDS - began))s: $nodes node(s), CNI $cni, NotReady until they have podCIDRs"
   echo "export KUBECONFIG=$CLUSTER_DIR/admin.kubeconfig PATH=$NODEIPAM_ASSETS:\$PATH"
 }
 
@@ -761,5 +911,5 @@ case "${1:-}" in
   remove-node) shift; cmd_remove_node "$@" ;;
   kubectl) shift; KUBECTL "$@" ;;
   down) cmd_down ;;
-  *) echo "usage: $0 build | up [--nodes N] | deploy | add-node [--labels k=v,...] | remove-node NAME | kubectl ARGS... | down" >&2; exit 2 ;;
+  *) echo "usage: $0 build | up [--nodes N] [--cni bridge|flannel] [--flannel-network CIDR] [--flannel-backend vxlan|host-gw] | deploy | add-node [--labels k=v,...] | remove-node NAME | kubectl ARGS... | down" >&2; exit 2 ;;
 esac

@@ -17,10 +17,10 @@ timed "cargo build binaries" cargo build --workspace --locked --bins
 timed "cargo build tests" cargo test --workspace --locked --no-run
 # The end-to-end tests each start their own control plane; two at a time fits a 2-core machine.
 timed "cargo test" cargo test --workspace --locked -- --test-threads="${NODEIPAM_TEST_THREADS:-2}"
-# A real cluster (needs root): Debian packages, kubelet, kube-proxy, kube-scheduler, containerd
-# and the pause image (cached and stamped, a no-op when warm), nodeipam's image from the
-# Containerfile, then the suite that brings the cluster up, deploys config/default and takes it
-# down. It is #[ignore]d in the run above because it needs these builds.
+# A real cluster (needs root): Debian packages, kubelet, kube-proxy, kube-scheduler, containerd,
+# the pause and netprobe images and flanneld (cached and stamped, a no-op when warm), nodeipam's
+# image from the Containerfile, then the suite that brings the cluster up (with the bridge CNI,
+# then with flannel), deploys config/default and takes it down. It is #[ignore]d in the run above because it needs these builds.
 timed "cluster binaries" "$NODEIPAM_ROOT/hack/cluster.sh" build
 timed "nodeipam image" "$NODEIPAM_ROOT/hack/image.sh" build
 timed "cargo test cluster e2e" cargo test --locked -p nodeipam-testenv --test cluster -- --ignored --test-threads=1 --nocapture

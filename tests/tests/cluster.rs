@@ -24,6 +24,8 @@ use kube::{Client, ResourceExt};
 use nodeipam_testenv::{default_helm_path, workspace_root};
 use serde_json::json;
 
+#[path = "cluster/flannel.rs"]
+mod flannel;
 #[path = "support/scrape.rs"]
 mod scrape;
 
@@ -1101,4 +1103,14 @@ async fn a_real_cluster_consumes_what_nodeipam_allocates() {
     script("cluster-down", &["down"]);
     cluster.down_done = true;
     eprintln!("cluster: whole test {:.1}s", began.elapsed().as_secs_f64());
+}
+
+/// flannel as the cluster's CNI, on nodes from two discontiguous configs and a pool inside its
+/// one Network: pods talk across nodes un-NATed, leave the pod network NATed, reach a Service
+/// on another node, and keep talking while the pool grows and a range drains
+/// (tests/tests/cluster/flannel.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, hack/cluster.sh build and hack/image.sh: hack/test.sh runs it with --ignored"]
+async fn flannel_carries_pod_traffic_across_discontiguous_ranges() {
+    flannel::flannel_carries_pod_traffic().await;
 }
