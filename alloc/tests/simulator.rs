@@ -3,7 +3,7 @@
 //! every step and liveness at rest. See `sim/`.
 //!
 //! - `cargo test -p nodeipam-alloc --test simulator` runs a fixed set of seeds
-//!   (`NODEIPAM_SIM_SCHEDULES`, default 3000, from `NODEIPAM_SIM_FIRST_SEED`, default 0), or
+//!   (`NODEIPAM_SIM_SCHEDULES`, default 6000, from `NODEIPAM_SIM_FIRST_SEED`, default 0), or
 //!   as many as fit in `NODEIPAM_SIM_SECONDS`.
 //! - `NODEIPAM_SIM_SEED=N` replays one seed; a failure prints the shrunk schedule and writes it
 //!   as JSON; `NODEIPAM_SIM_TRACE=FILE` replays that file.
@@ -19,7 +19,7 @@ use sim::{Action, Setup, generate, run, run_traced, shrink};
 
 const STEPS: usize = 400;
 /// The seeds CI runs (about half a minute on one core).
-const SCHEDULES: u64 = 3000;
+const SCHEDULES: u64 = 6000;
 
 fn env<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
