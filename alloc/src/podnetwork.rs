@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+use indexmap::IndexMap;
 use ipnet::IpNet;
 /// Whether the union of some CIDRs covers a range: shared with the webhook through
 /// `nodeipam_crd::range`, re-exported under the name the machine and the simulator use.
@@ -342,9 +343,9 @@ impl OutputKind {
             OutputKind::IpMasqAgent => {
                 let cidrs: Vec<IpNet> = data
                     .get("config")
-                    .and_then(|text| serde_yaml::from_str::<serde_yaml::Value>(text).ok())
+                    .and_then(|text| serde_saphyr::from_str::<serde_json::Value>(text).ok())
                     .and_then(|doc| {
-                        doc.get("nonMasqueradeCIDRs")?.as_sequence().map(|list| {
+                        doc.get("nonMasqueradeCIDRs")?.as_array().map(|list| {
                             list.iter()
                                 .filter_map(|c| c.as_str()?.trim().parse::<IpNet>().ok())
                                 .collect()
@@ -378,29 +379,28 @@ pub fn ip_masq_agent_config(
     network: &PodNetwork,
     extra: &[IpNet],
 ) -> Result<String, String> {
-    let mut doc = match existing.map(str::trim).filter(|s| !s.is_empty()) {
-        // ip-masq-agent reads YAML or JSON; YAML parses both.
-        Some(text) => match serde_yaml::from_str::<serde_yaml::Value>(text) {
-            Ok(serde_yaml::Value::Mapping(m)) => m,
-            Ok(other) => {
-                return Err(format!(
-                    "ip-masq-agent config: expected a mapping, found {other:?}"
-                ));
-            }
-            Err(e) => return Err(format!("ip-masq-agent config is not valid YAML: {e}")),
-        },
-        None => serde_yaml::Mapping::new(),
-    };
+    // The user's other settings keep their order: the config is rewritten, not reformatted.
+    let mut doc: IndexMap<String, serde_json::Value> =
+        match existing.map(str::trim).filter(|s| !s.is_empty()) {
+            // ip-masq-agent reads YAML or JSON; YAML parses both.
+            Some(text) => match serde_saphyr::from_str::<serde_json::Value>(text) {
+                Ok(serde_json::Value::Object(_)) => serde_saphyr::from_str(text)
+                    .map_err(|e| format!("ip-masq-agent config is not valid YAML: {e}"))?,
+                Ok(other) => {
+                    return Err(format!(
+                        "ip-masq-agent config: expected a mapping, found {other}"
+                    ));
+                }
+                Err(e) => return Err(format!("ip-masq-agent config is not valid YAML: {e}")),
+            },
+            None => IndexMap::new(),
+        };
     let list = ip_masq_agent_cidrs(network, extra)
         .into_iter()
-        .map(|c| serde_yaml::Value::String(c.to_string()))
+        .map(|c| serde_json::Value::String(c.to_string()))
         .collect();
-    doc.insert(
-        "nonMasqueradeCIDRs".into(),
-        serde_yaml::Value::Sequence(list),
-    );
-    serde_yaml::to_string(&serde_yaml::Value::Mapping(doc))
-        .map_err(|e| format!("rendering ip-masq-agent config: {e}"))
+    doc.insert("nonMasqueradeCIDRs".into(), serde_json::Value::Array(list));
+    serde_saphyr::to_string(&doc).map_err(|e| format!("rendering ip-masq-agent config: {e}"))
 }
 
 /// A ConfigMap by namespace and name.
@@ -615,12 +615,17 @@ mod tests {
         let existing = "nonMasqueradeCIDRs: [1.2.3.0/24]\nmasqLinkLocal: true\nresyncInterval: 60s\nfutureKey: {a: 1}\n";
         let out = ip_masq_agent_config(Some(existing), &sample(), &[n("169.254.0.0/16")])
             .expect("renders");
-        let v: serde_yaml::Value = serde_yaml::from_str(&out).expect("valid YAML");
-        assert_eq!(v["masqLinkLocal"], serde_yaml::Value::Bool(true));
-        assert_eq!(v["resyncInterval"], serde_yaml::Value::String("60s".into()));
-        assert!(v["futureKey"].is_mapping());
+        let v: serde_json::Value = serde_saphyr::from_str(&out).expect("valid YAML");
+        assert_eq!(v["masqLinkLocal"], serde_json::Value::Bool(true));
+        assert_eq!(v["resyncInterval"], serde_json::Value::String("60s".into()));
+        assert!(v["futureKey"].is_object());
+        // Rewritten in the user's order, the list we own where it was.
+        let keys: Vec<&str> = out.lines().filter(|l| !l.starts_with([' ', '-'])).collect();
+        assert!(keys[0].starts_with("nonMasqueradeCIDRs:"), "{out}");
+        assert!(keys[1].starts_with("masqLinkLocal:"), "{out}");
+        assert!(keys[3].starts_with("futureKey:"), "{out}");
         let cidrs: Vec<String> = v["nonMasqueradeCIDRs"]
-            .as_sequence()
+            .as_array()
             .expect("list")
             .iter()
             .filter_map(|x| x.as_str().map(String::from))

@@ -314,7 +314,7 @@ async fn register_webhook(admin: &kube::Client, port: u16) -> anyhow::Result<()>
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let mut vwc: ValidatingWebhookConfiguration =
-        serde_yaml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     for hook in vwc.webhooks.iter_mut().flatten() {
         let service_path = hook
             .client_config

@@ -96,7 +96,7 @@ fn lines(findings: &[Finding], read: &crate::read::Read) -> String {
 
 fn structured<T: Serialize>(value: &T, view: View) -> anyhow::Result<String> {
     Ok(match view {
-        View::Yaml => serde_yaml::to_string(value)?,
+        View::Yaml => serde_saphyr::to_string(value)?,
         _ => serde_json::to_string_pretty(value)? + "\n",
     })
 }

@@ -131,7 +131,7 @@ pub fn render(network: &PodNetwork, format: Format) -> Result<String, RangesErro
             .map(|s| s + "\n")
             .map_err(|e| RangesError::Render(e.to_string())),
         Format::Yaml => {
-            serde_yaml::to_string(network).map_err(|e| RangesError::Render(e.to_string()))
+            serde_saphyr::to_string(network).map_err(|e| RangesError::Render(e.to_string()))
         }
         Format::Name => Ok(network.cidrs().iter().map(|c| format!("{c}\n")).collect()),
         Format::IpMasqAgent => {
@@ -219,8 +219,8 @@ mod tests {
             "{wide}"
         );
         assert!(wide.contains("253") && wide.contains("1.2%"), "{wide}");
-        let yaml: serde_yaml::Value =
-            serde_yaml::from_str(&render(&n, Format::Yaml).expect("yaml")).expect("parses");
+        let yaml: serde_json::Value =
+            serde_saphyr::from_str(&render(&n, Format::Yaml).expect("yaml")).expect("parses");
         assert_eq!(yaml["entries"][0]["cidr"], "10.100.0.0/16");
         let json: serde_json::Value =
             serde_json::from_str(&render(&n, Format::Json).expect("json")).expect("parses");

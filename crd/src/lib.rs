@@ -48,7 +48,7 @@ const HEADER: &str =
 fn to_yaml<K: CustomResourceExt>() -> String {
     // Serializing a CRD built from plain structs and string-keyed maps cannot fail.
     #[allow(clippy::expect_used)]
-    let body = serde_yaml::to_string(&K::crd()).expect("CRD serializes to YAML");
+    let body = serde_saphyr::to_string(&K::crd()).expect("CRD serializes to YAML");
     format!("{HEADER}{body}")
 }
 

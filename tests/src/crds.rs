@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
-use serde::Deserialize;
 
 use crate::error::{HarnessError, Step};
 
@@ -49,11 +48,7 @@ pub(crate) fn parse_crds(
         HarnessError::other(Step::InstallCrds, format!("{}: {msg}", origin.display()))
     };
     let mut crds = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(text) {
-        let value = serde_yaml::Value::deserialize(document).map_err(|e| bad(e.to_string()))?;
-        if value.is_null() {
-            continue; // an empty document, e.g. after a trailing `---`
-        }
+    for value in crate::yaml::documents(text).map_err(bad)? {
         let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
         if kind != "CustomResourceDefinition" {
             return Err(bad(format!(
@@ -61,7 +56,7 @@ pub(crate) fn parse_crds(
             )));
         }
         let crd: CustomResourceDefinition =
-            serde_yaml::from_value(value).map_err(|e| bad(e.to_string()))?;
+            serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
         if crd.metadata.name.as_deref().unwrap_or("").is_empty() {
             return Err(bad("a CustomResourceDefinition has no metadata.name".into()));
         }

@@ -36,7 +36,7 @@ pub(crate) fn render(server: &str, ca_pem: &str, user: &str, identity: &CertAndK
         "current-context": NAME,
     });
     // A JSON value always serializes to YAML; fall back to JSON (also valid YAML) regardless.
-    serde_yaml::to_string(&doc).unwrap_or_else(|_| doc.to_string())
+    serde_saphyr::to_string(&doc).unwrap_or_else(|_| doc.to_string())
 }
 
 /// Kubeconfig YAML for a plain-HTTP `server` (the fault proxy) with a user that has no
@@ -53,7 +53,7 @@ pub(crate) fn render_without_credentials(server: &str, user: &str) -> String {
         }],
         "current-context": NAME,
     });
-    serde_yaml::to_string(&doc).unwrap_or_else(|_| doc.to_string())
+    serde_saphyr::to_string(&doc).unwrap_or_else(|_| doc.to_string())
 }
 
 /// Parses kubeconfig YAML (one context, the current one) into a `kube::Config`. Only the given

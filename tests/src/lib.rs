@@ -22,6 +22,7 @@ mod kubeconfig;
 mod ports;
 mod process;
 mod webhook;
+pub mod yaml;
 
 pub use assets::{ETCD_VERSION, K8S_VERSION, default_assets_dir, default_helm_path};
 pub use control_plane::{

@@ -193,7 +193,7 @@ async fn status_ranges_and_a_clean_check_beside_a_running_controller() {
     assert_eq!(v["pending"][0]["node"], waiting);
     assert_eq!(v["outputs"][0]["current"], true);
     let yaml = plugin(&cp, &["status", "-o", "yaml"]).await;
-    let y: serde_yaml::Value = serde_yaml::from_str(&yaml.out).expect("status -o yaml parses");
+    let y: serde_json::Value = serde_saphyr::from_str(&yaml.out).expect("status -o yaml parses");
     assert_eq!(y["pending"][0]["selectedBy"][0], "gpu");
 
     // ranges: the same bytes as the controller binary's own command.

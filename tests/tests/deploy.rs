@@ -38,12 +38,7 @@ const FAST_LEASE: &[&str] = &["--lease-duration=4", "--lease-grace=2"];
 
 /// The objects of a multi-document YAML stream.
 fn yaml_docs(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .filter_map(|doc| {
-            let v: Value = serde::Deserialize::deserialize(doc).expect("YAML document");
-            (!v.is_null()).then_some(v)
-        })
-        .collect()
+    nodeipam_testenv::yaml::documents(text).expect("YAML documents")
 }
 
 fn find_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
@@ -97,7 +92,7 @@ async fn register_webhook_by_url(client: &Client, webhook_port: u16) {
     let text = std::fs::read_to_string(config_path("webhook/manifests.yaml"))
         .expect("read config/webhook/manifests.yaml");
     let mut vwc: ValidatingWebhookConfiguration =
-        serde_yaml::from_str(&text).expect("config/webhook/manifests.yaml parses");
+        serde_saphyr::from_str(&text).expect("config/webhook/manifests.yaml parses");
     for hook in vwc.webhooks.iter_mut().flatten() {
         let path = hook
             .client_config

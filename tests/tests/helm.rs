@@ -137,12 +137,7 @@ fn kustomize(rel: &str) -> String {
 
 /// The objects of a multi-document YAML stream.
 fn yaml_docs(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .filter_map(|doc| {
-            let v: Value = serde::Deserialize::deserialize(doc).expect("YAML document");
-            (!v.is_null()).then_some(v)
-        })
-        .collect()
+    nodeipam_testenv::yaml::documents(text).expect("YAML documents")
 }
 
 /// (kind, namespace, name) of an object.
@@ -472,7 +467,7 @@ fn the_api_server_value_renders_the_api_server_component() {
 fn chart_app_version() -> String {
     let text = std::fs::read_to_string(workspace_root().join("charts/nodeipam/Chart.yaml"))
         .expect("read Chart.yaml");
-    let chart: Value = serde_yaml::from_str(&text).expect("Chart.yaml parses");
+    let chart: Value = serde_saphyr::from_str(&text).expect("Chart.yaml parses");
     chart["appVersion"]
         .as_str()
         .expect("appVersion is a string")
@@ -1102,13 +1097,13 @@ fn copy_dir(from: &Path, to: &Path) {
 
 /// The NodeIPAMConfig CRD as an older release had it: without `spec.allocation`.
 fn config_crd_without_allocation() -> String {
-    let mut crd: Value = serde_yaml::from_str(&nodeipam_crd::crd_yaml()).expect("the CRD parses");
+    let mut crd: Value = serde_saphyr::from_str(&nodeipam_crd::crd_yaml()).expect("the CRD parses");
     let spec = &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
     let removed = spec["properties"]
         .as_object_mut()
         .and_then(|p| p.remove("allocation"));
     assert!(removed.is_some(), "the CRD has spec.allocation: {spec}");
-    serde_yaml::to_string(&crd).expect("the CRD serializes")
+    serde_saphyr::to_string(&crd).expect("the CRD serializes")
 }
 
 /// Two older charts made from this one, in `dir`, each with the older NodeIPAMConfig CRD and
@@ -1287,7 +1282,7 @@ async fn helm_upgrade_upgrades_the_crds() {
 fn the_chart_and_the_workspace_share_one_version() {
     let text = std::fs::read_to_string(workspace_root().join("charts/nodeipam/Chart.yaml"))
         .expect("read Chart.yaml");
-    let chart: Value = serde_yaml::from_str(&text).expect("Chart.yaml parses");
+    let chart: Value = serde_saphyr::from_str(&text).expect("Chart.yaml parses");
     let version = env!("CARGO_PKG_VERSION");
     assert_eq!(chart["version"], version, "Chart.yaml version");
     assert_eq!(

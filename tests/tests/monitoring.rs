@@ -30,12 +30,7 @@ fn read(rel: &str) -> String {
 }
 
 fn yaml_docs(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .filter_map(|doc| {
-            let v: Value = serde::Deserialize::deserialize(doc).expect("YAML document");
-            (!v.is_null()).then_some(v)
-        })
-        .collect()
+    nodeipam_testenv::yaml::documents(text).expect("YAML documents")
 }
 
 fn rule_file() -> Value {
@@ -290,7 +285,7 @@ fn every_alert_has_a_runbook_section_and_links_it() {
 
 #[test]
 fn the_chart_carries_the_same_alerts() {
-    let chart: Value = serde_yaml::from_str(&read("charts/nodeipam/files/prometheus_rules.yaml"))
+    let chart: Value = serde_saphyr::from_str(&read("charts/nodeipam/files/prometheus_rules.yaml"))
         .expect("the chart's rules parse");
     assert_eq!(
         chart["groups"],
@@ -416,7 +411,7 @@ fn config_prometheus_binds_prometheus_to_the_metrics_reader_role() {
         serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
     );
     let kustomization: Value =
-        serde_yaml::from_str(&read("config/prometheus/kustomization.yaml")).expect("parses");
+        serde_saphyr::from_str(&read("config/prometheus/kustomization.yaml")).expect("parses");
     let resources = kustomization["resources"].as_array().expect("resources");
     for file in [
         "metrics_service.yaml",

@@ -676,7 +676,7 @@ async fn kubeconfig_lists_and_contexts() {
     let cp = control_plane().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let admin_path = cp.kubeconfig_path().to_path_buf();
-    let admin: serde_yaml::Value = serde_yaml::from_str(
+    let admin: serde_json::Value = serde_saphyr::from_str(
         &std::fs::read_to_string(&admin_path).expect("read the admin kubeconfig"),
     )
     .expect("admin kubeconfig parses");
@@ -688,7 +688,7 @@ async fn kubeconfig_lists_and_contexts() {
     let elsewhere = dir.path().join("elsewhere.yaml");
     std::fs::write(
         &elsewhere,
-        serde_yaml::to_string(&json!({
+        serde_saphyr::to_string(&json!({
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "elsewhere", "cluster": {"server": format!("https://127.0.0.1:{}", free_port())}}],
@@ -765,7 +765,7 @@ async fn ranges_outputs_like_kubectl() {
         }
     };
     assert_eq!(run("name").await, "10.72.0.0/16\n");
-    let yaml: serde_yaml::Value = serde_yaml::from_str(&run("yaml").await).expect("yaml");
+    let yaml: serde_json::Value = serde_saphyr::from_str(&run("yaml").await).expect("yaml");
     assert_eq!(yaml["entries"][0]["config"], "out");
     let json: serde_json::Value = serde_json::from_str(&run("json").await).expect("json");
     assert_eq!(json["entries"][0]["cidr"], "10.72.0.0/16");
@@ -1034,7 +1034,7 @@ fn the_manifest_uses_the_default_ports_and_tolerations() {
     use nodeipam_controller::cli::{Cli, Command};
     let text = std::fs::read_to_string(config_path("manager/manager.yaml"))
         .expect("read config/manager/manager.yaml");
-    let deploy: serde_json::Value = serde_yaml::from_str(&text).expect("manager.yaml parses");
+    let deploy: serde_json::Value = serde_saphyr::from_str(&text).expect("manager.yaml parses");
     let pod = &deploy["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     let args: Vec<String> = serde_json::from_value(container["args"].clone()).expect("args");

@@ -221,8 +221,8 @@ async fn ip_masq_agent_is_kept_in_sync_with_user_settings() {
         publishing(Some("kube-system/ip-masq-agent"), &["169.254.0.0/16"]),
     );
     create_config(&c, "pods", spec(family("10.63.0.0/16", 24), None, None)).await;
-    let config = |cm: &ConfigMap| -> serde_yaml::Value {
-        serde_yaml::from_str(
+    let config = |cm: &ConfigMap| -> serde_json::Value {
+        serde_saphyr::from_str(
             cm.data
                 .as_ref()
                 .and_then(|d| d.get("config"))
@@ -230,9 +230,9 @@ async fn ip_masq_agent_is_kept_in_sync_with_user_settings() {
         )
         .expect("config parses")
     };
-    let list = |v: &serde_yaml::Value| -> Vec<String> {
+    let list = |v: &serde_json::Value| -> Vec<String> {
         v["nonMasqueradeCIDRs"]
-            .as_sequence()
+            .as_array()
             .map(|s| {
                 s.iter()
                     .filter_map(|x| x.as_str().map(String::from))
@@ -252,9 +252,9 @@ async fn ip_masq_agent_is_kept_in_sync_with_user_settings() {
         list(&v),
         vec!["10.63.0.0/16".to_string(), "169.254.0.0/16".to_string()]
     );
-    assert_eq!(v["masqLinkLocal"], serde_yaml::Value::Bool(true));
-    assert_eq!(v["masqLinkLocalIPv6"], serde_yaml::Value::Bool(false));
-    assert_eq!(v["resyncInterval"], serde_yaml::Value::String("60s".into()));
+    assert_eq!(v["masqLinkLocal"], serde_json::Value::Bool(true));
+    assert_eq!(v["masqLinkLocalIPv6"], serde_json::Value::Bool(false));
+    assert_eq!(v["resyncInterval"], serde_json::Value::String("60s".into()));
     assert_eq!(
         cm.data
             .as_ref()
@@ -268,7 +268,7 @@ async fn ip_masq_agent_is_kept_in_sync_with_user_settings() {
         let cm = masq.get("ip-masq-agent").await.ok()?;
         let v = config(&cm);
         (list(&v) == vec!["169.254.0.0/16".to_string()]
-            && v["masqLinkLocal"] == serde_yaml::Value::Bool(true))
+            && v["masqLinkLocal"] == serde_json::Value::Bool(true))
         .then_some(())
     })
     .await;

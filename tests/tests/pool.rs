@@ -50,10 +50,10 @@ fn publishes(cm: &ConfigMap, range: &IpNet) -> bool {
 /// The CIDRs of ip-masq-agent's `nonMasqueradeCIDRs`.
 fn non_masquerade(cm: &ConfigMap) -> Vec<IpNet> {
     let text = cm.data.as_ref().and_then(|d| d.get("config"));
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(text.map_or("", String::as_str)).unwrap_or(serde_yaml::Value::Null);
+    let doc: serde_json::Value =
+        serde_saphyr::from_str(text.map_or("", String::as_str)).unwrap_or(serde_json::Value::Null);
     doc["nonMasqueradeCIDRs"]
-        .as_sequence()
+        .as_array()
         .map(|list| {
             list.iter()
                 .filter_map(|c| c.as_str()?.parse().ok())

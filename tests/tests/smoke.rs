@@ -275,11 +275,7 @@ fn crds_in(dir: &Path) -> Vec<(String, Vec<String>, String)> {
     files.sort();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v: serde_json::Value = serde::Deserialize::deserialize(doc).unwrap();
-            if v.is_null() {
-                continue;
-            }
+        for v in nodeipam_testenv::yaml::documents(&text).unwrap() {
             let spec = &v["spec"];
             let versions = spec["versions"]
                 .as_array()

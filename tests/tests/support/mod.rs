@@ -480,9 +480,9 @@ async fn assert_published(client: &Client, held: &[(String, IpNet)]) {
             .unwrap_or_default()
             .remove("config")
             .unwrap_or_default();
-        let doc: serde_yaml::Value = serde_yaml::from_str(&config).expect("ip-masq-agent config");
+        let doc: serde_json::Value = serde_saphyr::from_str(&config).expect("ip-masq-agent config");
         let cidrs = doc["nonMasqueradeCIDRs"]
-            .as_sequence()
+            .as_array()
             .map(|s| s.iter().filter_map(|x| x.as_str()?.parse().ok()).collect())
             .unwrap_or_default();
         outputs.push(("kube-system/ip-masq-agent".into(), cidrs));
