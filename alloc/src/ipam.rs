@@ -513,7 +513,23 @@ impl Ipam {
             .configs
             .values()
             .any(|c| selection::match_score(c.input.selector.as_ref(), node).is_some());
+        // A config only a gate keeps shut (our finalizer, the publication) that matches the
+        // node better than an open one holds it: the selector says where the node belongs, and
+        // a block taken from a catch-all meanwhile would stay with the node for its lifetime.
+        let held = self
+            .configs
+            .values()
+            .filter(|c| c.held_back())
+            .filter_map(|c| selection::match_score(c.input.selector.as_ref(), node))
+            .max();
         for config in &ranked {
+            let score = self
+                .configs
+                .get(config)
+                .and_then(|c| selection::match_score(c.input.selector.as_ref(), node));
+            if held > score {
+                break;
+            }
             if let Some(cidrs) = self.take_blocks(config) {
                 for c in &cidrs {
                     self.add_holder(*c, Holder::Node(name.to_string()));

@@ -171,7 +171,9 @@ pub struct NodeIPAMConfigSpec {
     /// this order: more matching requirements (a config without a selector comes after every
     /// selector match); fewer free blocks; larger `perNodeMaskSize` (smaller blocks); lexically
     /// smaller selector; numerically lower CIDR; name. Configs that are `Disabled`, being
-    /// deleted, exhausted, overlapping an older config, or invalid are skipped.
+    /// deleted, exhausted, overlapping an older config, or invalid are skipped. A config that
+    /// matches more requirements than every open one but is not open yet (our finalizer, or its
+    /// range not yet in the published pod network) makes the node wait for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = schema::node_selector_rules)]
     pub node_selector: Option<NodeSelector>,

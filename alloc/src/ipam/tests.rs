@@ -176,6 +176,65 @@ fn exhausted_configs_report_no_capacity_and_unmatched_nodes_no_match() {
     }
 }
 
+/// A config whose selector matches a node better than any open config holds the node while
+/// only a gate (our finalizer, the publication) keeps it shut: the user's selector says where
+/// the node belongs, so it does not fall through to a catch-all in the meantime. An exhausted
+/// better config still lets it fall through, and an equal match never waits.
+#[test]
+fn a_gated_config_that_matches_better_holds_the_node_until_it_opens() {
+    let mut ipam = Ipam::new();
+    let mut gpu = config("gpu", 1, Some(("10.90.0.0/26", 26)), None);
+    gpu.selector = Some(NodeSelector {
+        node_selector_terms: vec![k8s_openapi::api::core::v1::NodeSelectorTerm {
+            match_expressions: Some(vec![k8s_openapi::api::core::v1::NodeSelectorRequirement {
+                key: "gpu".into(),
+                operator: "Exists".into(),
+                values: None,
+            }]),
+            match_fields: None,
+        }],
+    });
+    let open_gpu = gpu.clone();
+    gpu.gate = Some("waiting for the nodeipam.io/finalizer finalizer".into());
+    ipam.upsert_config(gpu);
+    ipam.upsert_config(config("general", 1, Some(("10.80.0.0/16", 24)), None));
+    let labels: BTreeMap<String, String> = [("gpu".to_string(), "1".to_string())].into();
+    match ipam.allocate("g1", None, &labels) {
+        Err(AllocateError::Waiting { waiting }) => {
+            assert!(
+                waiting.contains("gpu (waiting for the nodeipam.io/finalizer"),
+                "{waiting}"
+            )
+        }
+        other => panic!("g1 waits for gpu, got {other:?}"),
+    }
+    // A node gpu does not select is not held back by it.
+    let plain = ipam.allocate("plain", None, &no_labels()).expect("general");
+    assert_eq!(plain.config, "general");
+    ipam.upsert_config(open_gpu);
+    assert_eq!(
+        ipam.allocate("g1", None, &labels).expect("opened").config,
+        "gpu"
+    );
+    // gpu now holds its one block: g2 falls through to general.
+    assert_eq!(
+        ipam.allocate("g2", None, &labels)
+            .expect("falls through")
+            .config,
+        "general"
+    );
+    // An equally good gated config does not hold the node: general2 is shut, general open.
+    let mut shut = config("general2", 1, Some(("10.81.0.0/16", 24)), None);
+    shut.gate = Some("waiting until the pod network includes it".into());
+    ipam.upsert_config(shut);
+    assert_eq!(
+        ipam.allocate("plain2", None, &no_labels())
+            .expect("general")
+            .config,
+        "general"
+    );
+}
+
 #[test]
 fn service_cidrs_are_never_handed_out() {
     let mut ipam = Ipam::new();
