@@ -94,6 +94,12 @@ pub enum Command {
         #[arg(short = 'o', long = "output", value_enum, default_value_t = View::Table)]
         output: View,
     },
+    /// Convert another node IPAM's ranges into NodeIPAMConfigs: print them (or create them
+    /// with --apply); exit 1, creating nothing, when one cannot be converted.
+    Migrate {
+        #[command(subcommand)]
+        from: Migrate,
+    },
     /// Print a shell completion script for the kubectl-nodeipam command (e.g. `source
     /// <(kubectl nodeipam completion bash)`); `kubectl nodeipam <TAB>` is completed by kubectl
     /// through kubectl_complete-nodeipam, a link to this binary.
@@ -103,6 +109,39 @@ pub enum Command {
     },
     /// Print the version, the git commit and the build date.
     Version,
+}
+
+/// What `migrate` converts.
+#[derive(Debug, Subcommand)]
+pub enum Migrate {
+    /// kubernetes-sigs/node-ipam-controller's ClusterCIDRs (networking.x-k8s.io/v1 or
+    /// v1alpha1; networking.k8s.io/v1alpha1 of kube-controller-manager 1.25 to 1.28), one
+    /// NodeIPAMConfig each, of the same name. Checked against the cluster's NodeIPAMConfigs,
+    /// pools and Service ranges as the webhook checks a create.
+    #[command(name = "clustercidr", visible_alias = "clustercidrs")]
+    ClusterCidr(MigrateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Read the ClusterCIDRs from this YAML or JSON file (`-` for standard input) instead of
+    /// the cluster; without --apply, the cluster is not read at all.
+    #[arg(short = 'f', long)]
+    pub filename: Option<PathBuf>,
+    /// Create the NodeIPAMConfigs (those of the same name and ranges are left alone) instead
+    /// of printing them.
+    #[arg(long)]
+    pub apply: bool,
+    /// How to print the NodeIPAMConfigs without --apply.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = MigrateOutput::Yaml)]
+    pub output: MigrateOutput,
+}
+
+/// `migrate`'s `-o`: manifests to apply.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum MigrateOutput {
+    Yaml,
+    Json,
 }
 
 /// kubectl's `-o` for a report.
@@ -159,6 +198,28 @@ mod tests {
         .expect("service CIDRs");
         assert_eq!(cli.global.service_cidrs.len(), 2);
         assert_eq!(cli.global.lease_name, "nodeipam-controller");
+    }
+
+    #[test]
+    fn migrate_takes_a_file_or_the_cluster() {
+        let cli = Cli::try_parse_from([
+            "kubectl-nodeipam",
+            "migrate",
+            "clustercidrs",
+            "-f",
+            "-",
+            "-ojson",
+        ])
+        .expect("parses");
+        let Command::Migrate {
+            from: Migrate::ClusterCidr(args),
+        } = cli.command
+        else {
+            panic!("migrate clustercidr: {cli:?}");
+        };
+        assert_eq!(args.filename.as_deref(), Some(std::path::Path::new("-")));
+        assert_eq!(args.output, MigrateOutput::Json);
+        assert!(!args.apply);
     }
 
     #[test]

@@ -146,7 +146,15 @@ mod tests {
     fn subcommands_flags_and_their_values() {
         assert_eq!(
             names(&[""]).0,
-            ["ranges", "status", "check", "completion", "version", "help"]
+            [
+                "ranges",
+                "status",
+                "check",
+                "migrate",
+                "completion",
+                "version",
+                "help"
+            ]
         );
         assert_eq!(names(&["ch"]), (vec!["check".into()], Directive::NoFiles));
         assert_eq!(

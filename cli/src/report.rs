@@ -7,7 +7,7 @@ use clap::CommandFactory;
 use nodeipam_alloc::check::{Finding, check};
 use serde::Serialize;
 
-use crate::args::{Cli, Command, Global, View};
+use crate::args::{Cli, Command, Global, Migrate, View};
 use crate::read::read;
 use crate::status;
 
@@ -18,6 +18,9 @@ const FAILED: u8 = 2;
 
 pub async fn run(cli: Cli) -> ExitCode {
     let out = match cli.command {
+        Command::Migrate {
+            from: Migrate::ClusterCidr(args),
+        } => return crate::migrate::run(&cli.global, &args).await,
         Command::Version => Ok((nodeipam_controller::version::text(), true)),
         Command::Completion { shell } => {
             let mut buf = Vec::new();

@@ -2,7 +2,9 @@
 //! kubeconfig against the real API server, beside the real `nodeipam` controller binary:
 //! `status` (leader, usage, pending nodes and why, the published outputs), `ranges` (what
 //! `nodeipam ranges` prints), plugin discovery and completion by kubectl, and `check`, which reports every
-//! inconsistency made by hand while the controller is stopped and none once it is fixed.
+//! inconsistency made by hand while the controller is stopped and none once it is fixed;
+//! `migrate clustercidr`, node-ipam-controller's ClusterCIDRs (in CRDs of its schema) made
+//! NodeIPAMConfigs and the controller adopting the podCIDRs they gave.
 
 mod support;
 
@@ -17,7 +19,7 @@ use nodeipam_crd::{Allocation, NodeIPAMConfig};
 use nodeipam_testenv::ControlPlane;
 use rustix::process::Signal;
 use serde_json::json;
-use support::process::{NAMESPACE, Replica, install_rbac, nodeipam_bin, plugin_bin};
+use support::process::{NAMESPACE, Replica, install_rbac, kubectl_ok, nodeipam_bin, plugin_bin};
 use support::*;
 
 /// What a run of the plugin gave: exit code, stdout, stderr.
@@ -432,6 +434,306 @@ async fn check_reports_each_inconsistency_made_by_hand_and_none_once_fixed() {
     assert_eq!(
         clean.out,
         "No inconsistencies: 3 node(s), 2 NodeIPAMConfig(s), 1 Service range(s), 1 published output(s) checked.\n"
+    );
+    cp.stop().await;
+}
+
+/// node-ipam-controller's ClusterCIDR CRD with the schema of its chart (the fields a
+/// conversion reads), at `versions` (the first stores). kube-controller-manager 1.25 to 1.28's
+/// own `networking.k8s.io/v1alpha1` cannot be a CRD: the API server's built-in group answers
+/// that path (the plugin reads it the same way; its unit tests cover that group's objects).
+fn clustercidr_crd(versions: &[&str]) -> serde_json::Value {
+    let group = "networking.x-k8s.io";
+    let schema = json!({"openAPIV3Schema": {"type": "object", "properties": {
+        "spec": {"type": "object", "required": ["perNodeHostBits"], "properties": {
+            "perNodeHostBits": {"type": "integer", "format": "int32"},
+            "ipv4": {"type": "string"},
+            "ipv6": {"type": "string"},
+            "nodeSelector": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+        }},
+    }}});
+    let versions: Vec<_> = versions
+        .iter()
+        .enumerate()
+        .map(|(i, v)| json!({"name": v, "served": true, "storage": i == 0, "schema": schema}))
+        .collect();
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("clustercidrs.{group}")},
+        "spec": {
+            "group": group, "scope": "Cluster", "versions": versions,
+            "names": {"kind": "ClusterCIDR", "listKind": "ClusterCIDRList",
+                      "plural": "clustercidrs", "singular": "clustercidr"},
+        },
+    })
+}
+
+fn clustercidr(api_version: &str, name: &str, spec: serde_json::Value) -> serde_json::Value {
+    json!({
+        "apiVersion": api_version, "kind": "ClusterCIDR",
+        "metadata": {"name": name, "finalizers": ["networking.x-k8s.io/cluster-cidr-finalizer"]},
+        "spec": spec,
+    })
+}
+
+/// Writes `objects` as one JSON List file (JSON is YAML) and returns its path.
+fn write_list(dir: &Path, file: &str, objects: &[serde_json::Value]) -> String {
+    let path = dir.join(file);
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    std::fs::write(&path, list.to_string()).expect("step=write-manifest");
+    path.display().to_string()
+}
+
+/// The NodeIPAMConfigs a `migrate` run printed, by name: (ipv4, ipv6, selector, allocation).
+fn printed(docs: &[serde_json::Value]) -> Vec<(String, serde_json::Value)> {
+    docs.iter()
+        .map(|d| {
+            (
+                d["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                d["spec"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// A cut-over from node-ipam-controller (docs/install.md): its ClusterCIDRs in both CRD versions,
+/// one being deleted, and nodes holding the podCIDRs it gave. An overlapping ClusterCIDR makes
+/// `migrate` refuse and create nothing; without it, `migrate` prints the NodeIPAMConfigs (the
+/// same from the cluster as from a file), `--apply` creates them and a second run leaves them
+/// alone. The controller then adopts every podCIDR and changes none: new nodes get blocks
+/// around them, by the same selectors, the deleted range hands out nothing and stays undrained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_clustercidr_converts_and_the_controller_adopts_every_podcidr() {
+    let cp = control_plane().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let crds = dir.path().join("crds");
+    std::fs::create_dir(&crds).expect("step=write-crds");
+    let crd = clustercidr_crd(&["v1", "v1alpha1"]).to_string();
+    std::fs::write(crds.join("clustercidrs.yaml"), crd).expect("step=write-crds");
+    cp.install_crds(&crds)
+        .await
+        .expect("step=install-clustercidr-crds");
+    let gpu_selector = json!({"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "pool", "operator": "In", "values": ["gpu"]}]}]});
+    let objects = [
+        clustercidr(
+            "networking.x-k8s.io/v1",
+            "general",
+            json!({"perNodeHostBits": 8, "ipv4": "10.80.0.0/16", "ipv6": "fd00:80::/104"}),
+        ),
+        clustercidr(
+            "networking.x-k8s.io/v1",
+            "gpu",
+            json!({"perNodeHostBits": 6, "ipv4": "10.90.0.0/20", "nodeSelector": gpu_selector.clone()}),
+        ),
+        clustercidr(
+            // Written as the older version: read back once, as v1.
+            "networking.x-k8s.io/v1alpha1",
+            "legacy",
+            json!({"perNodeHostBits": 8, "ipv4": "10.70.0.0/16", "nodeSelector":
+                {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "role", "operator": "In", "values": ["legacy"]}]}]}}),
+        ),
+    ];
+    let file = write_list(dir.path(), "clustercidrs.json", &objects);
+    kubectl_ok(&cp, &["apply", "-f", &file]).await;
+    // Being deleted: node-ipam-controller's finalizer holds it while nodes use it.
+    kubectl_ok(
+        &cp,
+        &[
+            "delete",
+            "clustercidrs.networking.x-k8s.io",
+            "legacy",
+            "--wait=false",
+        ],
+    )
+    .await;
+    let admin = cp.client();
+    let held = [
+        (
+            "n-general",
+            vec![],
+            vec!["10.80.3.0/24", "fd00:80::300/120"],
+        ),
+        ("n-gpu", vec![("pool", "gpu")], vec!["10.90.0.0/26"]),
+        ("n-legacy", vec![("role", "legacy")], vec!["10.70.0.0/24"]),
+    ];
+    for (name, labels, cidrs) in &held {
+        create_node_obj(&admin, node(name, labels, cidrs)).await;
+    }
+
+    // node-ipam-controller lets ClusterCIDRs overlap; nodeipam refuses, all or nothing.
+    let overlap = write_list(
+        dir.path(),
+        "overlap.json",
+        &[clustercidr(
+            "networking.x-k8s.io/v1",
+            "inner",
+            json!({"perNodeHostBits": 8, "ipv4": "10.80.128.0/17"}),
+        )],
+    );
+    kubectl_ok(&cp, &["apply", "-f", &overlap]).await;
+    let refused = plugin(&cp, &["migrate", "clustercidr", "--apply"]).await;
+    assert_eq!(refused.code, Some(1), "{}{}", refused.out, refused.err);
+    assert!(
+        refused.err.contains(
+            "error: ClusterCIDR \"inner\": IPv4 range 10.80.128.0/17 overlaps 10.80.0.0/16 of ClusterCIDR \"general\""
+        ) && refused.err.contains("nothing was created"),
+        "{}",
+        refused.err
+    );
+    let configs: Api<NodeIPAMConfig> = Api::all(admin.clone());
+    let none = configs
+        .list(&Default::default())
+        .await
+        .expect("list configs");
+    assert!(none.items.is_empty(), "nothing created: {:?}", none.items);
+    kubectl_ok(
+        &cp,
+        &[
+            "patch",
+            "clustercidrs.networking.x-k8s.io",
+            "inner",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ],
+    )
+    .await;
+    kubectl_ok(
+        &cp,
+        &["delete", "clustercidrs.networking.x-k8s.io", "inner"],
+    )
+    .await;
+
+    // Printed from the cluster: the group read once, at v1 (it serves two versions).
+    let run = plugin(&cp, &["migrate", "clustercidr"]).await;
+    assert_eq!(run.code, Some(0), "{}", run.err);
+    assert!(
+        run.err.contains(
+            "Warning: ClusterCIDR \"legacy\": it is being deleted: the NodeIPAMConfig is Disabled"
+        ),
+        "{}",
+        run.err
+    );
+    let docs = nodeipam_testenv::yaml::documents(&run.out).expect("migrate prints YAML");
+    let specs = printed(&docs);
+    let names: Vec<&str> = specs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["general", "gpu", "legacy"], "{}", run.out);
+    assert_eq!(
+        specs[0].1,
+        json!({"ipv4": {"cidr": "10.80.0.0/16", "perNodeMaskSize": 24},
+               "ipv6": {"cidr": "fd00:80::/104", "perNodeMaskSize": 120},
+               "allocation": "Enabled"})
+    );
+    assert_eq!(
+        specs[1].1,
+        json!({"ipv4": {"cidr": "10.90.0.0/20", "perNodeMaskSize": 26},
+               "nodeSelector": gpu_selector, "allocation": "Enabled"})
+    );
+    assert_eq!(specs[2].1["allocation"], "Disabled");
+    assert_eq!(
+        docs[2]["metadata"]["annotations"]["nodeipam.io/migrated-from"],
+        "networking.x-k8s.io/v1 legacy"
+    );
+    assert!(
+        docs[1]["metadata"].get("finalizers").is_none(),
+        "{}",
+        docs[1]
+    );
+    // The same from manifests, without a cluster (a kubeconfig that leads nowhere).
+    let from_file = tokio::process::Command::new(plugin_bin())
+        .env_clear()
+        .args([
+            "--kubeconfig=/nonexistent",
+            "migrate",
+            "clustercidr",
+            "-o",
+            "json",
+            "-f",
+            &file,
+        ])
+        .output()
+        .await
+        .expect("step=run-plugin");
+    assert!(
+        from_file.status.success(),
+        "{}",
+        String::from_utf8_lossy(&from_file.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&from_file.stdout).expect("a JSON List");
+    let file_specs = printed(list["items"].as_array().expect("items"));
+    // The file's legacy is not being deleted: it stays Enabled there.
+    assert_eq!(file_specs[..2], specs[..2]);
+    assert_eq!(file_specs[2].1["allocation"], "Enabled");
+
+    let applied = plugin(&cp, &["migrate", "clustercidr", "--apply"]).await;
+    assert_eq!(applied.code, Some(0), "{}", applied.err);
+    assert_eq!(
+        applied.out,
+        "nodeipamconfig.nodeipam.io/general created\nnodeipamconfig.nodeipam.io/gpu created\nnodeipamconfig.nodeipam.io/legacy created\n"
+    );
+    let again = plugin(&cp, &["migrate", "clustercidr", "--apply"]).await;
+    assert_eq!(again.code, Some(0), "{}", again.err);
+    assert_eq!(
+        again.out.matches(" unchanged\n").count(),
+        3,
+        "{}",
+        again.out
+    );
+
+    // Cut-over: nodeipam starts and adopts what node-ipam-controller gave.
+    install_rbac(&cp).await;
+    let _replica = Replica::start(&cp, dir.path(), "migrate-0", &[]).await;
+    // Nodes arrive at once, while the configs wait for the finalizer and the publication: a
+    // node gpu selects waits for it rather than take a block from general.
+    for (name, labels) in [
+        ("new-gpu", &[("pool", "gpu")][..]),
+        ("new-legacy", &[("role", "legacy")][..]),
+        ("new-plain", &[][..]),
+    ] {
+        create_node(&admin, name, labels).await;
+    }
+    assert_eq!(
+        wait_cidrs(&admin, "new-gpu").await,
+        ["10.90.0.64/26"],
+        "around n-gpu's block"
+    );
+    // legacy hands out nothing (Disabled): general serves every node, around n-general.
+    let general: Vec<Vec<String>> = [
+        wait_cidrs(&admin, "new-legacy").await,
+        wait_cidrs(&admin, "new-plain").await,
+    ]
+    .into();
+    let mut v4: Vec<&str> = general.iter().map(|c| c[0].as_str()).collect();
+    v4.sort_unstable();
+    assert_eq!(v4, ["10.80.0.0/24", "10.80.1.0/24"], "{general:?}");
+    assert!(
+        general
+            .iter()
+            .all(|c| c.len() == 2 && c[1].starts_with("fd00:80::")),
+        "{general:?}"
+    );
+    for (name, _, cidrs) in &held {
+        let node = get_node(&admin, name).await.expect("node");
+        assert_eq!(pod_cidrs(&node), *cidrs, "{name}'s podCIDRs unchanged");
+    }
+    for name in ["general", "gpu", "legacy"] {
+        assert_status_matches(&admin, name).await;
+    }
+    let legacy = wait_condition(&admin, "legacy", "Drained", "False", Some("NodesRemaining")).await;
+    assert_eq!(
+        legacy.status.and_then(|s| s.nodes),
+        Some(1),
+        "n-legacy's block is counted"
+    );
+    let clean = plugin_until(&cp, &["check"], "a clean check", |r| r.code == Some(0)).await;
+    assert!(
+        clean
+            .out
+            .starts_with("No inconsistencies: 6 node(s), 3 NodeIPAMConfig(s)"),
+        "{}",
+        clean.out
     );
     cp.stop().await;
 }

@@ -71,6 +71,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::info;
 
+pub use checks::Problem;
 pub use review::{ClusterView, ServiceRange, review, review_pool};
 pub use server::VALIDATE_PATH;
 pub use tls::files::FilesTls;

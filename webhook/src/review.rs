@@ -174,21 +174,7 @@ pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) ->
             problems.push(p);
         }
     }
-    // Even an invalid spec's ranges are checked, as written: the controller treats what they
-    // claim as taken too (see `FamilyRange::claimed`).
-    let claimed = Ranges::claimed(&object.spec);
-    for (family, check) in Family::ALL.into_iter().zip(check) {
-        let Some(range) = claimed.get(family).filter(|_| check) else {
-            continue;
-        };
-        problems.extend(overlap_problems(&name, family, &range.cidr, view));
-    }
-    // A pool's space is its children's alone, and a child stays inside its pool.
-    problems.extend(
-        config_pool_conflicts(object, check, view.pools.iter().map(AsRef::as_ref))
-            .into_iter()
-            .map(checks::from_field_error),
-    );
+    problems.extend(conflicts(&name, object, check, view));
 
     if !problems.is_empty() {
         return deny(request, KIND, &name, problems);
@@ -201,6 +187,44 @@ pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) ->
         }
     }
     response
+}
+
+/// Everything that refuses a new NodeIPAMConfig `object` in `view`: the shared validation, an
+/// overlap with another config's or a Service range, a pool's space. What [`review`] denies a
+/// CREATE for, and what `kubectl nodeipam migrate` checks before it creates anything (the
+/// webhook may not run yet during a migration).
+pub fn creation_problems(object: &NodeIPAMConfig, view: &ClusterView) -> Vec<Problem> {
+    let mut problems = checks::spec_problems(&object.spec);
+    let name = object.metadata.name.as_deref().unwrap_or_default();
+    problems.extend(conflicts(name, object, [true, true], view));
+    problems
+}
+
+/// The ranges of `object` (the families `check` names) against the rest of the cluster: other
+/// configs, Service ranges, pools.
+fn conflicts(
+    name: &str,
+    object: &NodeIPAMConfig,
+    check: [bool; 2],
+    view: &ClusterView,
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    // Even an invalid spec's ranges are checked, as written: the controller treats what they
+    // claim as taken too (see `FamilyRange::claimed`).
+    let claimed = Ranges::claimed(&object.spec);
+    for (family, check) in Family::ALL.into_iter().zip(check) {
+        let Some(range) = claimed.get(family).filter(|_| check) else {
+            continue;
+        };
+        problems.extend(overlap_problems(name, family, &range.cidr, view));
+    }
+    // A pool's space is its children's alone, and a child stays inside its pool.
+    problems.extend(
+        config_pool_conflicts(object, check, view.pools.iter().map(AsRef::as_ref))
+            .into_iter()
+            .map(checks::from_field_error),
+    );
+    problems
 }
 
 /// Whether deciding `request` reads the cluster view: a CREATE, or an UPDATE of the spec.
