@@ -147,20 +147,25 @@ fn second_family_failure_returns_the_first_block_and_tries_the_next_config() {
     assert_eq!(second.config, "roomy");
 }
 
-#[test]
-fn exhausted_configs_report_no_capacity_and_unmatched_nodes_no_match() {
-    let mut ipam = Ipam::new();
-    let mut sel = config("gpu", 1, Some(("10.0.0.0/24", 24)), None);
-    sel.selector = Some(NodeSelector {
+/// A selector of the nodes that carry label `key`.
+fn exists(key: &str) -> NodeSelector {
+    NodeSelector {
         node_selector_terms: vec![k8s_openapi::api::core::v1::NodeSelectorTerm {
             match_expressions: Some(vec![k8s_openapi::api::core::v1::NodeSelectorRequirement {
-                key: "gpu".into(),
+                key: key.into(),
                 operator: "Exists".into(),
                 values: None,
             }]),
             match_fields: None,
         }],
-    });
+    }
+}
+
+#[test]
+fn exhausted_configs_report_no_capacity_and_unmatched_nodes_no_match() {
+    let mut ipam = Ipam::new();
+    let mut sel = config("gpu", 1, Some(("10.0.0.0/24", 24)), None);
+    sel.selector = Some(exists("gpu"));
     ipam.upsert_config(sel);
     assert_eq!(
         ipam.allocate("plain", None, &no_labels()),
@@ -184,16 +189,7 @@ fn exhausted_configs_report_no_capacity_and_unmatched_nodes_no_match() {
 fn a_gated_config_that_matches_better_holds_the_node_until_it_opens() {
     let mut ipam = Ipam::new();
     let mut gpu = config("gpu", 1, Some(("10.90.0.0/26", 26)), None);
-    gpu.selector = Some(NodeSelector {
-        node_selector_terms: vec![k8s_openapi::api::core::v1::NodeSelectorTerm {
-            match_expressions: Some(vec![k8s_openapi::api::core::v1::NodeSelectorRequirement {
-                key: "gpu".into(),
-                operator: "Exists".into(),
-                values: None,
-            }]),
-            match_fields: None,
-        }],
-    });
+    gpu.selector = Some(exists("gpu"));
     let open_gpu = gpu.clone();
     gpu.gate = Some("waiting for the nodeipam.io/finalizer finalizer".into());
     ipam.upsert_config(gpu);
