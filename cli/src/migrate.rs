@@ -44,8 +44,9 @@ async fn migrate(global: &Global, args: &MigrateArgs) -> anyhow::Result<ExitCode
     };
     let items = match (&args.filename, &client) {
         (Some(path), _) => from_file(path)?,
-        (None, Some(client)) => from_cluster(client).await?,
-        (None, None) => unreachable!("a client is made when no file is given"),
+        (None, client) => {
+            from_cluster(client.as_ref().context("no file given, and no cluster")?).await?
+        }
     };
     let view = match &client {
         Some(client) => cluster_view(client, global).await?,
@@ -178,14 +179,12 @@ async fn cluster_view(
         .services
         .iter()
         .flat_map(|(name, cidrs)| {
-            let source = if name == nodeipam_alloc::machine::SERVICE_FLAG_SOURCE {
-                name.clone()
-            } else {
-                format!("ServiceCIDR {name:?}")
-            };
-            cidrs.iter().map(move |&cidr| ServiceRange {
-                cidr,
-                source: source.clone(),
+            cidrs.iter().map(move |&cidr| {
+                if name == nodeipam_alloc::machine::SERVICE_FLAG_SOURCE {
+                    ServiceRange::flag(cidr)
+                } else {
+                    ServiceRange::of_service_cidr(name, cidr)
+                }
             })
         })
         .collect();
@@ -200,10 +199,7 @@ fn flag_services(global: &Global) -> Vec<ServiceRange> {
     global
         .service_cidrs
         .iter()
-        .map(|&cidr| ServiceRange {
-            cidr,
-            source: nodeipam_alloc::machine::SERVICE_FLAG_SOURCE.into(),
-        })
+        .map(|&cidr| ServiceRange::flag(cidr))
         .collect()
 }
 

@@ -152,10 +152,7 @@ impl Caches {
         let mut service_cidrs: Vec<ServiceRange> = self
             .static_service_cidrs
             .iter()
-            .map(|c| ServiceRange {
-                cidr: *c,
-                source: "--service-cidr".into(),
-            })
+            .map(|c| ServiceRange::flag(*c))
             .collect();
         if let Some(store) = &self.service_cidrs {
             for s in store.state() {
@@ -163,10 +160,7 @@ impl Caches {
                 let cidrs = s.spec.as_ref().and_then(|spec| spec.cidrs.as_ref());
                 for c in cidrs.into_iter().flatten() {
                     if let Ok(cidr) = c.parse::<IpNet>() {
-                        service_cidrs.push(ServiceRange {
-                            cidr,
-                            source: format!("ServiceCIDR \"{name}\""),
-                        });
+                        service_cidrs.push(ServiceRange::of_service_cidr(&name, cidr));
                     }
                 }
             }

@@ -80,6 +80,24 @@ pub struct ServiceRange {
     pub source: String,
 }
 
+impl ServiceRange {
+    /// A range given with `--service-cidr`.
+    pub fn flag(cidr: IpNet) -> ServiceRange {
+        ServiceRange {
+            cidr,
+            source: "--service-cidr".into(),
+        }
+    }
+
+    /// A range of the ServiceCIDR object `name`.
+    pub fn of_service_cidr(name: &str, cidr: IpNet) -> ServiceRange {
+        ServiceRange {
+            cidr,
+            source: format!("ServiceCIDR \"{name}\""),
+        }
+    }
+}
+
 /// Which label the observer gets for `response`.
 pub fn result_of(response: &AdmissionResponse) -> &'static str {
     if response.allowed {
