@@ -4,6 +4,7 @@
 mod allocator;
 mod audit;
 mod burst;
+mod capture;
 mod common;
 mod contender;
 mod failover;
@@ -44,6 +45,8 @@ enum Command {
     Allocator(allocator::AllocatorArgs),
     /// Create nodes in a running cluster (e.g. to profile a contender by hand).
     Populate(PopulateArgs),
+    /// A control plane filled with N Nodes, its Node list written page by page in protobuf.
+    CaptureNodeLists(capture::CaptureArgs),
     /// Print the tables of result files written by `burst` or `startup`.
     Report { files: Vec<PathBuf> },
 }
@@ -81,6 +84,7 @@ fn main() -> anyhow::Result<()> {
             }
             Command::Floor(args) => floor::run(args).await?,
             Command::Populate(args) => populate(args).await?,
+            Command::CaptureNodeLists(args) => capture::run(args).await?,
             Command::Report { files } => {
                 for f in files {
                     println!("{}", report(&f)?);
