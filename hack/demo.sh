@@ -3,7 +3,9 @@
 # first use), the NodeIPAMConfig CRD and samples, and `nodeipam run` in the background with
 # leader election, the validating webhook (registered by URL) and the least-privilege RBAC of
 # config/rbac. It creates a few dozen Nodes, shows their podCIDRs, drains a config two ways
-# (disable, delete) and stops everything it started.
+# (disable, delete), lets a NodeIPAMPool grow with a burst of nodes and retire the ranges it no
+# longer needs, shows `kubectl nodeipam ranges` and `check` (clean, then a hand-made overlap
+# reported, then clean again) and stops everything it started.
 #   hack/demo.sh          run the demo, then stop the controller and the control plane
 #   hack/demo.sh --keep   leave both running (stop with: kill <pid>; hack/control-plane.sh down)
 # Ports: NODEIPAM_DEMO_METRICS_PORT (8085, HTTPS), NODEIPAM_DEMO_PROBE_PORT (8086) and
@@ -30,7 +32,7 @@ DEMO_DIR="$NODEIPAM_CACHE/demo"
 CONTROLLER_LOG="$DEMO_DIR/nodeipam.log"
 CP_PID_FILE="$NODEIPAM_CACHE/control-plane/pid"
 DEMO_LABEL=nodeipam.io/demo
-PLAIN_NODES=24 GPU_NODES=6 V6_NODES=4
+PLAIN_NODES=24 GPU_NODES=6 V6_NODES=4 BURST_NODES=10
 
 command -v curl >/dev/null || die "step=prerequisites: curl is needed to read the controller's /readyz and /metrics"
 mkdir -p "$DEMO_DIR"
@@ -135,8 +137,11 @@ show kubectl patch validatingwebhookconfiguration "$DEMO_VWC" --type=json -p \
 # ---------------------------------------------------------------------------------------------
 section "3. Build and start the controller"
 t=$(now_ms)
-timed "cargo build nodeipam" cargo build --quiet -p nodeipam-controller --bin nodeipam
-record "cargo build nodeipam" "$(since "$t")"
+timed "cargo build nodeipam, kubectl-nodeipam" \
+  cargo build --quiet -p nodeipam-controller -p nodeipam-cli --bin nodeipam --bin kubectl-nodeipam
+record "cargo build nodeipam, kubectl-nodeipam" "$(since "$t")"
+# kubectl finds plugins on PATH: kubectl-nodeipam is `kubectl nodeipam`.
+export PATH="$CARGO_TARGET_DIR/debug:$PATH"
 t=$(now_ms)
 "$CARGO_TARGET_DIR/debug/nodeipam" run \
   --kubeconfig="$CONTROLLER_KUBECONFIG" \
@@ -239,8 +244,80 @@ kubectl get events -n default --field-selector involvedObject.name=gpu-pool \
   -o 'custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message' >&2
 
 # ---------------------------------------------------------------------------------------------
+section "8. A NodeIPAMPool grows with a burst of nodes, then retires the ranges it no longer needs"
+# Ranges of 4 blocks (a /26 of /28s) so that a burst of $BURST_NODES nodes needs several; a range
+# empty for 10 s is retired (in production, minutes: the default is 30m).
+cat >"$DEMO_DIR/pool.yaml" <<YAML
+apiVersion: nodeipam.io/v1alpha1
+kind: NodeIPAMPool
+metadata:
+  name: burst
+spec:
+  ipv4:
+    cidrs: [10.200.0.0/22]
+    rangeMaskSize: 26
+    perNodeMaskSize: 28
+  nodeSelector:
+    nodeSelectorTerms:
+      - matchExpressions:
+          - {key: nodeipam.io/pool, operator: In, values: [burst]}
+  ranges: {min: 1, max: 8}
+  headroom: {blocks: 1}
+  scaleDown: {emptyFor: 10s}
+YAML
+t=$(now_ms)
+show kubectl apply -f "$DEMO_DIR/pool.yaml"
+kubectl wait --for=condition=Ready nodeipampool/burst --timeout=60s >/dev/null
+pool_children() { kubectl get nipc -l nodeipam.io/pool=burst -o name | grep -c . || true; }
+log "before the burst: $(pool_children) range(s)"
+{
+  printf 'apiVersion: v1\nkind: List\nitems:\n'
+  for i in $(seq -w 1 "$BURST_NODES"); do node_doc "burst-$i" burst; done
+} >"$DEMO_DIR/burst.yaml"
+kubectl create -f "$DEMO_DIR/burst.yaml" >/dev/null
+burst_allocated() {
+  [[ "$(kubectl get nodes -l nodeipam.io/pool=burst -o jsonpath='{range .items[*]}{.spec.podCIDRs}{"\n"}{end}' | grep -c .)" -eq "$BURST_NODES" ]]
+}
+wait_until "pool burst allocation" 90 burst_allocated
+record "pool: $BURST_NODES nodes allocated, ranges carved" "$(since "$t")"
+show kubectl get nodeipampool burst
+show kubectl get nipc -l nodeipam.io/pool=burst -o 'custom-columns=RANGE:.metadata.name,CIDR:.spec.ipv4.cidr,NODES:.status.nodes'
+show kubectl nodeipam ranges
+t=$(now_ms)
+show kubectl delete nodes $(seq -f 'burst-%02g' 2 "$BURST_NODES")
+one_range_left() { [[ "$(pool_children)" -eq 1 ]]; }
+wait_until "pool retiring its empty ranges" 120 one_range_left
+record "pool: emptied ranges retired down to 1" "$(since "$t")"
+log "the pool's events:"
+kubectl get events -n default --field-selector involvedObject.name=burst,reason=RangeRetired \
+  -o 'custom-columns=REASON:.reason,MESSAGE:.message' >&2
+show kubectl get nipc -l nodeipam.io/pool=burst -o 'custom-columns=RANGE:.metadata.name,CIDR:.spec.ipv4.cidr,NODES:.status.nodes'
+
+# ---------------------------------------------------------------------------------------------
+section "9. kubectl nodeipam check: the whole cluster against the rules"
+show kubectl nodeipam check
+ROGUE_CIDR="$(kubectl get node worker-01 -o jsonpath='{.spec.podCIDRs[0]}')"
+log "a Node created by hand with worker-01's IPv4 block ($ROGUE_CIDR) as its podCIDR:"
+kubectl create -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Node
+metadata:
+  name: rogue
+  labels: {$DEMO_LABEL: "true"}
+spec:
+  podCIDR: $ROGUE_CIDR
+  podCIDRs: [$ROGUE_CIDR]
+YAML
+rc=0
+show kubectl nodeipam check || rc=$?
+[[ $rc -eq 1 ]] || die "step=check: an overlapping podCIDR was not reported (exit $rc)"
+show kubectl delete node rogue
+# The controller must not have released worker-01's block when the rogue node went.
+show kubectl nodeipam check
+
+# ---------------------------------------------------------------------------------------------
 if [[ "$KEEP" == false ]]; then
-  section "8. Stop: SIGTERM releases the lease"
+  section "10. Stop: SIGTERM releases the lease"
   t=$(now_ms)
   stop_controller
   record "controller stopped (SIGTERM)" "$(since "$t")"
