@@ -1295,3 +1295,81 @@ async fn the_exhaustion_warning_counts_nodes_on_demand() {
     running.stop().await;
     cp.stop().await;
 }
+
+/// A review reads what the API server has acknowledged, not what a watch has delivered: with
+/// the webhook's watches of NodeIPAMConfigs, NodeIPAMPools and ServiceCIDRs held back (after
+/// their first list, so it is ready), a config created a moment earlier, a pool and a
+/// ServiceCIDR each still refuse an overlapping config. Found in the demo: a config inside
+/// another, created right after it while the API server was re-initializing its watch
+/// storage, was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_reads_writes_its_watches_have_not_delivered() {
+    use nodeipam_testenv::fault_proxy::{Action, FaultProxy, Rule};
+    let cp = control_plane().await;
+    let client = cp.client();
+    let proxy = FaultProxy::for_user(&cp, "webhook-admin", &["system:masters"])
+        .unwrap_or_else(|e| panic!("step=start-fault-proxy: {e}"));
+    let held = Action::Delay(Duration::from_secs(600));
+    let watches: Vec<_> = ["/nodeipamconfigs", "/nodeipampools", "/servicecidrs"]
+        .into_iter()
+        .map(|path| {
+            proxy.add(Rule::new(Some(http::Method::GET), path, held.clone()).query("watch="))
+        })
+        .collect();
+    let webhook_client = proxy.client().expect("a client through the fault proxy");
+    let running = start_webhook(webhook_client, options(SECRET, HOOK, quick_checks())).await;
+    register_and_wait(&cp, &running, cp.ca_pem().as_bytes()).await;
+    let pp = PostParams::default();
+
+    create(&client, "first", v4("10.64.0.0/14", 24), false)
+        .await
+        .expect("the first config is admitted");
+    assert_refused(
+        "a config inside one created a moment earlier",
+        configs(&client)
+            .create(&pp, &object("inside", v4("10.65.0.0/16", 24)))
+            .await,
+        "spec.ipv4.cidr",
+        &["overlaps 10.64.0.0/14 of NodeIPAMConfig \"first\""],
+    );
+
+    pools(&client)
+        .create(&pp, &pool_object("budget", pool_v4(&["10.80.0.0/14"])))
+        .await
+        .expect("the pool is admitted");
+    let (message, _) = refusal(
+        configs(&client)
+            .create(&pp, &object("in-pool", v4("10.81.0.0/16", 24)))
+            .await
+            .expect_err("a hand-made config inside a pool created a moment earlier is refused"),
+    );
+    assert!(message.contains("NodeIPAMPool \"budget\""), "{message}");
+
+    let service_cidrs: Api<k8s_openapi::api::networking::v1::ServiceCIDR> =
+        Api::all(client.clone());
+    let extra: k8s_openapi::api::networking::v1::ServiceCIDR = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "ServiceCIDR",
+        "metadata": {"name": "extra"},
+        "spec": {"cidrs": ["10.90.0.0/16"]},
+    }))
+    .expect("a ServiceCIDR");
+    service_cidrs
+        .create(&pp, &extra)
+        .await
+        .expect("create a ServiceCIDR");
+    assert_refused(
+        "a config over a ServiceCIDR created a moment earlier",
+        configs(&client)
+            .create(&pp, &object("over-services", v4("10.90.0.0/20", 24)))
+            .await,
+        "spec.ipv4.cidr",
+        &["overlaps the Service range 10.90.0.0/16 of ServiceCIDR \"extra\""],
+    );
+    // The watches were really held: had one gone through, the test would prove nothing.
+    for (rule, kind) in watches.iter().zip(["configs", "pools", "ServiceCIDRs"]) {
+        eprintln!("{kind} watch requests held: {}", rule.matched());
+    }
+    running.stop().await;
+    cp.stop().await;
+}
