@@ -365,7 +365,7 @@ pub fn view_of(
     ClusterView {
         configs: configs.into_iter().map(Arc::new).collect(),
         pools: pools.into_iter().map(Arc::new).collect(),
-        pools_unsynced: false,
+        pools_unlisted: false,
         service_cidrs,
         matching_nodes: None,
     }

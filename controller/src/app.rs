@@ -133,7 +133,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let check = health::webhook_self_check(addr, resolver, progress.clone(), stop_rx.clone());
         let (ready, gauge) = (readiness.clone(), metrics.webhook_serving.clone());
         let serving = health::report_webhook_serving(
-            move || ready.caches_synced() && ready.certificate_loaded(),
+            move || ready.listed() && ready.certificate_loaded(),
             progress.clone(),
             move |serving| {
                 gauge.set(i64::from(serving));
@@ -559,7 +559,7 @@ impl Health {
     }
 }
 
-/// `/healthz` (liveness, see [`crate::health`]) and `/readyz` (webhook caches synced and a
+/// `/healthz` (liveness, see [`crate::health`]) and `/readyz` (webhook listed the cluster once and a
 /// certificate loaded).
 fn probe_router(health: Health) -> Router {
     Router::new()
@@ -576,9 +576,10 @@ fn probe_router(health: Health) -> Router {
             "/readyz",
             get(|State(h): State<Health>| async move {
                 match &h.readiness {
-                    Some(r) if !r.caches_synced() => {
-                        (StatusCode::SERVICE_UNAVAILABLE, "webhook caches not synced")
-                    }
+                    Some(r) if !r.listed() => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "webhook has not listed the cluster yet",
+                    ),
                     Some(r) if !r.certificate_loaded() => (
                         StatusCode::SERVICE_UNAVAILABLE,
                         "webhook certificate not loaded",

@@ -133,7 +133,7 @@ pub async fn webhook_self_check(
     }
 }
 
-/// Whether this replica's webhook serves: it is ready (caches synced and a certificate loaded,
+/// Whether this replica's webhook serves: it is ready (the cluster listed once and a certificate loaded,
 /// what `/readyz` checks and so what puts the pod behind the webhook Service) and it answered
 /// its own check within [`WEBHOOK_STALL`].
 pub fn webhook_serving(ready: bool, last_answer: i64, now: i64) -> bool {

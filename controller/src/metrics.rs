@@ -331,7 +331,7 @@ impl Metrics {
         );
         own.register(
             "webhook_serving",
-            "1 while this replica's webhook is ready (caches synced, certificate loaded) and answered its own check within 30 s",
+            "1 while this replica's webhook is ready (cluster listed once, certificate loaded) and answered its own check within 30 s",
             m.webhook_serving.clone(),
         );
         own.register(

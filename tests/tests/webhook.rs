@@ -1114,7 +1114,7 @@ async fn a_webhook_started_before_the_pool_crd_catches_up() {
                 Err(kube::Error::Api(s)) if s.message.contains("NodeIPAMConfig \"plain\"") => {
                     Some(())
                 }
-                Err(kube::Error::Api(s)) if s.message.contains("has not listed NodeIPAMPools") => {
+                Err(kube::Error::Api(s)) if s.message.contains("does not serve NodeIPAMPools") => {
                     refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     None
                 }

@@ -1,5 +1,5 @@
 //! HTTPS validating admission for NodeIPAMConfig and NodeIPAMPool: the pure decisions
-//! ([`review()`], [`review_pool`]), the caches they read, the HTTPS server and its managed or
+//! ([`review()`], [`review_pool`]), the cluster reads they decide on, the HTTPS server and its managed or
 //! mounted TLS, and [`serve`] for the binary. One path serves both kinds; the request's kind
 //! chooses the review.
 //!
@@ -43,17 +43,18 @@
 //! The webhook runs in every replica, leader or not, and all replicas serve the same
 //! certificate (see [`TlsMode::Managed`]), so any of them can answer. If the NodeIPAMPool CRD
 //! is not served when it starts (an image upgraded before its CRDs), it reviews configs
-//! without pools and refuses pool requests until the pool watch has listed.
+//! without pools and refuses pool requests until the API server serves them.
 //!
 //! # Permissions
 //!
-//! list/watch `nodeipamconfigs`, `nodeipampools` and `servicecidrs`, get/list `nodes` (their
+//! list `nodeipamconfigs`, `nodeipampools` and `servicecidrs` (read for each review that can
+//! admit a spec, see `cluster`), get/list `nodes` (their
 //! metadata, counted per review that warns about exhaustion; no Node cache); in managed TLS
 //! mode also get/create/update the Secret in its namespace, and get/update/list/watch the
 //! `validatingwebhookconfigurations` (to patch `caBundle`).
 
-mod cache;
 mod checks;
+mod cluster;
 mod nodes;
 pub mod review;
 mod server;
@@ -222,17 +223,18 @@ pub enum WebhookError {
     Tls(#[from] TlsError),
 }
 
-/// Whether this replica can answer admissions: caches synced and a certificate loaded.
+/// Whether this replica can answer admissions: the cluster listed once and a certificate
+/// loaded.
 #[derive(Clone)]
 pub struct Readiness {
-    caches: Arc<AtomicBool>,
+    listed: Arc<AtomicBool>,
     resolver: Arc<CertResolver>,
 }
 
 impl fmt::Debug for Readiness {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Readiness")
-            .field("caches_synced", &self.caches_synced())
+            .field("listed", &self.listed())
             .field("certificate_loaded", &self.certificate_loaded())
             .finish()
     }
@@ -240,11 +242,13 @@ impl fmt::Debug for Readiness {
 
 impl Readiness {
     pub fn is_ready(&self) -> bool {
-        self.caches_synced() && self.certificate_loaded()
+        self.listed() && self.certificate_loaded()
     }
 
-    pub fn caches_synced(&self) -> bool {
-        self.caches.load(Ordering::SeqCst)
+    /// The webhook has read the configs, pools and ServiceCIDRs once (it reads them again for
+    /// every review that needs them).
+    pub fn listed(&self) -> bool {
+        self.listed.load(Ordering::SeqCst)
     }
 
     pub fn certificate_loaded(&self) -> bool {
@@ -260,7 +264,7 @@ pub struct Webhook {
     opts: WebhookOptions,
     listener: TcpListener,
     resolver: Arc<CertResolver>,
-    caches_synced: Arc<AtomicBool>,
+    listed: Arc<AtomicBool>,
     rotation: Arc<Rotation>,
 }
 
@@ -288,7 +292,7 @@ impl Webhook {
             opts,
             listener,
             resolver: Arc::new(CertResolver::new()),
-            caches_synced: Arc::new(AtomicBool::new(false)),
+            listed: Arc::new(AtomicBool::new(false)),
             rotation: Arc::new(Rotation::default()),
         })
     }
@@ -301,7 +305,7 @@ impl Webhook {
     /// A handle for the binary's readiness probe.
     pub fn readiness(&self) -> Readiness {
         Readiness {
-            caches: self.caches_synced.clone(),
+            listed: self.listed.clone(),
             resolver: self.resolver.clone(),
         }
     }
@@ -323,7 +327,7 @@ impl Webhook {
             opts,
             listener,
             resolver,
-            caches_synced,
+            listed,
             rotation,
         } = self;
         let acceptor = server::acceptor(resolver.clone())?;
@@ -359,20 +363,16 @@ impl Webhook {
         }
 
         let nodes = nodes::NodeCounter::new(client.clone());
-        let caches = cache::Caches::start(
+        let cluster = cluster::ClusterReader::start(
             client,
             opts.service_cidrs.clone(),
-            caches_synced.clone(),
+            listed.clone(),
             &mut tasks,
-        )
-        .await;
+        );
         let state = server::AppState {
-            caches,
+            cluster,
             nodes,
-            readiness: Readiness {
-                caches: caches_synced,
-                resolver,
-            },
+            readiness: Readiness { listed, resolver },
             on_admission: opts.on_admission.clone(),
         };
         let app = server::router(state);

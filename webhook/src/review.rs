@@ -1,5 +1,5 @@
 //! The admission decision for a NodeIPAMConfig request, pure: a request and a snapshot of the
-//! cluster in, an `AdmissionResponse` out. The HTTP layer only parses, snapshots the caches and
+//! cluster in, an `AdmissionResponse` out. The HTTP layer only parses, reads the cluster and
 //! serializes.
 
 use std::sync::Arc;
@@ -40,7 +40,7 @@ pub const POOL_RESOURCE: &str = "nodeipampools";
 /// A pod range with fewer blocks than this gets a warning.
 pub const FEW_BLOCKS: u128 = 16;
 
-/// What the decision needs to know about the cluster, taken from the caches.
+/// What the decision needs to know about the cluster, listed for this review.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterView {
     /// Every NodeIPAMConfig (the one under review may be among them: it is skipped by name).
@@ -49,7 +49,7 @@ pub struct ClusterView {
     pub pools: Vec<Arc<NodeIPAMPool>>,
     /// The pools have not been listed yet (the CRD was not served when the webhook started):
     /// pool requests that read the view are refused until they are.
-    pub pools_unsynced: bool,
+    pub pools_unlisted: bool,
     /// Service ranges pod ranges must not overlap.
     pub service_cidrs: Vec<ServiceRange>,
     /// How many nodes the config under review can serve (those its nodeSelector matches, or

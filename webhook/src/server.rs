@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
-use crate::cache::Caches;
+use crate::cluster::ClusterReader;
 use crate::nodes::NodeCounter;
 use crate::review::{self, ClusterView, GROUP, KIND, POOL_KIND, VERSION, invalid_for};
 use crate::{AdmissionObserver, Readiness};
@@ -79,40 +79,53 @@ impl Reply {
     }
 }
 
-/// Parses `body` and decides it against `view` (`None`: the caches are not synced yet).
+/// Parses `body` and decides it against `view` (an error: the cluster could not be read).
 #[cfg(test)]
-pub(crate) fn handle(body: &[u8], view: Option<ClusterView>) -> Reply {
+pub(crate) fn handle(body: &[u8], view: Result<ClusterView, String>) -> Reply {
     match decode(body) {
         Ok(request) => decide(&request, view),
         Err(reply) => *reply,
     }
 }
 
-/// Decides `request` against `view` (`None`: the caches are not synced yet).
-fn decide(request: &Typed, view: Option<ClusterView>) -> Reply {
-    // Deletes, status writes and metadata-only updates need no cluster view: answer them
-    // even before the caches sync, so draining is never held up by a starting replica.
-    let needs_view = match request {
+/// Whether deciding `request` reads the cluster: deletes, status writes and metadata-only
+/// updates do not, so draining is never held up by an API server the webhook cannot read.
+fn needs_view(request: &Typed) -> bool {
+    match request {
         Typed::Config(r) => review::needs_view(r),
         Typed::Pool(r) => review::pool_needs_view(r),
+    }
+}
+
+/// Decides `request` against `view` (an error: the cluster could not be read).
+fn decide(request: &Typed, view: Result<ClusterView, String>) -> Reply {
+    let needs_view = needs_view(request);
+    let view = if needs_view {
+        view
+    } else {
+        Ok(ClusterView::default())
     };
-    let view = view.or_else(|| (!needs_view).then(ClusterView::default));
-    let Some(view) = view else {
-        let mut response = match request {
-            Typed::Config(r) => AdmissionResponse::from(r),
-            Typed::Pool(r) => AdmissionResponse::from(r),
+    let view = match view {
+        Ok(view) => view,
+        Err(e) => {
+            let mut response = match request {
+                Typed::Config(r) => AdmissionResponse::from(r),
+                Typed::Pool(r) => AdmissionResponse::from(r),
+            }
+            .deny(format!(
+                "the nodeipam webhook cannot read the cluster to review this ({e}); retry shortly"
+            ));
+            response.result.code = 503;
+            return Reply::review(response);
         }
-        .deny("the nodeipam webhook is starting and its caches are not synced yet; retry shortly");
-        response.result.code = 503;
-        return Reply::review(response);
     };
     if let Typed::Pool(r) = request
         && needs_view
-        && view.pools_unsynced
+        && view.pools_unlisted
     {
         let mut response = AdmissionResponse::from(r).deny(
-            "the nodeipam webhook has not listed NodeIPAMPools yet (it started before the \
-             NodeIPAMPool CRD was served and retries with backoff); retry shortly",
+            "the API server does not serve NodeIPAMPools to the nodeipam webhook yet (the \
+             NodeIPAMPool CRD was just installed?); retry shortly",
         );
         response.result.code = 503;
         return Reply::review(response);
@@ -220,7 +233,7 @@ pub(crate) fn decode(body: &[u8]) -> Result<Typed, Box<Reply>> {
 /// What the routes share.
 #[derive(Clone)]
 pub(crate) struct AppState {
-    pub caches: Caches,
+    pub cluster: ClusterReader,
     pub nodes: NodeCounter,
     pub readiness: Readiness,
     pub on_admission: Option<AdmissionObserver>,
@@ -238,9 +251,13 @@ pub(crate) fn router(state: AppState) -> Router {
 async fn validate(State(state): State<AppState>, body: Bytes) -> Response {
     let reply = match decode(&body) {
         Ok(request) => {
-            let mut view = state.caches.synced().then(|| state.caches.view());
+            let mut view = if needs_view(&request) {
+                state.cluster.view().await
+            } else {
+                Ok(ClusterView::default())
+            };
             // The node count is read per request, not cached; only the warning reads it.
-            if let (Some(view), Typed::Config(r)) = (view.as_mut(), &request) {
+            if let (Ok(view), Typed::Config(r)) = (view.as_mut(), &request) {
                 view.matching_nodes = count_nodes(r, &state.nodes).await;
             }
             decide(&request, view)
@@ -265,8 +282,8 @@ async fn readyz(State(state): State<AppState>) -> Response {
         (StatusCode::OK, "ok").into_response()
     } else {
         let body = format!(
-            "not ready: caches synced={}, certificate loaded={}",
-            r.caches_synced(),
+            "not ready: cluster listed={}, certificate loaded={}",
+            r.listed(),
             r.certificate_loaded()
         );
         (StatusCode::SERVICE_UNAVAILABLE, body).into_response()

@@ -1,7 +1,7 @@
 //! Who may hold which addresses, across objects: a `NodeIPAMPool`'s CIDRs against other pools,
 //! Service ranges and the NodeIPAMConfigs that are not its children; a `NodeIPAMConfig`'s
 //! ranges against the pools (inside a pool's space only as a child of that pool, and a child
-//! only inside its pool). Pure; the webhook calls it with its caches, and what overlaps is
+//! only inside its pool). Pure; the webhook calls it with what it listed for the review, and what overlaps is
 //! decided by [`crate::range`], as everywhere else.
 
 use ipnet::IpNet;

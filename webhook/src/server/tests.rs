@@ -54,7 +54,7 @@ fn response_of(reply: &Reply) -> Value {
 fn a_valid_review_is_answered_with_its_uid() {
     let reply = handle(
         &body(&review_json(config_json("c", "10.0.0.0/16", 24))),
-        Some(ClusterView::default()),
+        Ok(ClusterView::default()),
     );
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.result, review::ALLOWED);
@@ -67,7 +67,7 @@ fn a_valid_review_is_answered_with_its_uid() {
 fn a_denial_and_warnings_serialize_for_the_api_server() {
     let reply = handle(
         &body(&review_json(config_json("c", "10.0.0.1/16", 24))),
-        Some(ClusterView::default()),
+        Ok(ClusterView::default()),
     );
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.result, review::DENIED);
@@ -83,7 +83,7 @@ fn a_denial_and_warnings_serialize_for_the_api_server() {
 
     let reply = handle(
         &body(&review_json(config_json("c", "10.0.0.0/24", 26))),
-        Some(ClusterView::default()),
+        Ok(ClusterView::default()),
     );
     let r = response_of(&reply);
     assert_eq!(r["allowed"], true);
@@ -101,7 +101,7 @@ fn garbage_is_a_bad_request() {
         b"{\"kind\":\"Pod\",\"apiVersion\":\"v1\"}",
         &[0xff, 0x00, 0x13][..],
     ] {
-        let reply = handle(garbage, Some(ClusterView::default()));
+        let reply = handle(garbage, Ok(ClusterView::default()));
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{garbage:?}");
         assert_eq!(reply.result, review::INVALID);
     }
@@ -112,13 +112,13 @@ fn a_review_without_request_or_of_another_version_is_a_bad_request() {
     let mut v = review_json(config_json("c", "10.0.0.0/16", 24));
     v.as_object_mut().unwrap().remove("request");
     assert_eq!(
-        handle(&body(&v), Some(ClusterView::default())).status,
+        handle(&body(&v), Ok(ClusterView::default())).status,
         StatusCode::BAD_REQUEST
     );
     let mut v = review_json(config_json("c", "10.0.0.0/16", 24));
     v["apiVersion"] = json!("admission.k8s.io/v1beta1");
     assert_eq!(
-        handle(&body(&v), Some(ClusterView::default())).status,
+        handle(&body(&v), Ok(ClusterView::default())).status,
         StatusCode::BAD_REQUEST
     );
 }
@@ -127,7 +127,7 @@ fn a_review_without_request_or_of_another_version_is_a_bad_request() {
 fn every_truncation_of_a_valid_body_is_refused() {
     let full = body(&review_json(config_json("c", "10.0.0.0/16", 24)));
     for cut in 0..full.len() {
-        let reply = handle(&full[..cut], Some(ClusterView::default()));
+        let reply = handle(&full[..cut], Ok(ClusterView::default()));
         assert_ne!(
             reply.result,
             review::ALLOWED,
@@ -145,7 +145,7 @@ fn the_wrong_kind_is_an_invalid_answer_never_allowed() {
     }));
     v["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Pod"});
     v["request"]["resource"] = json!({"group": "", "version": "v1", "resource": "pods"});
-    let reply = handle(&body(&v), Some(ClusterView::default()));
+    let reply = handle(&body(&v), Ok(ClusterView::default()));
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.result, review::INVALID);
     let r = response_of(&reply);
@@ -158,7 +158,7 @@ fn the_wrong_kind_is_an_invalid_answer_never_allowed() {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
         "spec": {"ipv4": {"cidr": "10.0.0.0/16", "perNodeMaskSize": 24}}
     }));
-    let reply = handle(&body(&v), Some(ClusterView::default()));
+    let reply = handle(&body(&v), Ok(ClusterView::default()));
     assert_eq!(reply.result, review::INVALID);
     assert_eq!(response_of(&reply)["allowed"], false);
 
@@ -167,43 +167,40 @@ fn the_wrong_kind_is_an_invalid_answer_never_allowed() {
         "apiVersion": "nodeipam.io/v1alpha1", "kind": "NodeIPAMConfig",
         "metadata": {"name": "c"}, "spec": {"ipv4": "10.0.0.0/16"}
     }));
-    let reply = handle(&body(&v), Some(ClusterView::default()));
+    let reply = handle(&body(&v), Ok(ClusterView::default()));
     assert_eq!(reply.result, review::INVALID);
     assert_eq!(response_of(&reply)["allowed"], false);
 }
 
 #[test]
-fn before_the_caches_sync_metadata_updates_are_still_allowed() {
+fn a_cluster_it_cannot_read_still_allows_metadata_updates() {
     let mut v = review_json(config_json("c", "10.0.0.0/16", 24));
     v["request"]["operation"] = json!("UPDATE");
     let mut old = config_json("c", "10.0.0.0/16", 24);
     old["metadata"]["finalizers"] = json!(["nodeipam.io/finalizer"]);
     v["request"]["oldObject"] = old;
-    let reply = handle(&body(&v), None);
+    let reply = handle(&body(&v), Err("the API server is away".into()));
     assert_eq!(reply.result, review::ALLOWED);
 
-    // A spec change needs the caches: refused until they sync.
+    // A spec change reads the cluster: refused when it cannot.
     v["request"]["oldObject"]["spec"]["allocation"] = json!("Disabled");
-    let reply = handle(&body(&v), None);
+    let reply = handle(&body(&v), Err("the API server is away".into()));
     assert_eq!(reply.result, review::DENIED);
 }
 
 #[test]
-fn before_the_caches_sync_requests_are_refused() {
+fn a_cluster_it_cannot_read_refuses_spec_requests() {
     let reply = handle(
         &body(&review_json(config_json("c", "10.0.0.0/16", 24))),
-        None,
+        Err("cannot list NodeIPAMConfigs: connection refused".into()),
     );
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.result, review::DENIED);
     let r = response_of(&reply);
     assert_eq!(r["allowed"], false);
-    assert!(
-        r["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("not synced")
-    );
+    assert!(r["status"]["message"].as_str().unwrap().contains(
+        "cannot read the cluster to review this (cannot list NodeIPAMConfigs: connection refused)"
+    ));
 }
 
 fn pool_review_json(cidr: &str) -> Value {
@@ -223,13 +220,13 @@ fn pool_review_json(cidr: &str) -> Value {
 fn pool_requests_get_the_pool_review() {
     let reply = handle(
         &body(&pool_review_json("10.64.0.0/14")),
-        Some(ClusterView::default()),
+        Ok(ClusterView::default()),
     );
     assert_eq!(reply.result, review::ALLOWED, "{:?}", response_of(&reply));
 
     let reply = handle(
         &body(&pool_review_json("10.64.0.1/14")),
-        Some(ClusterView::default()),
+        Ok(ClusterView::default()),
     );
     assert_eq!(reply.result, review::DENIED);
     let r = response_of(&reply);
@@ -242,7 +239,7 @@ fn pool_requests_get_the_pool_review() {
     // A pool object under the config kind, or garbage in the pool's spec: invalid, no panic.
     let mut mixed = pool_review_json("10.64.0.0/14");
     mixed["request"]["kind"]["kind"] = json!("NodeIPAMConfig");
-    let reply = handle(&body(&mixed), Some(ClusterView::default()));
+    let reply = handle(&body(&mixed), Ok(ClusterView::default()));
     assert_eq!(reply.result, review::INVALID);
     for garbage in [
         json!({"ipv4": {"cidrs": "10.0.0.0/8", "rangeMaskSize": 20, "perNodeMaskSize": 24}}),
@@ -252,7 +249,7 @@ fn pool_requests_get_the_pool_review() {
     ] {
         let mut v = pool_review_json("10.64.0.0/14");
         v["request"]["object"]["spec"] = garbage.clone();
-        let reply = handle(&body(&v), Some(ClusterView::default()));
+        let reply = handle(&body(&v), Ok(ClusterView::default()));
         assert_eq!(reply.result, review::INVALID, "{garbage}");
         let r = response_of(&reply);
         assert!(
@@ -265,22 +262,22 @@ fn pool_requests_get_the_pool_review() {
 }
 
 #[test]
-fn pool_requests_wait_for_the_pool_cache() {
+fn pool_requests_wait_for_the_pool_crd() {
     let view = ClusterView {
-        pools_unsynced: true,
+        pools_unlisted: true,
         ..ClusterView::default()
     };
-    let reply = handle(&body(&pool_review_json("10.64.0.0/14")), Some(view.clone()));
+    let reply = handle(&body(&pool_review_json("10.64.0.0/14")), Ok(view.clone()));
     assert_eq!(reply.result, review::DENIED);
     assert!(
         response_of(&reply)["status"]["message"]
             .as_str()
-            .is_some_and(|m| m.contains("has not listed NodeIPAMPools yet"))
+            .is_some_and(|m| m.contains("does not serve NodeIPAMPools"))
     );
     // Configs are still reviewed.
     let reply = handle(
         &body(&review_json(config_json("c", "10.0.0.0/16", 24))),
-        Some(view),
+        Ok(view),
     );
     assert_eq!(reply.result, review::ALLOWED);
 }
