@@ -367,6 +367,8 @@ pub fn view_of(
         pools: pools.into_iter().map(Arc::new).collect(),
         pools_unlisted: false,
         service_cidrs,
+        // Migration checks what refuses a config; the supernet warning is the webhook's.
+        pod_network_supernets: Vec::new(),
         matching_nodes: None,
     }
 }

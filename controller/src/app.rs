@@ -96,6 +96,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 }),
             },
             service_cidrs: args.service_cidrs.clone(),
+            pod_network_supernets: args.pod_network_supernets.clone(),
             on_admission: Some(Arc::new(move |result| observer_metrics.admission(result))),
         };
         let webhook = Webhook::bind(client.clone(), opts)

@@ -166,6 +166,16 @@ pub struct RunArgs {
     )]
     pub service_cidrs: Vec<IpNet>,
 
+    /// The pod network the consumers are configured for, one CIDR per family or more (e.g.
+    /// flannel's Network): the webhook admits a NodeIPAMConfig or NodeIPAMPool CIDR outside
+    /// those of its family with a warning, so such a range cannot slip in unnoticed.
+    #[arg(
+        long = "pod-network-supernet",
+        env = "NODEIPAM_POD_NETWORK_SUPERNETS",
+        value_delimiter = ','
+    )]
+    pub pod_network_supernets: Vec<IpNet>,
+
     /// Where /metrics is served: host:port, :port, or 0 for off. HTTPS with authentication
     /// and authorization unless --metrics-secure=false.
     #[arg(long, env = "NODEIPAM_METRICS_BIND_ADDRESS", default_value = ":8085")]
@@ -492,6 +502,20 @@ mod tests {
         assert_eq!(args.client.kube_api_qps, 20.0);
         assert_eq!(args.log.log_format, LogFormat::Json);
         assert!(args.disable_leader_election);
+        let Command::Run(args) = Cli::try_parse_from([
+            "nodeipam",
+            "run",
+            "--pod-network-supernet=10.240.0.0/12,fd00:240::/40",
+        ])
+        .expect("valid supernets")
+        .command
+        else {
+            panic!("not run");
+        };
+        assert_eq!(args.pod_network_supernets.len(), 2);
+        let err = Cli::try_parse_from(["nodeipam", "run", "--pod-network-supernet=10.0.0.0/40"])
+            .expect_err("a bad supernet");
+        assert!(err.to_string().contains("--pod-network-supernet"), "{err}");
         let err = Cli::try_parse_from(["nodeipam", "run", "--service-cidr=10.96.0.0/33"])
             .expect_err("bad CIDR");
         assert!(err.to_string().contains("--service-cidr"), "{err}");

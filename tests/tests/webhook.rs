@@ -1373,3 +1373,75 @@ async fn a_review_reads_writes_its_watches_have_not_delivered() {
     running.stop().await;
     cp.stop().await;
 }
+
+/// With `--pod-network-supernet` declared (the pod network the consumers are configured for,
+/// e.g. flannel's Network), a config or pool CIDR outside it is admitted with a warning that
+/// reaches kubectl, naming the field and the supernet; one inside gets none, and a family with
+/// no supernet declared is not checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_outside_the_declared_pod_network_is_warned_about() {
+    let cp = control_plane().await;
+    let mut opts = options(SECRET, HOOK, quick_checks());
+    opts.pod_network_supernets = vec!["10.240.0.0/12".parse().unwrap()];
+    let running = start_webhook(cp.client(), opts).await;
+    register_and_wait(&cp, &running, cp.ca_pem().as_bytes()).await;
+    let manifest = |kind: &str, name: &str, spec: Value| {
+        serde_json::to_string(&json!({
+            "apiVersion": "nodeipam.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .unwrap()
+    };
+    const OUTSIDE: &str =
+        "is outside the declared pod network (10.240.0.0/12, --pod-network-supernet)";
+
+    let (ok, stderr) = kubectl_apply(
+        &cp,
+        &manifest("NodeIPAMConfig", "inside", v4("10.241.0.0/16", 24)),
+        false,
+    )
+    .await;
+    assert!(ok, "{stderr}");
+    assert!(!stderr.contains(OUTSIDE), "a range inside warned: {stderr}");
+
+    let (ok, stderr) = kubectl_apply(
+        &cp,
+        &manifest("NodeIPAMConfig", "outside", v4("10.64.0.0/16", 24)),
+        false,
+    )
+    .await;
+    assert!(ok, "a range outside is still admitted: {stderr}");
+    assert!(
+        stderr.contains(&format!("spec.ipv4.cidr: 10.64.0.0/16 {OUTSIDE}")),
+        "{stderr}"
+    );
+
+    // No IPv6 supernet: an IPv6 range is not checked.
+    let (ok, stderr) = kubectl_apply(
+        &cp,
+        &manifest("NodeIPAMConfig", "v6", v6("fd00:64::/48", 64)),
+        false,
+    )
+    .await;
+    assert!(ok, "{stderr}");
+    assert!(
+        !stderr.contains("outside the declared pod network"),
+        "{stderr}"
+    );
+
+    let pool = pool_v4(&["10.248.0.0/16", "10.80.0.0/16"]);
+    let (ok, stderr) = kubectl_apply(&cp, &manifest("NodeIPAMPool", "budget", pool), false).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains(&format!("spec.ipv4.cidrs[1]: 10.80.0.0/16 {OUTSIDE}")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("cidrs[0]: 10.248.0.0/16 is outside"),
+        "{stderr}"
+    );
+    running.stop().await;
+    cp.stop().await;
+}

@@ -3,6 +3,7 @@
 //! Also the overlap wording; what overlaps is decided by `nodeipam_crd::range`, shared with
 //! the controller.
 
+use ipnet::IpNet;
 use nodeipam_crd::{NodeIPAMConfigSpec, NodeIPAMPoolSpec};
 
 /// One rejected field, in the two parts a Kubernetes `StatusCause` has.
@@ -77,6 +78,28 @@ pub use nodeipam_crd::range::nesting as overlap;
 /// pool checks.
 pub use nodeipam_crd::range::describe;
 
+/// The warning for `cidr` (at `path`) when pod-network supernets of its family are declared
+/// (`--pod-network-supernet`) and none holds it: a consumer configured with them, such as
+/// flannel's `Network` (whose flanneld exits on a podCIDR outside it) or a masquerade rule,
+/// would not carry this range's pods. Without a supernet of the family there is nothing to
+/// check against.
+pub fn outside_supernets(path: &str, cidr: &IpNet, supernets: &[IpNet]) -> Option<String> {
+    let same_family: Vec<&IpNet> = supernets
+        .iter()
+        .filter(|s| s.addr().is_ipv4() == cidr.addr().is_ipv4())
+        .collect();
+    if same_family.is_empty() || same_family.iter().any(|s| s.contains(cidr)) {
+        return None;
+    }
+    let declared: Vec<String> = same_family.iter().map(ToString::to_string).collect();
+    Some(format!(
+        "{path}: {cidr} is outside the declared pod network ({}, --pod-network-supernet): \
+         consumers configured with it (flannel's Network, masquerade rules) will not carry this \
+         range's pods; create it inside, or widen the consumers first",
+        declared.join(", ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use ipnet::IpNet;
@@ -127,5 +150,30 @@ mod tests {
             describe(&b, &a, Overlap::Inside),
             "10.64.0.0/14 is inside 10.0.0.0/8"
         );
+    }
+
+    #[test]
+    fn outside_supernets_warns_per_family() {
+        let supernets = [net("10.240.0.0/12")];
+        assert_eq!(
+            outside_supernets("p", &net("10.241.0.0/16"), &supernets),
+            None
+        );
+        assert_eq!(
+            outside_supernets("p", &net("10.240.0.0/12"), &supernets),
+            None
+        );
+        let w = outside_supernets("spec.ipv4.cidr", &net("10.64.0.0/16"), &supernets)
+            .expect("a range outside warns");
+        assert!(
+            w.starts_with("spec.ipv4.cidr: 10.64.0.0/16 is outside"),
+            "{w}"
+        );
+        assert!(w.contains("10.240.0.0/12"), "{w}");
+        // A wider range than the supernet is outside it too.
+        assert!(outside_supernets("p", &net("10.0.0.0/8"), &supernets).is_some());
+        // No IPv6 supernet declared: nothing to check an IPv6 range against.
+        assert_eq!(outside_supernets("p", &net("fd00::/48"), &supernets), None);
+        assert_eq!(outside_supernets("p", &net("10.64.0.0/16"), &[]), None);
     }
 }

@@ -27,6 +27,7 @@ use crate::review::{ClusterView, ServiceRange};
 pub(crate) struct ClusterReader {
     client: kube::Client,
     static_service_cidrs: Vec<IpNet>,
+    pod_network_supernets: Vec<IpNet>,
     listed: Arc<AtomicBool>,
 }
 
@@ -48,12 +49,14 @@ impl ClusterReader {
     pub fn start(
         client: kube::Client,
         static_service_cidrs: Vec<IpNet>,
+        pod_network_supernets: Vec<IpNet>,
         listed: Arc<AtomicBool>,
         tasks: &mut JoinSet<()>,
     ) -> ClusterReader {
         let reader = ClusterReader {
             client,
             static_service_cidrs,
+            pod_network_supernets,
             listed,
         };
         let first = reader.clone();
@@ -109,6 +112,7 @@ impl ClusterReader {
                 .map(Arc::new)
                 .collect(),
             service_cidrs,
+            pod_network_supernets: self.pod_network_supernets.clone(),
             // Counted per request by the server, when the review needs it.
             matching_nodes: None,
         })

@@ -12,7 +12,8 @@
 //! CIDRs unless the config is that pool's child (controller owner reference and the
 //! `nodeipam.io/pool` label), and a child's range outside its pool. It admits, with warnings, a
 //! family with fewer than 16 blocks or fewer blocks than there are nodes it can serve (those
-//! its nodeSelector matches, or every node).
+//! its nodeSelector matches, or every node), and a range outside the declared pod-network
+//! supernets of its family (`WebhookOptions::pod_network_supernets`).
 //!
 //! For a NodeIPAMPool it denies what the shared pool validation rejects, changes to its
 //! immutable fields, and CIDRs overlapping another pool's, a Service range or a NodeIPAMConfig
@@ -124,6 +125,9 @@ pub struct WebhookOptions {
     pub tls_mode: TlsMode,
     /// Service ranges to keep pod ranges out of, besides the cluster's ServiceCIDR objects.
     pub service_cidrs: Vec<IpNet>,
+    /// The pod network the consumers are configured for (flannel's `Network`, ...): a config or
+    /// pool CIDR outside those of its family is admitted with a warning.
+    pub pod_network_supernets: Vec<IpNet>,
     /// Counts admissions by result, e.g. for metrics.
     pub on_admission: Option<AdmissionObserver>,
 }
@@ -139,6 +143,7 @@ impl fmt::Debug for WebhookOptions {
             .field("dns_names", &self.dns_names)
             .field("tls_mode", &self.tls_mode)
             .field("service_cidrs", &self.service_cidrs)
+            .field("pod_network_supernets", &self.pod_network_supernets)
             .field("on_admission", &self.on_admission.is_some())
             .finish()
     }
@@ -155,6 +160,7 @@ impl Default for WebhookOptions {
             dns_names: Vec::new(),
             tls_mode: TlsMode::Managed(ManagedTls::default()),
             service_cidrs: Vec::new(),
+            pod_network_supernets: Vec::new(),
             on_admission: None,
         }
     }
@@ -366,6 +372,7 @@ impl Webhook {
         let cluster = cluster::ClusterReader::start(
             client,
             opts.service_cidrs.clone(),
+            opts.pod_network_supernets.clone(),
             listed.clone(),
             &mut tasks,
         );

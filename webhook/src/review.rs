@@ -52,6 +52,9 @@ pub struct ClusterView {
     pub pools_unlisted: bool,
     /// Service ranges pod ranges must not overlap.
     pub service_cidrs: Vec<ServiceRange>,
+    /// The pod network the consumers are configured for (`--pod-network-supernet`): a range
+    /// outside those of its family gets a warning. Empty: no such warning.
+    pub pod_network_supernets: Vec<IpNet>,
     /// How many nodes the config under review can serve (those its nodeSelector matches, or
     /// every node), counted for this request up to [`nodes_worth_counting`]: exact below it, at
     /// least that many at or above it. `None` when it was not counted (the count failed or ran
@@ -199,7 +202,15 @@ pub fn review(request: &AdmissionRequest<NodeIPAMConfig>, view: &ClusterView) ->
     }
     let mut response = AdmissionResponse::from(request);
     if spec_valid {
-        let warnings = warnings(object, view.matching_nodes);
+        let mut warnings = warnings(object, view.matching_nodes);
+        warnings.extend(
+            Ranges::claimed(&object.spec)
+                .iter()
+                .filter_map(|(family, r)| {
+                    let path = format!("spec.{}.cidr", family.field());
+                    checks::outside_supernets(&path, &r.cidr, &view.pod_network_supernets)
+                }),
+        );
         if !warnings.is_empty() {
             response.warnings = Some(warnings);
         }
@@ -508,7 +519,7 @@ pub fn review_pool(
     }
     let mut response = AdmissionResponse::from(request);
     if spec_valid && let Ok(parsed) = object.spec.parse() {
-        let warnings = pool_warnings(&parsed);
+        let warnings = pool_warnings(&parsed, &view.pod_network_supernets);
         if !warnings.is_empty() {
             response.warnings = Some(warnings);
         }
@@ -533,10 +544,14 @@ pub fn pool_needs_view(request: &AdmissionRequest<NodeIPAMPool>) -> bool {
 }
 
 /// Admission warnings for a valid pool: CIDRs too small for `ranges.min` (or else for
-/// `ranges.max`), one per family.
-fn pool_warnings(pool: &nodeipam_crd::ParsedPool) -> Vec<String> {
+/// `ranges.max`), one per family; and each CIDR outside the declared pod-network supernets.
+fn pool_warnings(pool: &nodeipam_crd::ParsedPool, supernets: &[IpNet]) -> Vec<String> {
     let mut out = Vec::new();
     for family in pool.iter() {
+        for (i, cidr) in family.cidrs.iter().enumerate() {
+            let path = format!("spec.{}.cidrs[{i}]", family.family.field());
+            out.extend(checks::outside_supernets(&path, cidr, supernets));
+        }
         let fits = family.budget_ranges();
         let path = format!("spec.{}", family.family.field());
         // The tighter bound first: too few ranges for `min` is worse than for `max`.
