@@ -163,6 +163,24 @@ pub async fn delete_lease(admin: &kube::Client) -> anyhow::Result<()> {
     )
 }
 
+/// Takes our finalizer off the bench config, as on a first install over nodes that already
+/// hold podCIDRs (moving off kcm): nothing says nodeipam ever allocated from it, so a first
+/// leader on a missing Lease has no predecessor's writes to wait for. With the finalizer (a
+/// previous round's), a missing Lease means one deleted under a live leader, and the leader
+/// rightly waits a whole term and its longest write first (`nodeipam_alloc::lease::wait`).
+pub async fn unfinalize_config(admin: &kube::Client) -> anyhow::Result<()> {
+    let api = Api::<NodeIPAMConfig>::all(admin.clone());
+    let patch = json!({ "metadata": { "finalizers": null } });
+    api.patch(
+        CONFIG_NAME,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .context("taking the finalizer off the bench config")?;
+    Ok(())
+}
+
 /// For `nodeipam-updated`: the replica a rolling update replaces. It starts as installed
 /// (with the admin's identity, so that its requests are not the timed contender's), leads,
 /// gets the config ready when `config` (created as a user does, after the start), and stops

@@ -144,8 +144,12 @@ async fn one(
     let admin = cp.client();
     let log_name = format!("startup-{n}-{}-{round}.log", kind.name());
     match kind {
-        // As on a first install: no Lease, so no word of a previous leader.
-        Kind::NodeipamDefault => common::delete_lease(&admin).await?,
+        // As on a first install over allocated nodes: no Lease and a config nodeipam never
+        // finalized, so no previous leader to wait for (see `common::unfinalize_config`).
+        Kind::NodeipamDefault => {
+            common::delete_lease(&admin).await?;
+            common::unfinalize_config(&admin).await?;
+        }
         Kind::NodeipamUpdated => {
             common::predecessor(cp, settings, &args.common.work, &log_name, false).await?;
         }
