@@ -30,7 +30,7 @@ use serde::Serialize;
 use crate::ipam::Ipam;
 use crate::machine::config_input;
 use crate::node::IpamNode;
-use crate::podnetwork::{ConfigMapRef, OutputKind, PodNetwork, RangeState, covered};
+use crate::podnetwork::{ConfigMapRef, OutputKind, OutputRef, PodNetwork, RangeState, covered};
 use crate::selection::{self, NodeView};
 use crate::status::desired_status;
 
@@ -465,7 +465,9 @@ pub fn outputs(cluster: &Cluster<'_>, network: &PodNetwork) -> Vec<OutputState> 
             OutputState {
                 target: o.target.to_string(),
                 missing: Some(missing),
-                current: read == o.kind.desired(network, cluster.extra_non_masquerade),
+                current: read
+                    == OutputRef::configmap(&o.target, o.kind)
+                        .desired(network, cluster.extra_non_masquerade),
             }
         })
         .collect()

@@ -3,11 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    ConfigMap, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-};
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::networking::v1::{ServiceCIDR, ServiceCIDRSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube_core::DynamicObject;
 use nodeipam_crd::{Allocation, FINALIZER, FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec};
 
 use crate::node::IpamNode;
@@ -96,16 +95,15 @@ pub fn service_cidr(name: &str, cidrs: &[&str]) -> ServiceCIDR {
 }
 
 /// A ConfigMap holding `data`.
-pub fn configmap(namespace: &str, name: &str, data: BTreeMap<String, String>) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(namespace.into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(data),
-        ..ConfigMap::default()
-    }
+/// A ConfigMap as an output's watch shows it: a dynamic object.
+pub fn configmap(namespace: &str, name: &str, data: BTreeMap<String, String>) -> DynamicObject {
+    let cm = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": name, "namespace": namespace },
+        "data": data,
+    });
+    serde_json::from_value(cm).expect("a ConfigMap is a dynamic object")
 }
 
 /// One family of a pool: `(budget CIDRs, range mask, per-node mask)`.

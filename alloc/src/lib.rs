@@ -14,6 +14,7 @@ pub mod lease;
 pub mod machine;
 pub mod node;
 pub mod outcome;
+pub mod outputs;
 pub mod podnetwork;
 pub mod pool;
 pub mod seal;

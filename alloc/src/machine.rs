@@ -22,7 +22,6 @@
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube_core::ResourceExt;
 use nodeipam_crd::NodeIPAMConfig;
 use tracing::info;
@@ -36,7 +35,7 @@ use core::Core;
 use lists::{Lists, Source};
 use nodes::{Around, Nodes};
 use pools::Pools;
-use publication::Publication;
+use publication::{OutputSeen, Publication};
 use statuses::Statuses;
 use writes::Writes;
 
@@ -134,7 +133,14 @@ impl Machine {
             Input::ConfigDeleted { name, uid, outcome } => {
                 self.on_config_deleted(&name, uid.as_deref(), outcome);
             }
-            Input::Output(i, w) => self.on_output_watch(i, w),
+            Input::Output(i, w) => {
+                let seen = self.publication.on_watch(i, w);
+                self.on_output_seen(i, seen);
+            }
+            Input::OutputFailed(i, why) => {
+                let seen = self.publication.on_failed(i, why);
+                self.on_output_seen(i, seen);
+            }
             Input::Reread { node, uid, now } => {
                 let (writes, nodes, mut cx) = self.parts();
                 writes.on_reread(&node, uid.as_deref(), now, nodes, &mut cx);
@@ -255,8 +261,7 @@ impl Machine {
         }
     }
 
-    fn on_output_watch(&mut self, index: usize, w: Watch<ConfigMap>) {
-        let seen = self.publication.on_watch(index, w);
+    fn on_output_seen(&mut self, index: usize, seen: OutputSeen) {
         if seen.changed {
             self.regate();
         }

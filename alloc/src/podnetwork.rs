@@ -15,6 +15,9 @@ use ipnet::IpNet;
 pub use nodeipam_crd::range::covered;
 use serde::Serialize;
 
+/// The outputs' vocabulary, under the names the machine, the publisher and the CLI use.
+pub use crate::outputs::{OutputContent, OutputKind, OutputRef};
+
 /// Where a range stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub enum RangeState {
@@ -82,7 +85,7 @@ fn family(c: &IpNet) -> &'static str {
 /// The most a ConfigMap's data may hold: the API server refuses a larger one.
 pub const CONFIGMAP_LIMIT: usize = 1024 * 1024;
 
-fn join(cidrs: impl IntoIterator<Item = IpNet>) -> String {
+pub(crate) fn join(cidrs: impl IntoIterator<Item = IpNet>) -> String {
     cidrs
         .into_iter()
         .map(|c| c.to_string())
@@ -303,72 +306,6 @@ pub fn ip_masq_agent_cidrs(network: &PodNetwork, extra: &[IpNet]) -> Vec<IpNet> 
         }
     }
     cidrs
-}
-
-/// A consumer output of the pod network: a ConfigMap we keep in step with the network.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutputKind {
-    /// Our aggregate ConfigMap (`--pod-network-configmap`).
-    PodNetwork,
-    /// ip-masq-agent's ConfigMap, of which only `nonMasqueradeCIDRs` is ours.
-    IpMasqAgent,
-}
-
-/// What an output holds: the CIDRs consumers learn from it, and the part of it we own, to
-/// compare with what we would write.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct OutputContent {
-    pub cidrs: Vec<IpNet>,
-    pub ours: String,
-}
-
-impl OutputKind {
-    /// Reads a ConfigMap's data. Whatever does not parse counts as absent: a range is only
-    /// known to consumers when they can read it.
-    pub fn read(self, data: &BTreeMap<String, String>) -> OutputContent {
-        match self {
-            OutputKind::PodNetwork => {
-                let cidrs = ["ipv4", "ipv6"]
-                    .iter()
-                    .filter_map(|k| data.get(*k))
-                    .flat_map(|v| v.split(',').filter_map(|c| c.trim().parse::<IpNet>().ok()))
-                    .collect();
-                let ours = data
-                    .iter()
-                    .filter(|(k, _)| k.as_str() != "observedAt")
-                    .map(|(k, v)| format!("{k}={v}\n"))
-                    .collect();
-                OutputContent { cidrs, ours }
-            }
-            OutputKind::IpMasqAgent => {
-                let cidrs: Vec<IpNet> = data
-                    .get("config")
-                    .and_then(|text| serde_saphyr::from_str::<serde_json::Value>(text).ok())
-                    .and_then(|doc| {
-                        doc.get("nonMasqueradeCIDRs")?.as_array().map(|list| {
-                            list.iter()
-                                .filter_map(|c| c.as_str()?.trim().parse::<IpNet>().ok())
-                                .collect()
-                        })
-                    })
-                    .unwrap_or_default();
-                let ours = join(cidrs.iter().copied());
-                OutputContent { cidrs, ours }
-            }
-        }
-    }
-
-    /// What the output holds once `network` is written to it.
-    pub fn desired(self, network: &PodNetwork, extra: &[IpNet]) -> OutputContent {
-        match self {
-            OutputKind::PodNetwork => self.read(&network.configmap_data("")),
-            OutputKind::IpMasqAgent => {
-                let cidrs = ip_masq_agent_cidrs(network, extra);
-                let ours = join(cidrs.iter().copied());
-                OutputContent { cidrs, ours }
-            }
-        }
-    }
 }
 
 /// ip-masq-agent's `config` key with `nonMasqueradeCIDRs` set to the pod network plus
@@ -703,7 +640,12 @@ mod tests {
         let network = sample();
         let data = network.configmap_data("2026-01-01T00:00:00Z");
         let written = OutputKind::PodNetwork.read(&data);
-        assert_eq!(written, OutputKind::PodNetwork.desired(&network, &[]));
+        let cm = ConfigMapRef {
+            namespace: "ns".into(),
+            name: "cm".into(),
+        };
+        let ours = OutputRef::configmap(&cm, OutputKind::PodNetwork);
+        assert_eq!(written, ours.desired(&network, &[]));
         assert_eq!(written.cidrs.len(), network.cidrs().len());
         // Only observedAt moved: the same content.
         let later = network.configmap_data("2026-01-02T00:00:00Z");
@@ -717,7 +659,8 @@ mod tests {
             ip_masq_agent_config(Some("masqLinkLocal: true\n"), &network, &extra).expect("renders");
         let masq = BTreeMap::from([("config".to_string(), config)]);
         let read = OutputKind::IpMasqAgent.read(&masq);
-        assert_eq!(read, OutputKind::IpMasqAgent.desired(&network, &extra));
+        let masq_ref = OutputRef::configmap(&cm, OutputKind::IpMasqAgent);
+        assert_eq!(read, masq_ref.desired(&network, &extra));
         assert!(read.cidrs.contains(&n("169.254.0.0/16")));
         // Unreadable YAML holds nothing a consumer could use.
         let broken = BTreeMap::from([("config".to_string(), "nonMasqueradeCIDRs: [".to_string())]);

@@ -14,7 +14,7 @@ use std::time::Duration;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use nodeipam_controller::alloc::fixtures::{config, configmap, node, selecting};
 use nodeipam_controller::alloc::machine::{Effect, Input, Machine, Now, Options, Watch};
-use nodeipam_controller::alloc::podnetwork::{ConfigMapRef, OutputKind};
+use nodeipam_controller::alloc::podnetwork::{ConfigMapRef, OutputKind, OutputRef};
 
 const CONFIGS: u32 = 200;
 const PENDING: u32 = 5_000;
@@ -36,7 +36,7 @@ fn busy_machine() -> (Machine, Input, Vec<Input>) {
     };
     let mut m = Machine::new(Options {
         write_attempts: 8,
-        outputs: vec![(target, OutputKind::PodNetwork)],
+        outputs: vec![OutputRef::configmap(&target, OutputKind::PodNetwork)],
         ..Options::default()
     });
     let configs: Vec<_> = (0..CONFIGS)

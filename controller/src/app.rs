@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::alloc::lease;
+use crate::alloc::outputs::OutputRef;
 use crate::cli::{CertMode, ClientArgs, RunArgs};
 use crate::health::{self, Inputs};
 use crate::metrics::Metrics;
@@ -42,9 +43,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.inject_fault.is_some() && !cfg!(debug_assertions) {
         anyhow::bail!("--inject-fault is for tests and works only in debug builds");
     }
+    let typed = args.typed_outputs()?;
     check_publish_flags(
         &args.pod_network_configmap,
         args.ip_masq_agent_configmap.as_ref(),
+        &typed,
     )?;
     let (metrics_addr, probe_addr, secure) = args.listeners();
     check_listeners(metrics_addr, probe_addr, secure)?;
@@ -204,6 +207,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }),
             ip_masq_agent: args.ip_masq_agent_configmap.clone(),
             extra_non_masquerade: args.extra_non_masquerade_cidrs.clone(),
+            typed,
         },
         ..Options::default()
     };
@@ -512,18 +516,27 @@ impl Tasks {
     }
 }
 
-/// ip-masq-agent is kept in step with the published pod network, so it cannot go without it.
+/// ip-masq-agent and the typed outputs are kept in step with the published pod network, so
+/// they cannot go without it.
 pub fn check_publish_flags(
     pod_network: &str,
     ip_masq_agent: Option<&ConfigMapRef>,
+    typed: &[OutputRef],
 ) -> anyhow::Result<()> {
-    if pod_network.is_empty()
-        && let Some(masq) = ip_masq_agent
-    {
+    if !pod_network.is_empty() {
+        return Ok(());
+    }
+    if let Some(masq) = ip_masq_agent {
         anyhow::bail!(
             "--ip-masq-agent-configmap={masq} needs --pod-network-configmap: the ip-masq-agent \
              config is kept in step with the published pod network, which \
              --pod-network-configmap=\"\" turns off"
+        );
+    }
+    if let Some(output) = typed.first() {
+        anyhow::bail!(
+            "{output} needs --pod-network-configmap: it is kept in step with the published pod \
+             network, which --pod-network-configmap=\"\" turns off"
         );
     }
     Ok(())
@@ -638,14 +651,23 @@ mod tests {
     #[test]
     fn ip_masq_agent_needs_the_pod_network_configmap() {
         let masq: ConfigMapRef = "kube-system/ip-masq-agent".parse().expect("ref");
-        let e = check_publish_flags("", Some(&masq)).expect_err("refused");
+        let e = check_publish_flags("", Some(&masq), &[]).expect_err("refused");
         let e = e.to_string();
         assert!(
             e.contains("--ip-masq-agent-configmap") && e.contains("--pod-network-configmap"),
             "{e}"
         );
-        assert!(check_publish_flags("nodeipam-pod-network", Some(&masq)).is_ok());
-        assert!(check_publish_flags("", None).is_ok());
+        assert!(check_publish_flags("nodeipam-pod-network", Some(&masq), &[]).is_ok());
+        assert!(check_publish_flags("", None, &[]).is_ok());
+        use crate::alloc::outputs::OutputKind;
+        let group = OutputRef::typed(OutputKind::CiliumCIDRGroup, "cilium.io/v2", Some("pods"));
+        let e = check_publish_flags("", None, std::slice::from_ref(&group)).expect_err("refused");
+        assert!(
+            e.to_string()
+                .contains("CiliumCIDRGroup pods needs --pod-network-configmap"),
+            "{e}"
+        );
+        assert!(check_publish_flags("nodeipam-pod-network", None, &[group]).is_ok());
     }
 
     #[test]

@@ -309,6 +309,57 @@ pub struct RunArgs {
     )]
     pub extra_non_masquerade_cidrs: Vec<IpNet>,
 
+    /// Keep one Calico IPPool per range of the pod network (labelled
+    /// app.kubernetes.io/managed-by=nodeipam; pools without the label are never touched), for
+    /// Calico with host-local IPAM (`usePodCidr`).
+    #[arg(long, env = "NODEIPAM_CALICO_IP_POOLS")]
+    pub calico_ip_pools: bool,
+    /// `natOutgoing` of the IPPools we keep.
+    #[arg(
+        long,
+        env = "NODEIPAM_CALICO_IP_POOL_NAT_OUTGOING",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub calico_ip_pool_nat_outgoing: bool,
+    /// Encapsulation of the IPPools we keep: None, IPIP, IPIPCrossSubnet (IPv4 pools only),
+    /// VXLAN or VXLANCrossSubnet.
+    #[arg(
+        long,
+        env = "NODEIPAM_CALICO_IP_POOL_ENCAPSULATION",
+        default_value = "None"
+    )]
+    pub calico_ip_pool_encapsulation: crate::alloc::outputs::Encapsulation,
+    /// `disabled` of the IPPools we keep (Calico IPAM assigns nothing from a disabled pool).
+    #[arg(
+        long,
+        env = "NODEIPAM_CALICO_IP_POOL_DISABLED",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub calico_ip_pool_disabled: bool,
+    /// A Calico GlobalNetworkSet, by name, whose `nets` are kept equal to the pod network.
+    #[arg(long, env = "NODEIPAM_CALICO_NETWORK_SET")]
+    pub calico_network_set: Option<String>,
+    /// The apiVersion of Calico's resources: projectcalico.org/v3, or crd.projectcalico.org/v1
+    /// for a cluster with only Calico's own CRDs.
+    #[arg(
+        long,
+        env = "NODEIPAM_CALICO_API_VERSION",
+        default_value = "projectcalico.org/v3"
+    )]
+    pub calico_api_version: String,
+    /// A CiliumCIDRGroup, by name, whose `externalCIDRs` are kept equal to the pod network.
+    #[arg(long, env = "NODEIPAM_CILIUM_CIDR_GROUP")]
+    pub cilium_cidr_group: Option<String>,
+    /// The apiVersion of CiliumCIDRGroup: cilium.io/v2, or cilium.io/v2alpha1 before Cilium 1.18.
+    #[arg(
+        long,
+        env = "NODEIPAM_CILIUM_API_VERSION",
+        default_value = "cilium.io/v2"
+    )]
+    pub cilium_api_version: String,
+
     /// How many podCIDR writes run at once.
     #[arg(long, env = "NODEIPAM_WRITE_CONCURRENCY", default_value_t = 16)]
     pub write_concurrency: usize,
@@ -369,6 +420,65 @@ fn whole_seconds(flag: &'static str, d: Duration) -> Result<u64, FlagError> {
 }
 
 impl RunArgs {
+    /// The typed consumer outputs the flags ask for (Calico's IPPools and GlobalNetworkSet,
+    /// Cilium's CIDR group), checked.
+    pub fn typed_outputs(&self) -> Result<Vec<crate::alloc::outputs::OutputRef>, FlagError> {
+        use crate::alloc::outputs::{CalicoPools, OutputKind, OutputRef};
+        let version = |flag: &'static str, value: &str| match value.split_once('/') {
+            Some((group, v)) if !group.is_empty() && !v.is_empty() && !v.contains('/') => Ok(()),
+            _ => Err(FlagError::Invalid {
+                flag,
+                value: value.into(),
+                reason: "must be group/version".into(),
+            }),
+        };
+        let mut out = Vec::new();
+        let calico = &self.calico_api_version;
+        if self.calico_ip_pools {
+            version("calico-api-version", calico)?;
+            let pools = CalicoPools {
+                nat_outgoing: self.calico_ip_pool_nat_outgoing,
+                encapsulation: self.calico_ip_pool_encapsulation,
+                disabled: self.calico_ip_pool_disabled,
+            };
+            out.push(OutputRef::typed(
+                OutputKind::CalicoIPPools(pools),
+                calico,
+                None,
+            ));
+        }
+        let named = [
+            (
+                &self.calico_network_set,
+                OutputKind::CalicoNetworkSet,
+                calico,
+                "calico-api-version",
+                "calico-network-set",
+            ),
+            (
+                &self.cilium_cidr_group,
+                OutputKind::CiliumCIDRGroup,
+                &self.cilium_api_version,
+                "cilium-api-version",
+                "cilium-cidr-group",
+            ),
+        ];
+        for (name, kind, api_version, version_flag, flag) in named {
+            let Some(name) = name else { continue };
+            version(version_flag, api_version)?;
+            let errors = nodeipam_crd::validation::dns_subdomain_errors(name);
+            if !errors.is_empty() {
+                return Err(FlagError::Invalid {
+                    flag,
+                    value: name.clone(),
+                    reason: errors.join("; "),
+                });
+            }
+            out.push(OutputRef::typed(kind, api_version, Some(name)));
+        }
+        Ok(out)
+    }
+
     /// Leader election with the deprecated aliases applied.
     pub fn leader_elect(&self) -> bool {
         self.leader_elect && !self.disable_leader_election
@@ -644,6 +754,59 @@ mod tests {
         assert_eq!(run(&["-v", "4"]).expect("-v").log.verbosity, Some(4));
         assert_eq!(run(&["--v=2"]).expect("--v").log.verbosity, Some(2));
         assert!(run(&["-v", "4", "--log-level=info"]).is_err());
+    }
+
+    #[test]
+    fn typed_output_flags_become_outputs_and_bad_values_name_the_flag() {
+        use crate::alloc::outputs::{CalicoPools, Encapsulation, OutputKind};
+        let run = |extra: &[&str]| {
+            let argv = ["nodeipam", "run"].iter().chain(extra).copied();
+            match Cli::try_parse_from(argv).expect("parses").command {
+                Command::Run(args) => args,
+                _ => unreachable!("a run command"),
+            }
+        };
+        assert!(run(&[]).typed_outputs().expect("none").is_empty());
+        let outputs = run(&[
+            "--calico-ip-pools",
+            "--calico-ip-pool-encapsulation=VXLAN",
+            "--calico-ip-pool-nat-outgoing=false",
+            "--calico-network-set=pods",
+            "--cilium-cidr-group=pods",
+            "--cilium-api-version=cilium.io/v2alpha1",
+        ])
+        .typed_outputs()
+        .expect("valid");
+        let pools = CalicoPools {
+            nat_outgoing: false,
+            encapsulation: Encapsulation::Vxlan,
+            disabled: false,
+        };
+        let kinds: Vec<_> = outputs
+            .iter()
+            .map(|o| (o.kind, o.api_version.as_str()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (OutputKind::CalicoIPPools(pools), "projectcalico.org/v3"),
+                (OutputKind::CalicoNetworkSet, "projectcalico.org/v3"),
+                (OutputKind::CiliumCIDRGroup, "cilium.io/v2alpha1"),
+            ]
+        );
+        let bad = run(&["--cilium-cidr-group=Pods"])
+            .typed_outputs()
+            .expect_err("not a name");
+        assert!(bad.to_string().contains("cilium-cidr-group"), "{bad}");
+        let bad = run(&["--calico-ip-pools", "--calico-api-version=v3"]).typed_outputs();
+        assert!(
+            bad.expect_err("no group")
+                .to_string()
+                .contains("calico-api-version")
+        );
+        assert!(
+            Cli::try_parse_from(["nodeipam", "run", "--calico-ip-pool-encapsulation=gre"]).is_err()
+        );
     }
 
     #[test]

@@ -569,7 +569,7 @@ fn is_label_token(s: &str) -> bool {
 }
 
 /// A lowercase RFC 1123 subdomain: dot-separated labels `[a-z0-9]([-a-z0-9]*[a-z0-9])?`.
-fn dns_subdomain_errors(s: &str) -> Vec<String> {
+pub fn dns_subdomain_errors(s: &str) -> Vec<String> {
     let mut errors = Vec::new();
     if s.len() > DNS_SUBDOMAIN_MAX {
         errors.push(format!(

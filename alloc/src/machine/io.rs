@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube_core::DynamicObject;
 use nodeipam_crd::{NodeIPAMConfig, NodeIPAMConfigStatus};
 
 use crate::effects::{
@@ -14,7 +14,7 @@ use crate::effects::{
 };
 use crate::node::IpamNode;
 use crate::outcome::NodeNow;
-use crate::podnetwork::{ConfigMapRef, OutputKind, PodNetwork};
+use crate::podnetwork::{OutputRef, PodNetwork};
 use crate::pool::{PoolInput, PoolStatus};
 
 /// What a machine is told once, when it starts.
@@ -32,7 +32,7 @@ pub struct Options {
     pub retry_rejected_after: Duration,
     /// The consumer outputs of the pod network; a range is allocated from only once every one
     /// of them holds it.
-    pub outputs: Vec<(ConfigMapRef, OutputKind)>,
+    pub outputs: Vec<OutputRef>,
     /// Added to ip-masq-agent's `nonMasqueradeCIDRs`.
     pub extra_non_masquerade: Vec<IpNet>,
     /// A test fault: the machine panics when it sees a Node of this name.
@@ -78,8 +78,12 @@ pub enum Input {
         uid: Option<String>,
         outcome: DeleteOutcome,
     },
-    /// A published ConfigMap, by its index in `Options::outputs`.
-    Output(usize, Watch<ConfigMap>),
+    /// An output's objects (a ConfigMap, a typed object, or every IPPool of ours), by its
+    /// index in `Options::outputs`.
+    Output(usize, Watch<DynamicObject>),
+    /// An output's watch cannot list (its CRD is not installed, RBAC forbids it): it holds
+    /// nothing, and the ranges waiting for it say why.
+    OutputFailed(usize, String),
     /// The answer to `Effect::Reread`.
     Reread {
         node: String,

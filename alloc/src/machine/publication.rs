@@ -5,22 +5,26 @@
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::ConfigMap;
+use kube_core::{DynamicObject, ResourceExt};
 use tracing::info;
 
 use super::core::Core;
 use super::{Effect, Watch};
-use crate::podnetwork::{ConfigMapRef, OutputContent, OutputKind, PodNetwork, covered};
+use crate::podnetwork::{OutputContent, OutputRef, PodNetwork, covered};
 
 /// A consumer output of the pod network and what its watch last showed.
 #[derive(Clone, Debug)]
 struct Output {
-    target: ConfigMapRef,
-    kind: OutputKind,
-    /// `None` until the watch has listed it; an absent ConfigMap holds nothing.
+    target: OutputRef,
+    /// The objects the watch shows, by name: one for a ConfigMap or a single typed object,
+    /// every IPPool of ours for the pools.
+    objects: BTreeMap<String, DynamicObject>,
+    /// What a (re)list in progress returned so far; it replaces `objects` when done.
+    relist: Option<BTreeMap<String, DynamicObject>>,
+    /// `None` until the watch has listed; an absent object holds nothing.
     seen: Option<OutputContent>,
-    /// Whether the current (re)list returned the object.
-    listed: bool,
+    /// Why the watch could not list, while it has never listed.
+    failed: Option<String>,
 }
 
 /// What an output's watch event changed.
@@ -52,14 +56,15 @@ pub(super) struct Publication {
 }
 
 impl Publication {
-    pub(super) fn new(outputs: &[(ConfigMapRef, OutputKind)], extra: Vec<IpNet>) -> Self {
+    pub(super) fn new(outputs: &[OutputRef], extra: Vec<IpNet>) -> Self {
         let outputs = outputs
             .iter()
-            .map(|(target, kind)| Output {
+            .map(|target| Output {
                 target: target.clone(),
-                kind: *kind,
+                objects: BTreeMap::new(),
+                relist: None,
                 seen: None,
-                listed: false,
+                failed: None,
             })
             .collect();
         Publication {
@@ -104,7 +109,7 @@ impl Publication {
         let extra = &self.extra_non_masquerade;
         self.outputs
             .iter()
-            .map(|o| o.kind.desired(network, extra))
+            .map(|o| o.target.desired(network, extra))
             .collect()
     }
 
@@ -117,50 +122,86 @@ impl Publication {
         self.network_landed = Some(desired);
     }
 
-    /// One event of the watch of output `index`.
-    pub(super) fn on_watch(&mut self, index: usize, w: Watch<ConfigMap>) -> OutputSeen {
+    /// One event of the watch of output `index`. A (re)list replaces what the output holds
+    /// only once it is complete: a list in pages must not look like objects removed.
+    pub(super) fn on_watch(&mut self, index: usize, w: Watch<DynamicObject>) -> OutputSeen {
+        let Some(output) = self.outputs.get_mut(index) else {
+            return OutputSeen::default();
+        };
         match w {
             Watch::ListStart => {
-                if let Some(o) = self.outputs.get_mut(index) {
-                    o.listed = false;
-                }
-                OutputSeen::default()
+                output.relist = Some(BTreeMap::new());
+                return OutputSeen::default();
             }
-            Watch::Listed(cm) | Watch::Applied(cm) => OutputSeen {
-                changed: self.on_output(index, Some(&cm.data.unwrap_or_default())),
-                listed: false,
-            },
-            Watch::Deleted(_) => OutputSeen {
-                changed: self.on_output(index, None),
-                listed: false,
-            },
+            Watch::Listed(o) => {
+                if let Some(relist) = &mut output.relist {
+                    relist.insert(o.name_any(), o);
+                    return OutputSeen::default();
+                }
+                output.objects.insert(o.name_any(), o);
+            }
+            // A change during a relist is in the list's result too.
+            Watch::Applied(o) => {
+                if let Some(relist) = &mut output.relist {
+                    relist.insert(o.name_any(), o.clone());
+                }
+                output.objects.insert(o.name_any(), o);
+            }
+            Watch::Deleted(o) => {
+                if let Some(relist) = &mut output.relist {
+                    relist.remove(&o.name_any());
+                }
+                output.objects.remove(&o.name_any());
+            }
             Watch::ListDone => {
-                // Listed without the object: it does not exist, and holds nothing.
-                let unlisted = self.outputs.get(index).is_some_and(|o| !o.listed);
-                OutputSeen {
-                    changed: unlisted && self.on_output(index, None),
+                output.objects = output.relist.take().unwrap_or_default();
+                let failed = output.failed.take().is_some();
+                let changed = self.on_output(index);
+                return OutputSeen {
+                    changed: changed || failed,
                     listed: true,
-                }
+                };
             }
+        }
+        OutputSeen {
+            changed: self.on_output(index),
+            listed: false,
         }
     }
 
-    /// An output's ConfigMap changed (our write, a user's edit, a delete): whether what it
+    /// The watch of output `index` cannot list. Until it ever has, the output holds nothing
+    /// and counts as listed, so that the ranges waiting for it say why instead of nothing
+    /// being decided at all; once it has, a failure is the watch's to retry.
+    pub(super) fn on_failed(&mut self, index: usize, why: String) -> OutputSeen {
+        let Some(output) = self.outputs.get_mut(index) else {
+            return OutputSeen::default();
+        };
+        if output.seen.is_some() {
+            return OutputSeen::default();
+        }
+        let changed = output.failed.as_ref() != Some(&why);
+        output.failed = Some(why);
+        OutputSeen {
+            changed,
+            listed: true,
+        }
+    }
+
+    /// An output's objects changed (our write, a user's edit, a delete): whether what it
     /// holds changed (allocation is gated on it), after asking to write it again when it is
     /// not what we last asked for.
-    fn on_output(&mut self, index: usize, data: Option<&BTreeMap<String, String>>) -> bool {
+    fn on_output(&mut self, index: usize) -> bool {
         let Some(output) = self.outputs.get_mut(index) else {
             return false;
         };
-        output.listed |= data.is_some();
-        let content = data.map(|d| output.kind.read(d)).unwrap_or_default();
+        let content = output.target.kind.read_objects(&output.objects);
         let drifted = self
             .network_sent
             .as_ref()
             .and_then(|sent| sent.get(index))
             .is_some_and(|sent| *sent != content);
         if drifted {
-            info!(configmap = %output.target, "published pod network differs from what was written; writing it again");
+            info!(output = %output.target, "published pod network differs from what was written; writing it again");
             self.network_sent = None;
             self.network_dirty = true;
         }
@@ -189,8 +230,11 @@ impl Publication {
                     .filter(|r| !covered(r, cidrs) || sent.iter().any(|c| !covered(r, c)))
                     .map(ToString::to_string)
                     .collect();
+                if let Some(why) = o.failed.as_ref().filter(|_| o.seen.is_none()) {
+                    return Some(format!("{} can be read ({why})", o.target));
+                }
                 (!missing.is_empty())
-                    .then(|| format!("ConfigMap {} includes {}", o.target, missing.join(", ")))
+                    .then(|| format!("{} includes {}", o.target, missing.join(", ")))
             })
             .collect()
     }
@@ -205,7 +249,8 @@ pub(super) fn network(core: &Core) -> PodNetwork {
 mod tests {
     use super::*;
     use crate::fixtures::configmap;
-    use crate::podnetwork::ConfigRanges;
+    use crate::outputs::CalicoPools;
+    use crate::podnetwork::{ConfigMapRef, ConfigRanges, OutputKind};
 
     fn net(s: &str) -> IpNet {
         s.parse().expect("test CIDR")
@@ -216,26 +261,45 @@ mod tests {
             namespace: "nodeipam-system".into(),
             name: "pod-network".into(),
         };
-        Publication::new(&[(target, OutputKind::PodNetwork)], Vec::new())
+        let output = OutputRef::configmap(&target, OutputKind::PodNetwork);
+        Publication::new(&[output], Vec::new())
+    }
+
+    fn ip_pools() -> OutputRef {
+        let kind = OutputKind::CalicoIPPools(CalicoPools::default());
+        OutputRef::typed(kind, "projectcalico.org/v3", None)
+    }
+
+    /// The IPPools we would write for `network`, as their watch shows them.
+    fn pools_of(network: &PodNetwork) -> Vec<DynamicObject> {
+        ip_pools()
+            .objects(network)
+            .into_iter()
+            .map(|(_, o)| serde_json::from_value(o).expect("an object"))
+            .collect()
     }
 
     /// The pod network of one active config of `range`, as publication `seq`.
     fn network_of(range: &str, seq: u64) -> PodNetwork {
-        let config = ConfigRanges {
-            name: "c".into(),
+        PodNetwork {
+            seq,
+            ..PodNetwork::new(&[config_of("c", range)], &[])
+        }
+    }
+
+    /// An active config of `range`.
+    fn config_of(name: &str, range: &str) -> ConfigRanges {
+        ConfigRanges {
+            name: name.into(),
             families: vec![(net(range), 0, 4)],
             nodes: 0,
             deleting: false,
             enabled: true,
             drained: false,
-        };
-        PodNetwork {
-            seq,
-            ..PodNetwork::new(&[config], &[])
         }
     }
 
-    fn holding(network: &PodNetwork) -> Watch<ConfigMap> {
+    fn holding(network: &PodNetwork) -> Watch<DynamicObject> {
         let data = network.configmap_data("0");
         Watch::Applied(configmap("nodeipam-system", "pod-network", data))
     }
@@ -306,5 +370,74 @@ mod tests {
             }
         );
         assert_eq!(p.behind(&[net("10.0.0.0/24")]).len(), 1);
+    }
+
+    #[test]
+    fn an_output_whose_watch_cannot_list_holds_nothing_and_says_why() {
+        let mut p = one_output();
+        let why = "the API server does not serve it".to_string();
+        let seen = p.on_failed(0, why.clone());
+        assert_eq!(
+            seen,
+            OutputSeen {
+                changed: true,
+                listed: true
+            },
+            "counts as listed: the ranges can say what they wait for"
+        );
+        assert_eq!(
+            p.behind(&[net("10.0.0.0/24")]),
+            vec![format!(
+                "ConfigMap nodeipam-system/pod-network can be read ({why})"
+            )]
+        );
+        assert!(!p.on_failed(0, why).changed, "the same failure again");
+        p.on_watch(0, Watch::ListStart);
+        let Watch::Applied(cm) = holding(&network_of("10.0.0.0/24", 0)) else {
+            unreachable!("holding is an apply")
+        };
+        p.on_watch(0, Watch::Listed(cm));
+        p.on_watch(0, Watch::ListDone);
+        assert!(p.behind(&[net("10.0.0.0/24")]).is_empty(), "listed at last");
+        let later = p.on_failed(0, "connection reset".into());
+        assert_eq!(
+            later,
+            OutputSeen::default(),
+            "a listed output's watch retries by itself"
+        );
+        assert!(p.behind(&[net("10.0.0.0/24")]).is_empty());
+    }
+
+    #[test]
+    fn a_relist_of_many_objects_replaces_them_only_when_complete() {
+        let mut p = Publication::new(&[ip_pools()], Vec::new());
+        let both = PodNetwork::new(
+            &[config_of("a", "10.0.0.0/24"), config_of("b", "10.1.0.0/24")],
+            &[],
+        );
+        let ranges = [net("10.0.0.0/24"), net("10.1.0.0/24")];
+        p.on_watch(0, Watch::ListStart);
+        let pools = pools_of(&both);
+        assert_eq!(pools.len(), 2);
+        for pool in &pools {
+            p.on_watch(0, Watch::Listed(pool.clone()));
+        }
+        assert_eq!(p.behind(&ranges).len(), 1, "not until the list is done");
+        p.on_watch(0, Watch::ListDone);
+        assert!(p.behind(&ranges).is_empty());
+        // A relist in progress that has returned one pool so far removes nothing yet.
+        p.on_watch(0, Watch::ListStart);
+        p.on_watch(0, Watch::Listed(pools[1].clone()));
+        assert!(p.behind(&ranges).is_empty());
+        p.on_watch(0, Watch::ListDone);
+        assert_eq!(
+            p.behind(&ranges),
+            vec![format!("{} includes 10.0.0.0/24", ip_pools())],
+            "the complete list lacks the first pool"
+        );
+        p.on_watch(0, Watch::Applied(pools[0].clone()));
+        assert!(p.behind(&ranges).is_empty());
+        p.on_watch(0, Watch::Deleted(pools[1].clone()));
+        assert_eq!(p.behind(&ranges).len(), 1);
     }
 }

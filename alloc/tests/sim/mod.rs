@@ -19,7 +19,7 @@ use nodeipam_alloc::ipam::{Holder, nets_overlap};
 use nodeipam_alloc::machine::{self, Effect, Input, Machine, Now};
 use nodeipam_alloc::outcome::{NodeNow, WriteOutcome};
 use nodeipam_alloc::podnetwork::{
-    ConfigMapRef, OutputKind, PodNetwork, covered, ip_masq_agent_config,
+    ConfigMapRef, OutputKind, OutputRef, PodNetwork, covered, ip_masq_agent_config,
 };
 use nodeipam_alloc::pool::{POOL_LABEL, PoolStatus};
 use nodeipam_crd::pool::{
@@ -346,7 +346,7 @@ impl Sim {
                         namespace: "kube-system".into(),
                         name: OUTPUT_NAMES[i].into(),
                     };
-                    (target, kinds[i])
+                    OutputRef::configmap(&target, kinds[i])
                 })
                 .collect(),
             extra_non_masquerade: Vec::new(),
@@ -1640,7 +1640,13 @@ impl Sim {
         }
         let kinds = [OutputKind::PodNetwork, OutputKind::IpMasqAgent];
         for (i, kind) in kinds.iter().enumerate().take(self.setup.outputs) {
-            let want = kind.desired(&truth, &[]).cidrs;
+            let target = ConfigMapRef {
+                namespace: "kube-system".into(),
+                name: OUTPUT_NAMES[i].into(),
+            };
+            let want = OutputRef::configmap(&target, *kind)
+                .desired(&truth, &[])
+                .cidrs;
             let have = self.world.outputs[i]
                 .as_ref()
                 .map(|d| kind.read(d).cidrs)

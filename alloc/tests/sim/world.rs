@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube_core::DynamicObject;
 use nodeipam_alloc::effects::{CreateOutcome, DeleteOutcome};
 use nodeipam_alloc::fixtures;
 use nodeipam_alloc::machine::Input;
@@ -61,7 +61,7 @@ pub enum Change {
     Config(Watch<NodeIPAMConfig>),
     Service(Watch<ServiceCIDR>),
     Pool(Watch<PoolInput>),
-    Output(usize, Watch<ConfigMap>),
+    Output(usize, Watch<DynamicObject>),
 }
 
 impl Change {
@@ -475,6 +475,6 @@ fn service(name: &str, cidrs: &[String]) -> ServiceCIDR {
 
 pub const OUTPUT_NAMES: [&str; 2] = ["nodeipam-pod-network", "ip-masq-agent"];
 
-fn configmap(index: usize, data: &BTreeMap<String, String>) -> ConfigMap {
+fn configmap(index: usize, data: &BTreeMap<String, String>) -> DynamicObject {
     fixtures::configmap("kube-system", OUTPUT_NAMES[index], data.clone())
 }

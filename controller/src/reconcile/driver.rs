@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use kube::api::ListParams;
+use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -22,7 +22,8 @@ use super::pool_writer::{self, PoolJob};
 use super::{Context, Error, Fault, config_writer, events, node_writer, publisher};
 use crate::alloc::effects::{ConfigJob, Note, WriteJob};
 use crate::alloc::machine::{self, Effect, Input, Machine, Metric, Now, Watch};
-use crate::alloc::podnetwork::{OutputKind, PodNetwork};
+use crate::alloc::outputs::MANAGED_BY;
+use crate::alloc::podnetwork::{OutputKind, OutputRef, PodNetwork};
 use crate::alloc::pool::pool_input;
 use crate::metrics::{ConfigFamily, Metrics, cidr_label};
 use crate::node::IpamNode;
@@ -129,17 +130,20 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
 fn machine_options(ctx: &Context, service_cidr_api: bool, pools: bool) -> machine::Options {
     let o = &ctx.options;
     let publish = &o.publish;
-    // ip-masq-agent's output only beside ours: its flag without ours is refused at start.
+    // The others only beside ours: their flags without ours are refused at start.
     let outputs = match &publish.pod_network {
         None => Vec::new(),
-        Some(pod_network) => std::iter::once((pod_network.clone(), OutputKind::PodNetwork))
-            .chain(
-                publish
-                    .ip_masq_agent
-                    .iter()
-                    .map(|m| (m.clone(), OutputKind::IpMasqAgent)),
-            )
-            .collect(),
+        Some(pod_network) => {
+            std::iter::once(OutputRef::configmap(pod_network, OutputKind::PodNetwork))
+                .chain(
+                    publish
+                        .ip_masq_agent
+                        .iter()
+                        .map(|m| OutputRef::configmap(m, OutputKind::IpMasqAgent)),
+                )
+                .chain(publish.typed.iter().cloned())
+                .collect()
+        }
     };
     machine::Options {
         service_cidrs: o.service_cidrs.clone(),
@@ -300,14 +304,8 @@ fn watches(client: &Client, options: &machine::Options) -> futures::stream::Sele
     .default_backoff()
     .map(|e| ("nodeipamconfigs", e.map(|e| Input::Config(watch(e)))));
     let mut all: Vec<Watches> = vec![Box::pin(nodes), Box::pin(configs)];
-    for (index, (target, _)) in options.outputs.iter().enumerate() {
-        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &target.namespace);
-        // By name: RBAC grants list and watch on these ConfigMaps only.
-        let by_name = watcher::Config::default().fields(&format!("metadata.name={}", target.name));
-        let stream = watcher::watcher(api, by_name)
-            .default_backoff()
-            .map(move |e| ("configmaps", e.map(|e| Input::Output(index, watch(e)))));
-        all.push(Box::pin(stream));
+    for (index, target) in options.outputs.iter().enumerate() {
+        all.push(output_watch(client, index, target));
     }
     if options.pools {
         let pools = watcher::watcher(Api::<NodeIPAMPool>::all(client.clone()), Default::default())
@@ -323,6 +321,59 @@ fn watches(client: &Client, options: &machine::Options) -> futures::stream::Sele
         all.push(Box::pin(services));
     }
     futures::stream::select_all(all)
+}
+
+/// The watch of one output: its object by name (RBAC may grant it alone), or every object of
+/// ours (the IPPools). A watch that cannot list tells the machine why.
+fn output_watch(client: &Client, index: usize, target: &OutputRef) -> Watches {
+    let api: Api<DynamicObject> = match &target.namespace {
+        Some(ns) => {
+            let resource = ApiResource::erase::<ConfigMap>(&());
+            Api::namespaced_with(client.clone(), ns, &resource)
+        }
+        None => publisher::typed_api(client, target),
+    };
+    let config = match &target.name {
+        Some(name) => watcher::Config::default().fields(&format!("metadata.name={name}")),
+        None => watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)),
+    };
+    let plural = target.kind.plural();
+    let target = target.clone();
+    let stream = watcher::watcher(api, config)
+        .default_backoff()
+        .map(move |e| match e {
+            Ok(e) => (plural, Ok(Input::Output(index, watch(e)))),
+            Err(e) => {
+                warn!(output = %target, error = %e, "watching a consumer output failed; retrying");
+                (
+                    plural,
+                    Ok(Input::OutputFailed(index, cannot_list(&target, &e))),
+                )
+            }
+        });
+    Box::pin(stream)
+}
+
+/// Why an output's watch cannot list, in the words an operator acts on.
+fn cannot_list(target: &OutputRef, e: &watcher::Error) -> String {
+    let api = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => Some(s),
+        watcher::Error::WatchError(s) => Some(s),
+        _ => None,
+    };
+    let resource = format!("{}/{}", target.kind.plural(), target.api_version);
+    match api {
+        Some(s) if s.code == 404 => {
+            format!("the API server does not serve {resource}: is its CRD installed?")
+        }
+        Some(s) if s.code == 403 => format!(
+            "forbidden to list and watch {resource}: grant the controller get, list, watch, \
+             create, patch and delete on it ({})",
+            s.message
+        ),
+        _ => e.to_string(),
+    }
 }
 
 /// A pool watch event as the machine's input: the pool as the decision sees it.

@@ -6,14 +6,17 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Api;
-use kube::api::{Patch, PatchParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions,
+};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::node_writer::backoff;
 use super::{Context, MANAGER};
+use crate::alloc::outputs::{MANAGED_BY, OutputRef, holds_spec, is_ours, stale};
 use crate::alloc::podnetwork::{PodNetwork, ip_masq_agent_config};
 
 pub use crate::alloc::podnetwork::ConfigMapRef;
@@ -27,6 +30,8 @@ pub struct PublishOptions {
     pub ip_masq_agent: Option<ConfigMapRef>,
     /// Added to ip-masq-agent's `nonMasqueradeCIDRs`.
     pub extra_non_masquerade: Vec<IpNet>,
+    /// The typed outputs (Calico's IPPools and GlobalNetworkSet, Cilium's CIDR group).
+    pub typed: Vec<OutputRef>,
 }
 
 /// Writes each network it is sent, the newest first, retrying with backoff. The allocation
@@ -108,6 +113,103 @@ async fn publish(
         if current != Some(config.as_str()) {
             // Only the `config` key is ours; server-side apply leaves the other keys alone.
             apply_data(ctx, masq, json!({ "config": config })).await?;
+        }
+    }
+    for output in &options.typed {
+        write_objects(ctx, output, network)
+            .await
+            .map_err(|e| format!("{output}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// The API of a typed output's objects.
+pub fn typed_api(client: &kube::Client, output: &OutputRef) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &api_resource(output))
+}
+
+pub fn api_resource(output: &OutputRef) -> ApiResource {
+    let (group, version) = output
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", &output.api_version));
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: output.api_version.clone(),
+        kind: output.kind.resource().into(),
+        plural: output.kind.plural().into(),
+    }
+}
+
+/// Applies a typed output's objects as rendered, never over an object without our label, and
+/// removes ours that the network no longer has (an IPPool of a drained range).
+async fn write_objects(
+    ctx: &Context,
+    output: &OutputRef,
+    network: &PodNetwork,
+) -> Result<(), String> {
+    let api = typed_api(&ctx.client, output);
+    let wanted = output.objects(network);
+    for (name, body) in &wanted {
+        ctx.limiter.acquire().await;
+        let existing = ctx
+            .read(api.get_opt(name))
+            .await
+            .map_err(|e| format!("reading {name}: {e}"))?;
+        if let Some(theirs) = existing.as_ref().filter(|o| !is_ours(o)) {
+            let kind = output.kind.resource();
+            return Err(format!(
+                "{kind} {} exists without the label app.kubernetes.io/managed-by=nodeipam: \
+                 nodeipam never writes over an object it does not own; rename or delete it",
+                theirs.name_any()
+            ));
+        }
+        if existing.is_some_and(|o| holds_spec(&o, body)) {
+            continue;
+        }
+        ctx.limiter.acquire().await;
+        ctx.write(api.patch(
+            name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(body),
+        ))
+        .await
+        .map_err(|e| format!("writing {name}: {e}"))?;
+    }
+    if output.name.is_some() {
+        return Ok(());
+    }
+    let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
+    ctx.limiter.acquire().await;
+    let listed = ctx
+        .read(api.list_metadata(&ListParams::default().labels(&selector)))
+        .await
+        .map_err(|e| format!("listing ours: {e}"))?;
+    let names: Vec<String> = listed
+        .items
+        .iter()
+        .filter_map(|o| o.metadata.name.clone())
+        .collect();
+    for name in stale(&wanted, &names) {
+        let uid = listed
+            .items
+            .iter()
+            .find(|o| o.metadata.name.as_deref() == Some(name.as_str()))
+            .and_then(|o| o.metadata.uid.clone());
+        // Only the object listed: one created again since under the name is not removed.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid,
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        ctx.limiter.acquire().await;
+        match ctx.write(api.delete(&name, &params)).await {
+            Ok(_) => info!(output = %output, name, "removed: its range left the pod network"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(format!("removing {name}: {e}")),
         }
     }
     Ok(())

@@ -509,6 +509,7 @@ pub fn publishing(ip_masq: Option<&str>, extra: &[&str]) -> Options {
             }),
             ip_masq_agent: ip_masq.map(|s| s.parse().expect("ns/name")),
             extra_non_masquerade: extra.iter().map(|c| c.parse().expect("cidr")).collect(),
+            typed: Vec::new(),
         },
         ..Options::default()
     }

@@ -37,7 +37,7 @@ where
         + Send
         + Sync
         + 'static,
-    K::DynamicType: Default + Clone + Eq + std::hash::Hash,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
 {
     let log = Arc::new(Mutex::new(Vec::new()));
     let out = log.clone();

@@ -11,7 +11,7 @@ use super::*;
 use crate::effects::{self, ChildConfig, CreateOutcome, WriteJob, WriteResult};
 use crate::fixtures::{config, configmap, node, service_cidr};
 use crate::outcome::{NodeNow, WriteOutcome};
-use crate::podnetwork::{ConfigMapRef, OutputKind};
+use crate::podnetwork::{ConfigMapRef, OutputKind, OutputRef};
 use crate::pool::{self as scaling, PoolInput, PoolStatus};
 
 mod counts;
@@ -39,7 +39,10 @@ fn options(outputs: bool) -> Options {
         write_attempts: 3,
         retry_rejected_after: Duration::from_secs(60),
         outputs: if outputs {
-            vec![(target("pod-network"), OutputKind::PodNetwork)]
+            vec![OutputRef::configmap(
+                &target("pod-network"),
+                OutputKind::PodNetwork,
+            )]
         } else {
             Vec::new()
         },
