@@ -520,6 +520,57 @@ fn ip_masq_agent_sync_adds_config_ip_masq_agent_and_its_flag() {
     assert!(!args(&base).iter().any(|a| a == flag));
 }
 
+/// The objects a values switch adds to the default rendering, compared with its overlay in
+/// `config/`, and the flags it adds.
+fn assert_switch_adds_overlay(values: &[&str], overlay: &str, flags: &[&str]) {
+    let base = by_key(yaml_docs(&template(&[])));
+    let chart = by_key(yaml_docs(&template(values)));
+    let added: BTreeMap<Key, Value> = chart
+        .iter()
+        .filter(|(k, _)| !base.contains_key(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let want = by_key(yaml_docs(&kustomize(overlay)));
+    assert_equivalent(&added, &want, &[], &format!("config/{overlay}"));
+    for flag in flags {
+        assert!(
+            args(&chart).iter().any(|a| a == flag),
+            "{flag}: {:?}",
+            args(&chart)
+        );
+        assert!(!args(&base).iter().any(|a| a == flag), "{flag} by default");
+    }
+}
+
+#[test]
+fn calico_outputs_add_config_calico_and_their_flags() {
+    assert_switch_adds_overlay(
+        &[
+            "calico.ipPools.enabled=true",
+            "calico.networkSet.enabled=true",
+        ],
+        "calico",
+        &[
+            "--calico-ip-pools",
+            "--calico-ip-pool-encapsulation=None",
+            "--calico-network-set=nodeipam-pod-network",
+            "--calico-api-version=projectcalico.org/v3",
+        ],
+    );
+}
+
+#[test]
+fn cilium_cidr_group_adds_config_cilium_and_its_flag() {
+    assert_switch_adds_overlay(
+        &["cilium.cidrGroup.enabled=true"],
+        "cilium",
+        &[
+            "--cilium-cidr-group=nodeipam-pod-network",
+            "--cilium-api-version=cilium.io/v2",
+        ],
+    );
+}
+
 #[test]
 fn values_reach_the_rendered_objects() {
     let chart = by_key(yaml_docs(&template(&[
