@@ -313,6 +313,7 @@ impl OutputRef {
                     let (ipip, vxlan) = settings.encapsulation.modes(&range);
                     let spec = json!({
                         "cidr": range.to_string(),
+                        "blockSize": block_size(&range),
                         "natOutgoing": settings.nat_outgoing,
                         "ipipMode": ipip,
                         "vxlanMode": vxlan,
@@ -329,6 +330,18 @@ impl OutputRef {
             _ => Vec::new(),
         }
     }
+}
+
+/// The block size of our pool for `range`: Calico's default (/26 for IPv4, /122 for IPv6)
+/// unless the range is smaller, since Calico refuses a pool that cannot fit one block. With
+/// host-local IPAM Calico allocates no blocks; the size only has to be one it accepts. It is
+/// fixed when a pool is created, which is when a range's pool is.
+fn block_size(range: &IpNet) -> u8 {
+    let default = match range {
+        IpNet::V4(_) => 26,
+        IpNet::V6(_) => 122,
+    };
+    range.prefix_len().max(default)
 }
 
 /// The ranges not inside another: Calico refuses two pools that overlap, and a nested range
@@ -442,9 +455,23 @@ mod tests {
         assert_eq!(v4["spec"]["ipipMode"], "Always");
         assert_eq!(v4["spec"]["vxlanMode"], "Never");
         assert_eq!(v4["spec"]["disabled"], true);
+        assert_eq!(v4["spec"]["blockSize"], 26);
         // No IP-in-IP for IPv6.
         assert_eq!(objects[1].1["spec"]["ipipMode"], "Never");
+        assert_eq!(objects[1].1["spec"]["blockSize"], 122);
         assert_eq!(objects[1].1["spec"]["vxlanMode"], "Never");
+    }
+
+    #[test]
+    fn a_range_smaller_than_a_block_gets_blocks_its_own_size() {
+        let net = network(&[("10.0.0.0/28", false), ("fd00::/124", false)]);
+        let objects = pools(CalicoPools::default()).objects(&net);
+        assert_eq!(objects[0].1["spec"]["blockSize"], 28);
+        assert_eq!(objects[1].1["spec"]["blockSize"], 124);
+        let net = network(&[("10.0.0.0/26", false), ("fd00::/122", false)]);
+        let objects = pools(CalicoPools::default()).objects(&net);
+        assert_eq!(objects[0].1["spec"]["blockSize"], 26);
+        assert_eq!(objects[1].1["spec"]["blockSize"], 122);
     }
 
     #[test]

@@ -367,3 +367,38 @@ async fn a_missing_crd_holds_allocation_back_and_names_the_output() {
     assert_eq!(list(&group.data["spec"]["externalCIDRs"]), ["10.73.0.0/16"]);
     wait_condition(&c, "pods", "Ready", "True", None).await;
 }
+
+/// Calico's API server refuses a pool smaller than one of its blocks (by default /26 for IPv4,
+/// /122 for IPv6); nodeipam's ranges may be smaller (a pool's carved ranges often are). Each
+/// pool says a block size its range fits, so every range gets a pool Calico accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_smaller_than_calicos_default_block_gets_a_pool_calico_accepts() {
+    let cp = control_plane().await;
+    cp.install_crds(&crds())
+        .await
+        .expect("install the consumer CRDs");
+    let c = cp.client();
+    namespace(&c, NS).await;
+    let _ctl = start_controller(c.clone(), options(typed()));
+    create_node(&c, "n0", &[]).await;
+    create_config(
+        &c,
+        "small",
+        spec(
+            family("10.74.0.0/28", 30),
+            family("fd00:74::/124", 126),
+            None,
+        ),
+    )
+    .await;
+    wait_cidrs(&c, "n0").await;
+    for (name, cidr, block) in [
+        ("nodeipam-10-74-0-0-28", "10.74.0.0/28", 28),
+        ("nodeipam-fd00-74---124", "fd00:74::/124", 124),
+    ] {
+        let pool = ip_pools(&c).get(name).await.expect("the range's pool");
+        assert_eq!(pool.data["spec"]["cidr"], cidr);
+        assert_eq!(pool.data["spec"]["blockSize"], block, "{name}");
+    }
+    wait_condition(&c, "small", "Ready", "True", None).await;
+}
