@@ -154,6 +154,11 @@ impl Machine {
                 self.publication.on_published(&network);
                 self.regate();
             }
+            Input::PublishFailed(why) => {
+                if self.publication.on_publish_failed(why) {
+                    self.regate();
+                }
+            }
             Input::Tick => self.tick(),
             Input::Resync => self.retry_pending(),
         }

@@ -9,9 +9,11 @@ mod support;
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use nodeipam_controller::alloc::outputs::{CalicoPools, Encapsulation, OutputKind, OutputRef};
+use nodeipam_controller::alloc::outputs::{
+    CalicoPools, Encapsulation, OutputKind, OutputRef, is_ours,
+};
 use serde_json::{Value, json};
 use support::record::{Log, record};
 use support::*;
@@ -297,18 +299,22 @@ async fn a_pool_of_the_same_name_without_our_label_is_not_written_over() {
     let _ctl = start_controller(c.clone(), options(typed()));
     create_node(&c, "n0", &[]).await;
     create_config(&c, "taken", spec(family("10.72.0.0/16", 24), None, None)).await;
-    let cfg = wait_condition(&c, "taken", "Ready", "False", None).await;
-    let message = cfg
-        .status
-        .iter()
-        .flat_map(|s| &s.conditions)
-        .find(|c| c.type_ == "Ready")
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
+    // The condition says what is behind and why: the write it cannot make.
+    let message = wait_for("Ready=False naming the pool in the way", || async {
+        let cfg = get_config(&c, "taken").await?;
+        let ready = cfg
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.status == "False" && ready.message.contains("exists without the label"))
+            .then_some(ready.message)
+    })
+    .await;
     assert!(
         message.contains(
             "the IPPools labelled app.kubernetes.io/managed-by=nodeipam includes 10.72.0.0/16"
-        ),
+        ) && message.contains("IPPool nodeipam-10-72-0-0-16"),
         "{message}"
     );
     assert!(
@@ -323,6 +329,26 @@ async fn a_pool_of_the_same_name_without_our_label_is_not_written_over() {
         now.resource_version(),
         squatter.resource_version(),
         "a pool without our label was written"
+    );
+    // Once it is out of the way, ours is written, the range is allocated from, and the
+    // condition no longer carries the old reason.
+    ip_pools(&c)
+        .delete("nodeipam-10-72-0-0-16", &DeleteParams::default())
+        .await
+        .expect("delete their pool");
+    wait_cidrs(&c, "n0").await;
+    let ours = ip_pools(&c)
+        .get("nodeipam-10-72-0-0-16")
+        .await
+        .expect("our pool");
+    assert!(is_ours(&ours), "{:?}", ours.metadata.labels);
+    let cfg = wait_condition(&c, "taken", "Ready", "True", None).await;
+    let mut conditions = cfg.status.iter().flat_map(|s| &s.conditions);
+    let ready = conditions.find(|c| c.type_ == "Ready").expect("Ready");
+    assert!(
+        !ready.message.contains("without the label"),
+        "{}",
+        ready.message
     );
 }
 

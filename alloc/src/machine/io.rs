@@ -97,6 +97,9 @@ pub enum Input {
     /// An `Effect::Publish` is written to every output. The publisher writes one network
     /// at a time and may skip one a newer network replaced.
     Published(PodNetwork),
+    /// The publisher's attempt at the newest network failed (the output and the error); it
+    /// retries by itself. The ranges waiting for an output say why until a network is written.
+    PublishFailed(String),
     /// Periodic: coalesced status, publication, parked nodes whose time came.
     Tick,
     /// Rarely: every pending node is tried again.

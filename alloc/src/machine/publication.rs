@@ -53,7 +53,14 @@ pub(super) struct Publication {
     network_landed: Option<Vec<OutputContent>>,
     /// What consumers read may have changed: the network is computed again.
     network_dirty: bool,
+    /// Why the publisher's last attempt failed (the output and the error), until a network
+    /// is written: a range waiting for an output says why it is behind, not only that it is.
+    write_error: Option<String>,
 }
+
+/// How much of a write error a condition message carries: enough to name the object and the
+/// reason, not an API server's whole answer.
+const WRITE_ERROR_CHARS: usize = 300;
 
 impl Publication {
     pub(super) fn new(outputs: &[OutputRef], extra: Vec<IpNet>) -> Self {
@@ -75,6 +82,7 @@ impl Publication {
             network_seq: 0,
             network_landed: None,
             network_dirty: true,
+            write_error: None,
         }
     }
 
@@ -120,6 +128,19 @@ impl Publication {
         // one accounts for every publication sent before it, whatever their content.
         self.network_in_flight.retain(|(seq, _)| *seq > network.seq);
         self.network_landed = Some(desired);
+        self.write_error = None;
+    }
+
+    /// The publisher could not write the newest network; it retries by itself. Whether the
+    /// reason changed (the waiting configs' messages then change with it).
+    pub(super) fn on_publish_failed(&mut self, why: String) -> bool {
+        let why = match why.char_indices().nth(WRITE_ERROR_CHARS) {
+            Some((end, _)) => format!("{}...", &why[..end]),
+            None => why,
+        };
+        let changed = self.write_error.as_ref() != Some(&why);
+        self.write_error = Some(why);
+        changed
     }
 
     /// One event of the watch of output `index`. A (re)list replaces what the output holds
@@ -215,7 +236,8 @@ impl Publication {
     /// What allocation from `ranges` waits for: each output that does not hold all of them,
     /// or that a publication in flight or landed lacks one of, with the ranges it lacks.
     pub(super) fn behind(&self, ranges: &[IpNet]) -> Vec<String> {
-        self.outputs
+        let mut behind: Vec<String> = self
+            .outputs
             .iter()
             .enumerate()
             .filter_map(|(index, o)| {
@@ -236,7 +258,11 @@ impl Publication {
                 (!missing.is_empty())
                     .then(|| format!("{} includes {}", o.target, missing.join(", ")))
             })
-            .collect()
+            .collect();
+        if let (Some(last), Some(why)) = (behind.last_mut(), &self.write_error) {
+            last.push_str(&format!(" (the last write failed: {why})"));
+        }
+        behind
     }
 }
 
@@ -370,6 +396,37 @@ mod tests {
             }
         );
         assert_eq!(p.behind(&[net("10.0.0.0/24")]).len(), 1);
+    }
+
+    #[test]
+    fn a_failed_write_says_why_until_a_network_is_written() {
+        let mut p = one_output();
+        let range = [net("10.0.0.0/24")];
+        let why = "IPPool nodeipam-10-0-0-0-24 exists without the label".to_string();
+        assert!(p.on_publish_failed(why.clone()));
+        assert!(!p.on_publish_failed(why.clone()), "the same reason again");
+        let behind = p.behind(&range);
+        assert_eq!(behind.len(), 1);
+        assert!(
+            behind[0].ends_with(&format!(
+                "includes 10.0.0.0/24 (the last write failed: {why})"
+            )),
+            "{behind:?}"
+        );
+        let long = "x".repeat(5000);
+        assert!(p.on_publish_failed(long));
+        let behind = p.behind(&range);
+        assert!(
+            behind[0].len() < 500 && behind[0].ends_with("x...)"),
+            "{behind:?}"
+        );
+        p.on_published(&network_of("10.0.0.0/24", 1));
+        let behind = p.behind(&range);
+        assert!(!behind[0].contains("failed"), "{behind:?}");
+        // Nothing behind: no message, whatever failed.
+        p.on_publish_failed(why);
+        p.on_watch(0, holding(&network_of("10.0.0.0/24", 1)));
+        assert!(p.behind(&range).is_empty());
     }
 
     #[test]

@@ -856,7 +856,14 @@ impl Sim {
         let Some(network) = self.procs[p].publish.clone() else {
             return;
         };
+        // A failed attempt is retried with the publication kept, and reported, as the real
+        // publisher does.
+        let failed = |proc: &mut Process, output: &str| {
+            let why = format!("{output}: the write timed out");
+            proc.answers.push(Input::PublishFailed(why));
+        };
         if fail_first {
+            failed(&mut self.procs[p], "ConfigMap nodeipam-system/pod-network");
             return;
         }
         let data = network.configmap_data(&self.wall.to_string());
@@ -864,6 +871,7 @@ impl Sim {
         self.world.output_tampered[0] = false;
         if self.setup.outputs > 1 {
             if fail_second {
+                failed(&mut self.procs[p], "ConfigMap kube-system/ip-masq-agent");
                 return;
             }
             let current = self.world.outputs[1]

@@ -111,7 +111,7 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
                 Err(e) => return Err(helper_ended(Err(e))),
             },
             Some(job) = done_rx.recv() => Input::ConfigWritten(job),
-            Some(network) = published.recv() => Input::Published(network),
+            Some(answer) = published.recv() => answer,
             Some(answer) = pool_answers.recv() => answer,
             _ = status_tick.tick() => Input::Tick,
             _ = resync.tick() => Input::Resync,

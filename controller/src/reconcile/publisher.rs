@@ -16,6 +16,7 @@ use tracing::{info, warn};
 
 use super::node_writer::backoff;
 use super::{Context, MANAGER};
+use crate::alloc::machine::Input;
 use crate::alloc::outputs::{MANAGED_BY, OutputRef, holds_spec, is_ours, stale};
 use crate::alloc::podnetwork::{PodNetwork, ip_masq_agent_config};
 
@@ -41,8 +42,9 @@ pub async fn run(
     ctx: Arc<Context>,
     options: PublishOptions,
     mut jobs: mpsc::UnboundedReceiver<PodNetwork>,
-    // Each network once every output holds it, for the allocation loop's gate.
-    done: mpsc::UnboundedSender<PodNetwork>,
+    // Each network once every output holds it (`Input::Published`), for the allocation loop's
+    // gate, and why an attempt failed (`Input::PublishFailed`), for the waiting configs' messages.
+    done: mpsc::UnboundedSender<Input>,
 ) {
     let Some(target) = options.pod_network.clone() else {
         return;
@@ -57,13 +59,14 @@ pub async fn run(
             match publish(&ctx, &options, &target, &network).await {
                 Ok(()) => {
                     info!(configmap = %target, cidrs = network.cidrs().len(), "pod network published");
-                    let _ = done.send(network);
+                    let _ = done.send(Input::Published(network));
                     break;
                 }
                 Err(e) => {
                     attempt += 1;
                     ctx.metrics.reconcile_error("publish");
                     warn!(configmap = %target, error = %e, attempt, "publishing the pod network failed; retrying");
+                    let _ = done.send(Input::PublishFailed(e));
                     // A newer network (or a repaired output) is tried at once.
                     tokio::select! {
                         () = tokio::time::sleep(backoff(attempt)) => {}
