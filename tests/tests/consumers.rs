@@ -10,10 +10,11 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::{Api, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use nodeipam_controller::alloc::outputs::{
     CalicoPools, Encapsulation, OutputKind, OutputRef, is_ours,
 };
+use nodeipam_testenv::ControlPlane;
 use serde_json::{Value, json};
 use support::record::{Log, record};
 use support::*;
@@ -23,6 +24,27 @@ const NAME: &str = "nodeipam-pod-network";
 
 fn crds() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/consumer-crds")
+}
+
+/// A control plane with the consumers' CRDs installed and the controller's namespace.
+async fn with_consumer_crds() -> (ControlPlane, Client) {
+    let cp = control_plane().await;
+    cp.install_crds(&crds())
+        .await
+        .expect("install the consumer CRDs");
+    let c = cp.client();
+    namespace(&c, NS).await;
+    (cp, c)
+}
+
+/// An IPPool as someone other than nodeipam would create it: no label of ours.
+fn their_pool(name: &str, spec: Value) -> DynamicObject {
+    let pool = json!({
+        "apiVersion": "projectcalico.org/v3", "kind": "IPPool",
+        "metadata": { "name": name },
+        "spec": spec,
+    });
+    serde_json::from_value(pool).expect("pool")
 }
 
 fn resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
@@ -125,19 +147,12 @@ fn left_at(log: &Log<DynamicObject>, cidr: &str, after: u64) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_outputs_hold_a_range_before_its_first_block_and_until_it_drained() {
-    let cp = control_plane().await;
-    cp.install_crds(&crds())
-        .await
-        .expect("install the consumer CRDs");
-    let c = cp.client();
-    namespace(&c, NS).await;
+    let (_cp, c) = with_consumer_crds().await;
     // Someone else's pool, without our label: never touched.
-    let theirs: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "projectcalico.org/v3", "kind": "IPPool",
-        "metadata": { "name": "default-ipv4-ippool" },
-        "spec": { "cidr": "192.168.0.0/16", "natOutgoing": true, "ipipMode": "Always" },
-    }))
-    .expect("pool");
+    let theirs = their_pool(
+        "default-ipv4-ippool",
+        json!({ "cidr": "192.168.0.0/16", "natOutgoing": true, "ipipMode": "Always" }),
+    );
     let theirs = ip_pools(&c)
         .create(&PostParams::default(), &theirs)
         .await
@@ -280,18 +295,11 @@ async fn typed_outputs_hold_a_range_before_its_first_block_and_until_it_drained(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_of_the_same_name_without_our_label_is_not_written_over() {
-    let cp = control_plane().await;
-    cp.install_crds(&crds())
-        .await
-        .expect("install the consumer CRDs");
-    let c = cp.client();
-    namespace(&c, NS).await;
-    let squatter: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "projectcalico.org/v3", "kind": "IPPool",
-        "metadata": { "name": "nodeipam-10-72-0-0-16" },
-        "spec": { "cidr": "10.72.0.0/16", "disabled": true },
-    }))
-    .expect("pool");
+    let (_cp, c) = with_consumer_crds().await;
+    let squatter = their_pool(
+        "nodeipam-10-72-0-0-16",
+        json!({ "cidr": "10.72.0.0/16", "disabled": true }),
+    );
     let squatter = ip_pools(&c)
         .create(&PostParams::default(), &squatter)
         .await
@@ -300,17 +308,12 @@ async fn a_pool_of_the_same_name_without_our_label_is_not_written_over() {
     create_node(&c, "n0", &[]).await;
     create_config(&c, "taken", spec(family("10.72.0.0/16", 24), None, None)).await;
     // The condition says what is behind and why: the write it cannot make.
-    let message = wait_for("Ready=False naming the pool in the way", || async {
-        let cfg = get_config(&c, "taken").await?;
-        let ready = cfg
-            .status?
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == "Ready")?;
-        (ready.status == "False" && ready.message.contains("exists without the label"))
-            .then_some(ready.message)
+    let what = "Ready=False naming the pool in the way";
+    let ready = wait_condition_where(&c, "taken", what, "Ready", |ready| {
+        ready.status == "False" && ready.message.contains("exists without the label")
     })
     .await;
+    let message = ready.message;
     assert!(
         message.contains(
             "the IPPools labelled app.kubernetes.io/managed-by=nodeipam includes 10.72.0.0/16"
@@ -342,9 +345,8 @@ async fn a_pool_of_the_same_name_without_our_label_is_not_written_over() {
         .await
         .expect("our pool");
     assert!(is_ours(&ours), "{:?}", ours.metadata.labels);
-    let cfg = wait_condition(&c, "taken", "Ready", "True", None).await;
-    let mut conditions = cfg.status.iter().flat_map(|s| &s.conditions);
-    let ready = conditions.find(|c| c.type_ == "Ready").expect("Ready");
+    let ready =
+        wait_condition_where(&c, "taken", "Ready=True", "Ready", |r| r.status == "True").await;
     assert!(
         !ready.message.contains("without the label"),
         "{}",
@@ -361,16 +363,9 @@ async fn a_missing_crd_holds_allocation_back_and_names_the_output() {
     let _ctl = start_controller(c.clone(), options(vec![group]));
     create_node(&c, "n0", &[]).await;
     create_config(&c, "pods", spec(family("10.73.0.0/16", 24), None, None)).await;
-    let cfg = wait_for("Ready=False naming the missing CRD", || async {
-        let cfg = get_config(&c, "pods").await?;
-        let ready = cfg
-            .status
-            .as_ref()?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Ready")?
-            .clone();
-        (ready.status == "False" && ready.message.contains("CRD installed")).then_some(ready)
+    let what = "Ready=False naming the missing CRD";
+    let cfg = wait_condition_where(&c, "pods", what, "Ready", |ready| {
+        ready.status == "False" && ready.message.contains("CRD installed")
     })
     .await;
     assert!(
@@ -399,12 +394,7 @@ async fn a_missing_crd_holds_allocation_back_and_names_the_output() {
 /// pool says a block size its range fits, so every range gets a pool Calico accepts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_range_smaller_than_calicos_default_block_gets_a_pool_calico_accepts() {
-    let cp = control_plane().await;
-    cp.install_crds(&crds())
-        .await
-        .expect("install the consumer CRDs");
-    let c = cp.client();
-    namespace(&c, NS).await;
+    let (_cp, c) = with_consumer_crds().await;
     let _ctl = start_controller(c.clone(), options(typed()));
     create_node(&c, "n0", &[]).await;
     create_config(

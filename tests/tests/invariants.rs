@@ -281,23 +281,13 @@ async fn a_range_is_not_allocated_from_until_ip_masq_agent_has_it() {
     wait_published(&c, "ipv4", "10.61.0.0/16").await;
     // The Ready message names the first gate still shut: the finalizer may come after the
     // pod-network write, so it can say that first; then it must name the output behind.
-    wait_for(
-        "Ready=False Pending, its message naming ip-masq-agent and the range",
-        || async {
-            let cfg = get_config(&c, "pods").await?;
-            let ready = cfg
-                .status
-                .as_ref()?
-                .conditions
-                .iter()
-                .find(|x| x.type_ == "Ready")?;
-            (ready.status == "False"
-                && ready.reason == "Pending"
-                && ready.message.contains(MASQ)
-                && ready.message.contains("10.61.0.0/16"))
-            .then_some(())
-        },
-    )
+    let what = "Ready=False Pending, its message naming ip-masq-agent and the range";
+    wait_condition_where(&c, "pods", what, "Ready", |ready| {
+        ready.status == "False"
+            && ready.reason == "Pending"
+            && ready.message.contains(MASQ)
+            && ready.message.contains("10.61.0.0/16")
+    })
     .await;
     // A new leader reads what every output holds, not only the pod-network ConfigMap.
     stop_controller(ctl).await;

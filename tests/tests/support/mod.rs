@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{
     Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, NodeSpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use nodeipam_controller::metrics::Metrics;
@@ -243,6 +243,23 @@ pub fn condition(cfg: &NodeIPAMConfig, type_: &str) -> Option<(String, String)> 
         .iter()
         .find(|c| c.type_ == type_)
         .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// Waits until `type_` of config `name` is the condition `holds` wants (its status, reason and
+/// message); returns that condition.
+pub async fn wait_condition_where(
+    client: &Client,
+    name: &str,
+    what: &str,
+    type_: &str,
+    holds: impl Fn(&Condition) -> bool,
+) -> Condition {
+    wait_for(what, || async {
+        let cfg = get_config(client, name).await?;
+        let mut conditions = cfg.status?.conditions.into_iter();
+        conditions.find(|c| c.type_ == type_).filter(&holds)
+    })
+    .await
 }
 
 /// Waits until `type_` of config `name` has `status` (and `reason`, if given).
