@@ -593,6 +593,8 @@ fn values_reach_the_rendered_objects() {
         "probes.port=9101",
         "metrics.certSecret=metrics-tls",
         "podDisruptionBudget.enabled=false",
+        "podNetworkSupernets[0]=10.112.0.0/12",
+        "podNetworkSupernets[1]=fd00:112::/48",
     ])));
     let deploy = &chart[&ns_key("Deployment", "nodeipam-controller")];
     let pod = &deploy["spec"]["template"]["spec"];
@@ -608,6 +610,7 @@ fn values_reach_the_rendered_objects() {
         "--metrics-bind-address=10.0.0.5:9100",
         "--health-probe-bind-address=127.0.0.1:9101",
         "--metrics-cert-dir=/var/run/nodeipam/metrics-certs",
+        "--pod-network-supernet=10.112.0.0/12,fd00:112::/48",
     ] {
         assert!(
             args(&chart).iter().any(|a| a == arg),
@@ -754,6 +757,10 @@ fn the_values_schema_refuses_typos_and_bad_values() {
             "at '/certMode': value must be one of",
         ),
         (&["logFormat=yaml"][..], "at '/logFormat'"),
+        (
+            &["podNetworkSupernets[0]=10.112.0.0"][..],
+            "at '/podNetworkSupernets/0'",
+        ),
         // The API server would refuse a number where Kubernetes wants a string.
         (
             &["extraEnv[0].name=RUST_BACKTRACE", "extraEnv[0].value=1"][..],
