@@ -23,23 +23,56 @@ use std::fmt;
 
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube_core::ResourceExt;
+use kube_core::{DynamicObject, ResourceExt};
 use nodeipam_crd::{CONDITION_DRAINED, FamilyStatus, NodeIPAMConfig, NodeIPAMConfigStatus};
 use serde::Serialize;
 
 use crate::ipam::Ipam;
 use crate::machine::config_input;
 use crate::node::IpamNode;
-use crate::podnetwork::{ConfigMapRef, OutputKind, OutputRef, PodNetwork, RangeState, covered};
+use crate::podnetwork::{
+    ConfigMapRef, OutputContent, OutputKind, OutputRef, PodNetwork, RangeState, covered,
+};
 use crate::selection::{self, NodeView};
 use crate::status::desired_status;
 
-/// A published output as read: where it is, its kind, and its data (`None`: it is not there).
-#[derive(Clone, Debug, PartialEq)]
+/// A published output as read: where it is and what is there (`None`: it is not there, or
+/// its kind is not served).
+#[derive(Clone, Debug)]
 pub struct Output {
-    pub target: ConfigMapRef,
-    pub kind: OutputKind,
-    pub data: Option<BTreeMap<String, String>>,
+    pub target: OutputRef,
+    pub held: Option<Held>,
+}
+
+/// What an output's read found.
+#[derive(Clone, Debug)]
+pub enum Held {
+    /// A ConfigMap's data.
+    Data(BTreeMap<String, String>),
+    /// A typed output's objects of ours, by name.
+    Objects(BTreeMap<String, DynamicObject>),
+}
+
+impl Output {
+    /// A ConfigMap output, as read.
+    pub fn configmap(
+        target: &ConfigMapRef,
+        kind: OutputKind,
+        data: Option<BTreeMap<String, String>>,
+    ) -> Self {
+        Output {
+            target: OutputRef::configmap(target, kind),
+            held: data.map(Held::Data),
+        }
+    }
+
+    /// What it holds as its consumers read it, by the controller's own reading.
+    fn content(&self) -> Option<OutputContent> {
+        Some(match self.held.as_ref()? {
+            Held::Data(data) => self.target.kind.read(data),
+            Held::Objects(objects) => self.target.kind.read_objects(objects),
+        })
+    }
 }
 
 /// Everything the checks look at, as read from the API.
@@ -245,7 +278,7 @@ impl fmt::Display for Finding {
             ),
             Finding::MissingOutput { output } => write!(
                 f,
-                "unpublished: ConfigMap {output} does not exist: consumers know no pod network"
+                "unpublished: {output} does not exist: consumers know no pod network"
             ),
             Finding::Unpublished {
                 output,
@@ -253,7 +286,7 @@ impl fmt::Display for Finding {
                 state,
             } => write!(
                 f,
-                "unpublished: ConfigMap {output} lacks {cidr} ({} range of the pod network)",
+                "unpublished: {output} lacks {cidr} ({} range of the pod network)",
                 state.as_str()
             ),
         }
@@ -312,15 +345,16 @@ pub fn check(cluster: &Cluster<'_>) -> Vec<Finding> {
         out.extend(status_findings(c, &r.ipam));
     }
     let network = r.ipam.network();
-    for o in outputs(cluster, &network) {
-        match o.missing {
-            None => out.push(Finding::MissingOutput { output: o.target }),
+    for (o, state) in cluster.outputs.iter().zip(outputs(cluster, &network)) {
+        let output = o.target.to_string();
+        match state.missing {
+            None => out.push(Finding::MissingOutput { output }),
             Some(missing) => {
                 out.extend(
                     missing
                         .into_iter()
                         .map(|(cidr, state)| Finding::Unpublished {
-                            output: o.target.clone(),
+                            output: output.clone(),
                             cidr,
                             state,
                         }),
@@ -434,7 +468,9 @@ fn drained_finding(
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OutputState {
-    /// `namespace/name`.
+    /// The output's kind: ConfigMap, IPPool, GlobalNetworkSet, CiliumCIDRGroup.
+    pub kind: String,
+    /// `namespace/name`, `name`, or the label that marks a many-object output's objects.
     pub target: String,
     /// The ranges of the pod network it lacks, with their state; `None` when it is not there.
     pub missing: Option<Vec<(IpNet, RangeState)>>,
@@ -448,14 +484,14 @@ pub fn outputs(cluster: &Cluster<'_>, network: &PodNetwork) -> Vec<OutputState> 
         .outputs
         .iter()
         .map(|o| {
-            let Some(data) = &o.data else {
+            let Some(read) = o.content() else {
                 return OutputState {
-                    target: o.target.to_string(),
+                    kind: o.target.kind.resource().into(),
+                    target: o.target.locator(),
                     missing: None,
                     current: false,
                 };
             };
-            let read = o.kind.read(data);
             let missing = network
                 .entries
                 .iter()
@@ -463,11 +499,10 @@ pub fn outputs(cluster: &Cluster<'_>, network: &PodNetwork) -> Vec<OutputState> 
                 .map(|e| (e.cidr, e.state))
                 .collect();
             OutputState {
-                target: o.target.to_string(),
+                kind: o.target.kind.resource().into(),
+                target: o.target.locator(),
                 missing: Some(missing),
-                current: read
-                    == OutputRef::configmap(&o.target, o.kind)
-                        .desired(network, cluster.extra_non_masquerade),
+                current: read == o.target.desired(network, cluster.extra_non_masquerade),
             }
         })
         .collect()

@@ -380,6 +380,18 @@ pub fn holds_spec(o: &DynamicObject, body: &Value) -> bool {
         .all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
 }
 
+impl OutputRef {
+    /// Where its objects are, without the kind: `namespace/name`, `name`, or the label that
+    /// marks ours among many.
+    pub fn locator(&self) -> String {
+        match (&self.namespace, &self.name) {
+            (Some(ns), Some(name)) => format!("{ns}/{name}"),
+            (None, Some(name)) => name.clone(),
+            _ => format!("{}={}", MANAGED_BY.0, MANAGED_BY.1),
+        }
+    }
+}
+
 impl std::fmt::Display for OutputRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = self.kind.resource();

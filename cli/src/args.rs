@@ -57,6 +57,9 @@ pub struct Global {
         value_delimiter = ','
     )]
     pub extra_non_masquerade_cidrs: Vec<IpNet>,
+    /// The controller's typed outputs, by its own flags (--calico-ip-pools, ...).
+    #[command(flatten)]
+    pub typed: nodeipam_controller::cli::TypedOutputArgs,
 }
 
 impl Global {

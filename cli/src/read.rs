@@ -8,9 +8,13 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::ListParams;
 use kube::{Api, Client, Resource, ResourceExt};
-use nodeipam_alloc::check::{Cluster, Output};
+use std::collections::BTreeMap;
+
+use nodeipam_alloc::check::{Cluster, Held, Output};
 use nodeipam_alloc::node::IpamNode;
+use nodeipam_alloc::outputs::{MANAGED_BY, OutputRef};
 use nodeipam_alloc::podnetwork::{ConfigMapRef, OutputKind};
+use nodeipam_controller::reconcile::publisher::typed_api;
 use nodeipam_crd::{NodeIPAMConfig, NodeIPAMPool};
 use serde::de::DeserializeOwned;
 
@@ -81,6 +85,9 @@ pub async fn read(client: &Client, global: &Global) -> anyhow::Result<Read> {
     if let Some(target) = &global.ip_masq_agent_configmap {
         outputs.push(output(client, target.clone(), OutputKind::IpMasqAgent).await?);
     }
+    for target in global.typed.typed_outputs()? {
+        outputs.push(typed_output(client, target).await?);
+    }
     let lease = Api::<Lease>::namespaced(client.clone(), &global.namespace)
         .get_opt(&global.lease_name)
         .await
@@ -123,14 +130,40 @@ fn service_ranges(s: &ServiceCIDR) -> Vec<IpNet> {
         .collect()
 }
 
+/// A typed output's objects of ours: the one named, or every one with our label. `None` when
+/// the named object is not there or the API does not serve the kind.
+async fn typed_output(client: &Client, target: OutputRef) -> anyhow::Result<Output> {
+    let api = typed_api(client, &target);
+    let found = match &target.name {
+        Some(name) => api
+            .get_opt(name)
+            .await
+            .map(|o| o.map(|o| BTreeMap::from([(name.clone(), o)]))),
+        None => {
+            let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
+            let params = ListParams::default().labels(&selector);
+            api.list(&params).await.map(|l| {
+                let by_name = l.items.into_iter().map(|o| (o.name_any(), o));
+                Some(by_name.collect())
+            })
+        }
+    };
+    let objects = match found {
+        Ok(objects) => objects,
+        Err(kube::Error::Api(s)) if s.code == 404 => None,
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {target}"))),
+    };
+    Ok(Output {
+        target,
+        held: objects.map(Held::Objects),
+    })
+}
+
 async fn output(client: &Client, target: ConfigMapRef, kind: OutputKind) -> anyhow::Result<Output> {
     let cm = Api::<ConfigMap>::namespaced(client.clone(), &target.namespace)
         .get_opt(&target.name)
         .await
         .with_context(|| format!("reading ConfigMap {target}"))?;
-    Ok(Output {
-        target,
-        kind,
-        data: cm.map(|c| c.data.unwrap_or_default()),
-    })
+    let data = cm.map(|c| c.data.unwrap_or_default());
+    Ok(Output::configmap(&target, kind, data))
 }

@@ -336,6 +336,7 @@ fn output_table(rows: &[OutputState]) -> Option<String> {
                 ),
             };
             vec![
+                o.kind.clone(),
                 o.target.clone(),
                 present.to_string(),
                 if o.current { "yes" } else { "no" }.to_string(),
@@ -344,7 +345,7 @@ fn output_table(rows: &[OutputState]) -> Option<String> {
         })
         .collect();
     Some(columns_vec(
-        &["OUTPUT", "PRESENT", "CURRENT", "MISSING"],
+        &["KIND", "OUTPUT", "PRESENT", "CURRENT", "MISSING"],
         &lines,
     ))
 }
@@ -390,6 +391,7 @@ mod tests {
             pools: Vec::new(),
             pending: Vec::new(),
             outputs: vec![OutputState {
+                kind: "ConfigMap".into(),
                 target: "ns/cm".into(),
                 missing: None,
                 current: false,
@@ -418,7 +420,10 @@ mod tests {
             "-"
         ]));
         assert!(t.contains("No pending nodes."), "{t}");
-        assert!(lines.contains(&vec!["ns/cm", "no", "no", "-"]), "{t}");
+        assert!(
+            lines.contains(&vec!["ConfigMap", "ns/cm", "no", "no", "-"]),
+            "{t}"
+        );
         assert!(!t.contains("POOL"), "no pools, no pool table: {t}");
         let wide = table(&report(), true);
         assert!(

@@ -309,56 +309,8 @@ pub struct RunArgs {
     )]
     pub extra_non_masquerade_cidrs: Vec<IpNet>,
 
-    /// Keep one Calico IPPool per range of the pod network (labelled
-    /// app.kubernetes.io/managed-by=nodeipam; pools without the label are never touched), for
-    /// Calico with host-local IPAM (`usePodCidr`).
-    #[arg(long, env = "NODEIPAM_CALICO_IP_POOLS")]
-    pub calico_ip_pools: bool,
-    /// `natOutgoing` of the IPPools we keep.
-    #[arg(
-        long,
-        env = "NODEIPAM_CALICO_IP_POOL_NAT_OUTGOING",
-        default_value_t = true,
-        action = clap::ArgAction::Set
-    )]
-    pub calico_ip_pool_nat_outgoing: bool,
-    /// Encapsulation of the IPPools we keep: None, IPIP, IPIPCrossSubnet (IPv4 pools only),
-    /// VXLAN or VXLANCrossSubnet.
-    #[arg(
-        long,
-        env = "NODEIPAM_CALICO_IP_POOL_ENCAPSULATION",
-        default_value = "None"
-    )]
-    pub calico_ip_pool_encapsulation: crate::alloc::outputs::Encapsulation,
-    /// `disabled` of the IPPools we keep (Calico IPAM assigns nothing from a disabled pool).
-    #[arg(
-        long,
-        env = "NODEIPAM_CALICO_IP_POOL_DISABLED",
-        default_value_t = false,
-        action = clap::ArgAction::Set
-    )]
-    pub calico_ip_pool_disabled: bool,
-    /// A Calico GlobalNetworkSet, by name, whose `nets` are kept equal to the pod network.
-    #[arg(long, env = "NODEIPAM_CALICO_NETWORK_SET")]
-    pub calico_network_set: Option<String>,
-    /// The apiVersion of Calico's resources: projectcalico.org/v3, or crd.projectcalico.org/v1
-    /// for a cluster with only Calico's own CRDs.
-    #[arg(
-        long,
-        env = "NODEIPAM_CALICO_API_VERSION",
-        default_value = "projectcalico.org/v3"
-    )]
-    pub calico_api_version: String,
-    /// A CiliumCIDRGroup, by name, whose `externalCIDRs` are kept equal to the pod network.
-    #[arg(long, env = "NODEIPAM_CILIUM_CIDR_GROUP")]
-    pub cilium_cidr_group: Option<String>,
-    /// The apiVersion of CiliumCIDRGroup: cilium.io/v2, or cilium.io/v2alpha1 before Cilium 1.18.
-    #[arg(
-        long,
-        env = "NODEIPAM_CILIUM_API_VERSION",
-        default_value = "cilium.io/v2"
-    )]
-    pub cilium_api_version: String,
+    #[command(flatten)]
+    pub typed: TypedOutputArgs,
 
     /// How many podCIDR writes run at once.
     #[arg(long, env = "NODEIPAM_WRITE_CONCURRENCY", default_value_t = 16)]
@@ -419,7 +371,68 @@ fn whole_seconds(flag: &'static str, d: Duration) -> Result<u64, FlagError> {
     Ok(d.as_secs())
 }
 
-impl RunArgs {
+/// The typed consumer outputs (Calico's IPPools and GlobalNetworkSet, Cilium's CIDR group): the
+/// controller keeps them, and `kubectl nodeipam` checks them, from the same flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct TypedOutputArgs {
+    /// Keep one Calico IPPool per range of the pod network (labelled
+    /// app.kubernetes.io/managed-by=nodeipam; pools without the label are never touched), for
+    /// Calico with host-local IPAM (`usePodCidr`).
+    #[arg(long, global = true, env = "NODEIPAM_CALICO_IP_POOLS")]
+    pub calico_ip_pools: bool,
+    /// `natOutgoing` of the IPPools we keep.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEIPAM_CALICO_IP_POOL_NAT_OUTGOING",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub calico_ip_pool_nat_outgoing: bool,
+    /// Encapsulation of the IPPools we keep: None, IPIP, IPIPCrossSubnet (IPv4 pools only),
+    /// VXLAN or VXLANCrossSubnet.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEIPAM_CALICO_IP_POOL_ENCAPSULATION",
+        default_value = "None"
+    )]
+    pub calico_ip_pool_encapsulation: crate::alloc::outputs::Encapsulation,
+    /// `disabled` of the IPPools we keep (Calico IPAM assigns nothing from a disabled pool).
+    #[arg(
+        long,
+        global = true,
+        env = "NODEIPAM_CALICO_IP_POOL_DISABLED",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub calico_ip_pool_disabled: bool,
+    /// A Calico GlobalNetworkSet, by name, whose `nets` are kept equal to the pod network.
+    #[arg(long, global = true, env = "NODEIPAM_CALICO_NETWORK_SET")]
+    pub calico_network_set: Option<String>,
+    /// The apiVersion of Calico's resources: projectcalico.org/v3, or crd.projectcalico.org/v1
+    /// for a cluster with only Calico's own CRDs.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEIPAM_CALICO_API_VERSION",
+        default_value = "projectcalico.org/v3"
+    )]
+    pub calico_api_version: String,
+    /// A CiliumCIDRGroup, by name, whose `externalCIDRs` are kept equal to the pod network.
+    #[arg(long, global = true, env = "NODEIPAM_CILIUM_CIDR_GROUP")]
+    pub cilium_cidr_group: Option<String>,
+    /// The apiVersion of CiliumCIDRGroup: cilium.io/v2, or cilium.io/v2alpha1 before Cilium 1.18.
+    #[arg(
+        long,
+        global = true,
+        env = "NODEIPAM_CILIUM_API_VERSION",
+        default_value = "cilium.io/v2"
+    )]
+    pub cilium_api_version: String,
+}
+
+impl TypedOutputArgs {
     /// The typed consumer outputs the flags ask for (Calico's IPPools and GlobalNetworkSet,
     /// Cilium's CIDR group), checked.
     pub fn typed_outputs(&self) -> Result<Vec<crate::alloc::outputs::OutputRef>, FlagError> {
@@ -477,6 +490,12 @@ impl RunArgs {
             out.push(OutputRef::typed(kind, api_version, Some(name)));
         }
         Ok(out)
+    }
+}
+
+impl RunArgs {
+    pub fn typed_outputs(&self) -> Result<Vec<crate::alloc::outputs::OutputRef>, FlagError> {
+        self.typed.typed_outputs()
     }
 
     /// Leader election with the deprecated aliases applied.

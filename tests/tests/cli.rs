@@ -148,7 +148,13 @@ async fn status_ranges_and_a_clean_check_beside_a_running_controller() {
             r.code == Some(0)
                 && r.out.lines().any(|l| {
                     l.split_whitespace().collect::<Vec<_>>()
-                        == ["nodeipam-system/nodeipam-pod-network", "yes", "yes", "-"]
+                        == [
+                            "ConfigMap",
+                            "nodeipam-system/nodeipam-pod-network",
+                            "yes",
+                            "yes",
+                            "-",
+                        ]
                 })
         },
     )

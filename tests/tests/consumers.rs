@@ -418,3 +418,87 @@ async fn a_range_smaller_than_calicos_default_block_gets_a_pool_calico_accepts()
     }
     wait_condition(&c, "small", "Ready", "True", None).await;
 }
+
+/// `kubectl nodeipam check`, given the controller's typed-output flags, reads the typed
+/// outputs as the controller does: clean while the controller keeps them, a pool deleted
+/// behind its back is a range unpublished, and clean again once the controller repaired it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reads_the_typed_outputs_by_the_controllers_flags() {
+    let (cp, c) = with_consumer_crds().await;
+    let ctl = start_controller(c.clone(), options(typed()));
+    create_node(&c, "n0", &[]).await;
+    create_config(&c, "pods", spec(family("10.75.0.0/16", 24), None, None)).await;
+    wait_cidrs(&c, "n0").await;
+    let typed_flags = [
+        "--calico-ip-pools",
+        "--calico-ip-pool-encapsulation=VXLAN",
+        "--calico-network-set=nodeipam-pod-network",
+        "--cilium-cidr-group=nodeipam-pod-network",
+    ];
+    let clean = |r: &Run| r.code == Some(0);
+    let first = check_until(&cp, &typed_flags, "a clean check", clean).await;
+    assert!(
+        first.out.contains("4 published output(s) checked"),
+        "{}",
+        first.out
+    );
+
+    stop_controller(ctl).await;
+    ip_pools(&c)
+        .delete("nodeipam-10-75-0-0-16", &DeleteParams::default())
+        .await
+        .expect("delete our pool");
+    let found = check_until(&cp, &typed_flags, "the pool found missing", |r| {
+        r.code == Some(1)
+    })
+    .await;
+    assert_eq!(
+        found.out.lines().collect::<Vec<_>>(),
+        [
+            "unpublished: the IPPools labelled app.kubernetes.io/managed-by=nodeipam lacks 10.75.0.0/16 (Active range of the pod network)"
+        ],
+        "{}",
+        found.err
+    );
+    // Without the flags only the ConfigMap is read, and it is whole.
+    let configmap_only = check_until(&cp, &[], "a check of the ConfigMap", clean).await;
+    let checked = |r: &Run, n: usize| r.out.contains(&format!("{n} published output(s) checked"));
+    assert!(checked(&configmap_only, 1), "{}", configmap_only.out);
+
+    let _ctl = start_controller(c.clone(), options(typed()));
+    check_until(&cp, &typed_flags, "a clean check after the repair", clean).await;
+}
+
+/// What a run of the plugin printed and its exit code.
+struct Run {
+    code: Option<i32>,
+    out: String,
+    err: String,
+}
+
+/// Runs `kubectl nodeipam check FLAGS` until `done` holds.
+async fn check_until(
+    cp: &ControlPlane,
+    flags: &[&str],
+    what: &str,
+    done: impl Fn(&Run) -> bool,
+) -> Run {
+    wait_for(what, || async {
+        let out = tokio::process::Command::new(support::process::plugin_bin())
+            .env_clear()
+            .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
+            .arg("check")
+            .args(flags)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("step=run-plugin: kubectl-nodeipam check: {e}"));
+        let run = Run {
+            code: out.status.code(),
+            out: String::from_utf8_lossy(&out.stdout).into_owned(),
+            err: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        done(&run).then_some(run)
+    })
+    .await
+}

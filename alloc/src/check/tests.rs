@@ -74,11 +74,13 @@ impl World {
             );
             c.status = Some(status);
         }
-        self.outputs = vec![Output {
-            target: "nodeipam-system/nodeipam-pod-network".parse().expect("ref"),
-            kind: OutputKind::PodNetwork,
-            data: Some(r.ipam.network().configmap_data("t")),
-        }];
+        let target = "nodeipam-system/nodeipam-pod-network".parse().expect("ref");
+        let data = r.ipam.network().configmap_data("t");
+        self.outputs = vec![Output::configmap(
+            &target,
+            OutputKind::PodNetwork,
+            Some(data),
+        )];
     }
 
     fn check(&self) -> Vec<Finding> {
@@ -143,7 +145,7 @@ fn service_ranges_and_unmanaged_podcidrs_are_reported() {
     }));
     // Unmanaged podCIDRs are part of the pod network: the ConfigMap lacks it.
     assert!(found.contains(&Finding::Unpublished {
-        output: "nodeipam-system/nodeipam-pod-network".into(),
+        output: "ConfigMap nodeipam-system/nodeipam-pod-network".into(),
         cidr: n("10.96.3.0/24"),
         state: RangeState::Unmanaged,
     }));
@@ -233,20 +235,22 @@ fn drained_that_the_nodes_contradict() {
 #[test]
 fn outputs_that_miss_a_range_or_are_absent() {
     let mut w = World::new();
-    let data = w.outputs[0].data.as_mut().expect("data");
+    let Some(Held::Data(data)) = w.outputs[0].held.as_mut() else {
+        panic!("a ConfigMap's data")
+    };
     data.insert("ipv4".into(), "10.200.0.0/24".into());
     let found = w.check();
     assert_eq!(
         found,
         vec![Finding::Unpublished {
-            output: "nodeipam-system/nodeipam-pod-network".into(),
+            output: "ConfigMap nodeipam-system/nodeipam-pod-network".into(),
             cidr: n("10.100.0.0/16"),
             state: RangeState::Active
         }]
     );
     let network = recount(&w.cluster()).ipam.network();
     assert!(!outputs(&w.cluster(), &network)[0].current);
-    w.outputs[0].data = None;
+    w.outputs[0].held = None;
     assert_eq!(
         w.check()
             .iter()
@@ -344,5 +348,56 @@ fn pending_nodes_say_why() {
         p[0].reason
             .starts_with("no matching NodeIPAMConfig has a free block"),
         "{p:?}"
+    );
+}
+
+/// The typed outputs are checked by what their objects hold, as the controller reads them.
+#[test]
+fn typed_outputs_are_read_as_the_controller_reads_them() {
+    use crate::outputs::CalicoPools;
+    let mut w = World::new();
+    let network = recount(&w.cluster()).ipam.network();
+    let pools = OutputRef::typed(
+        OutputKind::CalicoIPPools(CalicoPools::default()),
+        "projectcalico.org/v3",
+        None,
+    );
+    let objects = |net: &PodNetwork| -> BTreeMap<String, DynamicObject> {
+        pools
+            .objects(net)
+            .into_iter()
+            .map(|(name, o)| (name, serde_json::from_value(o).expect("object")))
+            .collect()
+    };
+    let mut held = objects(&network);
+    w.outputs.push(Output {
+        target: pools.clone(),
+        held: Some(Held::Objects(held.clone())),
+    });
+    assert_eq!(w.check(), Vec::<Finding>::new());
+    assert!(outputs(&w.cluster(), &network)[1].current);
+    // A pool deleted by hand: its range is unpublished.
+    held.remove("nodeipam-10-200-0-0-24");
+    w.outputs[1].held = Some(Held::Objects(held));
+    assert_eq!(
+        w.check()
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        vec![
+            "unpublished: the IPPools labelled app.kubernetes.io/managed-by=nodeipam lacks 10.200.0.0/24 (Active range of the pod network)"
+        ]
+    );
+    // A CIDR group whose kind is not served holds nothing.
+    w.outputs[1] = Output {
+        target: OutputRef::typed(OutputKind::CiliumCIDRGroup, "cilium.io/v2", Some("pods")),
+        held: None,
+    };
+    assert_eq!(
+        w.check()
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        vec!["unpublished: CiliumCIDRGroup pods does not exist: consumers know no pod network"]
     );
 }
