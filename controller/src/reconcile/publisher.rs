@@ -183,6 +183,16 @@ async fn write_objects(
     if output.name.is_some() {
         return Ok(());
     }
+    remove_stale(ctx, &api, output, &wanted).await
+}
+
+/// Removes our objects of a many-object output (the IPPools) that `wanted` no longer has.
+async fn remove_stale(
+    ctx: &Context,
+    api: &Api<DynamicObject>,
+    output: &OutputRef,
+    wanted: &[(String, serde_json::Value)],
+) -> Result<(), String> {
     let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
     ctx.limiter.acquire().await;
     let listed = ctx
@@ -194,7 +204,7 @@ async fn write_objects(
         .iter()
         .filter_map(|o| o.metadata.name.clone())
         .collect();
-    for name in stale(&wanted, &names) {
+    for name in stale(wanted, &names) {
         let uid = listed
             .items
             .iter()
