@@ -7,7 +7,8 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions,
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Preconditions,
 };
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -168,22 +169,58 @@ async fn write_objects(
                 theirs.name_any()
             ));
         }
-        if existing.is_some_and(|o| holds_spec(&o, body)) {
+        if existing.as_ref().is_some_and(|ours| holds_spec(ours, body)) {
             continue;
         }
         ctx.limiter.acquire().await;
-        ctx.write(api.patch(
-            name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(body),
-        ))
-        .await
-        .map_err(|e| format!("writing {name}: {e}"))?;
+        match existing {
+            Some(ours) => ctx
+                .write(api.patch(
+                    name,
+                    &PatchParams::apply(MANAGER).force(),
+                    &Patch::Apply(with_version(body, &ours)),
+                ))
+                .await
+                .map(drop)
+                .map_err(|e| format!("writing {name}: {e}"))?,
+            None => create(ctx, &api, name, body).await?,
+        }
     }
     if output.name.is_some() {
         return Ok(());
     }
     remove_stale(ctx, &api, output, &wanted).await
+}
+
+/// `body` applied only over the object read: an object replaced since (deleted, and created
+/// again by someone else under the name) makes the apply fail rather than be taken over.
+fn with_version(body: &serde_json::Value, read: &DynamicObject) -> serde_json::Value {
+    let mut body = body.clone();
+    body["metadata"]["resourceVersion"] = json!(read.resource_version());
+    body
+}
+
+/// Creates an object the read found absent: a create, not an apply, so that one created under
+/// the name since the read is refused (409) rather than written over.
+async fn create(
+    ctx: &Context,
+    api: &Api<DynamicObject>,
+    name: &str,
+    body: &serde_json::Value,
+) -> Result<(), String> {
+    let object: DynamicObject =
+        serde_json::from_value(body.clone()).map_err(|e| format!("rendering {name}: {e}"))?;
+    let params = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..PostParams::default()
+    };
+    match ctx.write(api.create(&params, &object)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(format!(
+            "{name} was created by someone else since it was read; it is read again"
+        )),
+        Err(e) => Err(format!("creating {name}: {e}")),
+    }
 }
 
 /// Removes our objects of a many-object output (the IPPools) that `wanted` no longer has.
@@ -268,5 +305,88 @@ mod tests {
         for bad in ["", "name", "/name", "ns/", "a/b/c"] {
             assert!(bad.parse::<ConfigMapRef>().is_err(), "{bad}");
         }
+    }
+}
+
+/// The typed-output writer against a fake API server: what it sends when an object of ours is
+/// absent, and when one appears under the name between its read and its write.
+#[cfg(test)]
+mod writer_tests {
+    use std::sync::{Arc, Mutex};
+
+    use http::{Method, Request, Response, StatusCode};
+    use kube::client::Body;
+
+    use super::*;
+    use crate::alloc::outputs::{CalicoPools, OutputKind};
+    use crate::alloc::podnetwork::ConfigRanges;
+
+    type Seen = Arc<Mutex<Vec<(Method, String)>>>;
+
+    /// A context whose client talks to `answer`, and the requests it was sent.
+    fn fake(answer: fn(&Method, &str) -> (StatusCode, &'static str)) -> (Context, Seen) {
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            let (method, path) = (req.method().clone(), req.uri().path().to_string());
+            let (status, body) = answer(&method, &path);
+            log.lock().expect("lock").push((method, path));
+            let res = Response::builder()
+                .status(status)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.as_bytes().to_vec()))
+                .expect("response");
+            async move { Ok::<_, std::convert::Infallible>(res) }
+        });
+        let client = kube::Client::new(svc, "default");
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        (Context::new(client, Default::default(), metrics), seen)
+    }
+
+    fn status(code: u16, reason: &str) -> String {
+        format!(
+            r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"{reason}","code":{code},"message":"{reason}"}}"#
+        )
+    }
+
+    fn pools_of(range: &str) -> (OutputRef, PodNetwork) {
+        let kind = OutputKind::CalicoIPPools(CalicoPools::default());
+        let output = OutputRef::typed(kind, "projectcalico.org/v3", None);
+        let config = ConfigRanges {
+            name: "pods".into(),
+            families: vec![(range.parse().expect("range"), 0, 4)],
+            nodes: 0,
+            deleting: false,
+            enabled: true,
+            drained: false,
+        };
+        (output, PodNetwork::new(&[config], &[]))
+    }
+
+    /// The read finds no pool; someone creates one under the name before the write. A create
+    /// is refused then, where an apply would take their pool over.
+    #[tokio::test]
+    async fn a_pool_that_appears_after_the_read_is_not_taken_over() {
+        let (ctx, seen) = fake(|method, path| match *method {
+            Method::GET if path.ends_with("/ippools") => (StatusCode::OK, EMPTY_LIST),
+            Method::GET => (StatusCode::NOT_FOUND, leak(status(404, "NotFound"))),
+            Method::POST => (StatusCode::CONFLICT, leak(status(409, "AlreadyExists"))),
+            _ => (StatusCode::OK, "{}"),
+        });
+        let (output, network) = pools_of("10.0.0.0/16");
+        let err = write_objects(&ctx, &output, &network)
+            .await
+            .expect_err("refused");
+        assert!(err.contains("nodeipam-10-0-0-0-16"), "{err}");
+        let seen = seen.lock().expect("lock").clone();
+        let methods: Vec<&Method> = seen.iter().map(|(m, _)| m).collect();
+        assert_eq!(methods, [&Method::GET, &Method::POST], "{seen:?}");
+        assert_eq!(seen[1].1, "/apis/projectcalico.org/v3/ippools");
+    }
+
+    const EMPTY_LIST: &str = r#"{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{},"items":[]}"#;
+
+    fn leak(s: String) -> &'static str {
+        Box::leak(s.into_boxed_str())
     }
 }
