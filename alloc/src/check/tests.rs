@@ -87,6 +87,11 @@ impl World {
         check(&self.cluster())
     }
 
+    /// The findings as `kubectl nodeipam check` prints them.
+    fn lines(&self) -> Vec<String> {
+        self.check().iter().map(ToString::to_string).collect()
+    }
+
     fn status_mut(&mut self, config: &str) -> &mut NodeIPAMConfigStatus {
         self.configs
             .iter_mut()
@@ -252,10 +257,7 @@ fn outputs_that_miss_a_range_or_are_absent() {
     assert!(!outputs(&w.cluster(), &network)[0].current);
     w.outputs[0].held = None;
     assert_eq!(
-        w.check()
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>(),
+        w.lines(),
         vec![
             "unpublished: ConfigMap nodeipam-system/nodeipam-pod-network does not exist: consumers know no pod network"
         ]
@@ -380,10 +382,7 @@ fn typed_outputs_are_read_as_the_controller_reads_them() {
     held.remove("nodeipam-10-200-0-0-24");
     w.outputs[1].held = Some(Held::Objects(held));
     assert_eq!(
-        w.check()
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>(),
+        w.lines(),
         vec![
             "unpublished: the IPPools labelled app.kubernetes.io/managed-by=nodeipam lacks 10.200.0.0/24 (Active range of the pod network)"
         ]
@@ -394,10 +393,7 @@ fn typed_outputs_are_read_as_the_controller_reads_them() {
         held: None,
     };
     assert_eq!(
-        w.check()
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>(),
+        w.lines(),
         vec!["unpublished: CiliumCIDRGroup pods does not exist: consumers know no pod network"]
     );
 }
