@@ -79,7 +79,9 @@ cmd_build() {
   log "building into $NODEIPAM_ASSETS (GOMODCACHE=$(go env GOMODCACHE), GOCACHE=$(go env GOCACHE))"
   build_binaries
   "$NODEIPAM_ASSETS/kube-apiserver" --version >&2
-  "$NODEIPAM_ASSETS/etcd" --version | head -1 >&2
+  # Not `| head -1`: etcd writes its version a line at a time, and under pipefail the
+  # SIGPIPE of a write after head exited fails the build (seen on a cold machine).
+  "$NODEIPAM_ASSETS/etcd" --version | sed -n 1p >&2
   echo "$stamp" > "$NODEIPAM_ASSETS/.stamp"
 }
 
