@@ -9,8 +9,6 @@
 mod support;
 
 use std::path::Path;
-use std::process::Stdio;
-use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -19,61 +17,10 @@ use nodeipam_crd::{Allocation, NodeIPAMConfig};
 use nodeipam_testenv::ControlPlane;
 use rustix::process::Signal;
 use serde_json::json;
-use support::process::{NAMESPACE, Replica, install_rbac, kubectl_ok, nodeipam_bin, plugin_bin};
+use support::process::{
+    NAMESPACE, Replica, install_rbac, kubectl_ok, nodeipam_bin, plugin, plugin_bin, plugin_until,
+};
 use support::*;
-
-/// What a run of the plugin gave: exit code, stdout, stderr.
-struct Run {
-    code: Option<i32>,
-    out: String,
-    err: String,
-}
-
-/// Runs `kubectl-nodeipam <args>` with the admin kubeconfig and nothing else of this
-/// process's environment.
-async fn plugin(cp: &ControlPlane, args: &[&str]) -> Run {
-    let out = tokio::process::Command::new(plugin_bin())
-        .env_clear()
-        .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("step=run-plugin: kubectl-nodeipam {args:?}: {e}"));
-    Run {
-        code: out.status.code(),
-        out: String::from_utf8_lossy(&out.stdout).into_owned(),
-        err: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-/// Runs the plugin until `done` accepts what it printed; returns that run.
-async fn plugin_until(
-    cp: &ControlPlane,
-    args: &[&str],
-    what: &str,
-    done: impl Fn(&Run) -> bool,
-) -> Run {
-    let mut last = None;
-    let found = tokio::time::timeout(WAIT, async {
-        loop {
-            let run = plugin(cp, args).await;
-            if done(&run) {
-                return run;
-            }
-            last = Some(format!("exit {:?}\n{}{}", run.code, run.out, run.err));
-            // A process per try: no need to spin.
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    })
-    .await;
-    found.unwrap_or_else(|_| {
-        panic!(
-            "timed out waiting for {what}; last run:\n{}",
-            last.unwrap_or_default()
-        )
-    })
-}
 
 /// The line of `text` that starts with `first` (a table row by its first column).
 fn row<'a>(text: &'a str, first: &str) -> &'a str {

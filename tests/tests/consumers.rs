@@ -16,6 +16,7 @@ use nodeipam_controller::alloc::outputs::{
 };
 use nodeipam_testenv::ControlPlane;
 use serde_json::{Value, json};
+use support::process::{Run, plugin_until};
 use support::record::{Log, record};
 use support::*;
 
@@ -469,13 +470,6 @@ async fn check_reads_the_typed_outputs_by_the_controllers_flags() {
     check_until(&cp, &typed_flags, "a clean check after the repair", clean).await;
 }
 
-/// What a run of the plugin printed and its exit code.
-struct Run {
-    code: Option<i32>,
-    out: String,
-    err: String,
-}
-
 /// Runs `kubectl nodeipam check FLAGS` until `done` holds.
 async fn check_until(
     cp: &ControlPlane,
@@ -483,22 +477,8 @@ async fn check_until(
     what: &str,
     done: impl Fn(&Run) -> bool,
 ) -> Run {
-    wait_for(what, || async {
-        let out = tokio::process::Command::new(support::process::plugin_bin())
-            .env_clear()
-            .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
-            .arg("check")
-            .args(flags)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .await
-            .unwrap_or_else(|e| panic!("step=run-plugin: kubectl-nodeipam check: {e}"));
-        let run = Run {
-            code: out.status.code(),
-            out: String::from_utf8_lossy(&out.stdout).into_owned(),
-            err: String::from_utf8_lossy(&out.stderr).into_owned(),
-        };
-        done(&run).then_some(run)
-    })
-    .await
+    let args: Vec<&str> = std::iter::once("check")
+        .chain(flags.iter().copied())
+        .collect();
+    plugin_until(cp, &args, what, done).await
 }

@@ -59,6 +59,59 @@ fn workspace_bin(name: &str, env: &str, package: &str) -> PathBuf {
     }
 }
 
+/// What a run of the plugin gave: exit code, stdout, stderr.
+pub struct Run {
+    pub code: Option<i32>,
+    pub out: String,
+    pub err: String,
+}
+
+/// Runs `kubectl-nodeipam <args>` with the admin kubeconfig and nothing else of this
+/// process's environment.
+pub async fn plugin(cp: &ControlPlane, args: &[&str]) -> Run {
+    let out = tokio::process::Command::new(plugin_bin())
+        .env_clear()
+        .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("step=run-plugin: kubectl-nodeipam {args:?}: {e}"));
+    Run {
+        code: out.status.code(),
+        out: String::from_utf8_lossy(&out.stdout).into_owned(),
+        err: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs the plugin until `done` accepts what it printed; returns that run.
+pub async fn plugin_until(
+    cp: &ControlPlane,
+    args: &[&str],
+    what: &str,
+    done: impl Fn(&Run) -> bool,
+) -> Run {
+    let mut last = None;
+    let found = tokio::time::timeout(WAIT, async {
+        loop {
+            let run = plugin(cp, args).await;
+            if done(&run) {
+                return run;
+            }
+            last = Some(format!("exit {:?}\n{}{}", run.code, run.out, run.err));
+            // A process per try: no need to spin.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| {
+        panic!(
+            "timed out waiting for {what}; last run:\n{}",
+            last.unwrap_or_default()
+        )
+    })
+}
+
 /// `setpriv` from PATH, when installed.
 pub fn setpriv() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
