@@ -18,9 +18,8 @@ use nodeipam_alloc::fixtures;
 use nodeipam_alloc::ipam::{Holder, nets_overlap};
 use nodeipam_alloc::machine::{self, Effect, Input, Machine, Now};
 use nodeipam_alloc::outcome::{NodeNow, WriteOutcome};
-use nodeipam_alloc::podnetwork::{
-    ConfigMapRef, OutputKind, OutputRef, PodNetwork, covered, ip_masq_agent_config,
-};
+use nodeipam_alloc::outputs::{MANAGED_BY, holds_spec, stale};
+use nodeipam_alloc::podnetwork::{PodNetwork, covered, ip_masq_agent_config};
 use nodeipam_alloc::pool::{POOL_LABEL, PoolStatus};
 use nodeipam_crd::pool::{
     NodeIPAMPool, NodeIPAMPoolSpec, PoolFamilySpec, PoolHeadroom, PoolRanges, PoolScaleDown,
@@ -28,7 +27,7 @@ use nodeipam_crd::pool::{
 use nodeipam_crd::{Allocation, CONDITION_DRAINED, NodeIPAMConfig};
 use serde::{Deserialize, Serialize};
 
-use world::{Change, NodeObj, OUTPUT_NAMES, Patched, Stream, World, controller_uid};
+use world::{Change, NodeObj, Patched, Stream, World, controller_uid, output};
 
 /// How a podCIDR write fares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,6 +128,10 @@ pub enum Action {
         proc: u8,
         fail_first: bool,
         fail_second: bool,
+        /// The Calico IPPools' write fails after this many (modulo the pools written and the
+        /// removal of stale ones): a network written in part.
+        #[serde(default)]
+        fail_pools: Option<u8>,
     },
     Reread {
         proc: u8,
@@ -329,7 +332,6 @@ impl Sim {
     }
 
     fn options(&self) -> machine::Options {
-        let kinds = [OutputKind::PodNetwork, OutputKind::IpMasqAgent];
         machine::Options {
             service_cidrs: if self.setup.service_flag {
                 vec![SERVICE_FLAG.parse().expect("flag literal")]
@@ -340,15 +342,7 @@ impl Sim {
             pools: true,
             write_attempts: self.setup.write_attempts,
             retry_rejected_after: RETRY_REJECTED_AFTER,
-            outputs: (0..self.setup.outputs)
-                .map(|i| {
-                    let target = ConfigMapRef {
-                        namespace: "kube-system".into(),
-                        name: OUTPUT_NAMES[i].into(),
-                    };
-                    OutputRef::configmap(&target, kinds[i])
-                })
-                .collect(),
+            outputs: (0..self.setup.outputs).map(output).collect(),
             extra_non_masquerade: Vec::new(),
             panic_on_node: None,
         }
@@ -544,9 +538,10 @@ impl Sim {
                 proc,
                 fail_first,
                 fail_second,
+                fail_pools,
             } => {
                 if let Some(p) = self.proc(*proc) {
-                    self.publish(p, *fail_first, *fail_second);
+                    self.publish(p, [*fail_first, *fail_second], *fail_pools);
                 }
             }
             Action::Reread { proc, pick, fail } => {
@@ -851,41 +846,80 @@ impl Sim {
         }
     }
 
-    /// The publisher: our ConfigMap first, then ip-masq-agent's; either may fail.
-    fn publish(&mut self, p: usize, fail_first: bool, fail_second: bool) {
+    /// The publisher: our ConfigMap first, then ip-masq-agent's, then the Calico IPPools;
+    /// any may fail, the pools after some of them are written.
+    fn publish(&mut self, p: usize, fail: [bool; 2], fail_pools: Option<u8>) {
         let Some(network) = self.procs[p].publish.clone() else {
             return;
         };
         // A failed attempt is retried with the publication kept, and reported, as the real
         // publisher does.
-        let failed = |proc: &mut Process, output: &str| {
-            let why = format!("{output}: the write timed out");
+        let failed = |proc: &mut Process, why: String| {
             proc.answers.push(Input::PublishFailed(why));
         };
-        if fail_first {
-            failed(&mut self.procs[p], "ConfigMap nodeipam-system/pod-network");
+        if fail[0] {
+            failed(
+                &mut self.procs[p],
+                format!("{}: the write timed out", output(0)),
+            );
             return;
         }
         let data = network.configmap_data(&self.wall.to_string());
-        self.world.put_output(0, Some(data));
+        self.world.put_configmap(0, Some(data));
         self.world.output_tampered[0] = false;
         if self.setup.outputs > 1 {
-            if fail_second {
-                failed(&mut self.procs[p], "ConfigMap kube-system/ip-masq-agent");
+            if fail[1] {
+                failed(
+                    &mut self.procs[p],
+                    format!("{}: the write timed out", output(1)),
+                );
                 return;
             }
-            let current = self.world.outputs[1]
-                .as_ref()
-                .and_then(|d| d.get("config"))
-                .map(String::as_str);
+            let mut data = self.world.configmap_data(1).unwrap_or_default();
+            let current = data.get("config").map(String::as_str);
             let config = ip_masq_agent_config(current, &network, &[]).expect("our own config");
-            let mut data = self.world.outputs[1].clone().unwrap_or_default();
             data.insert("config".into(), config);
-            self.world.put_output(1, Some(data));
+            self.world.put_configmap(1, Some(data));
             self.world.output_tampered[1] = false;
+        }
+        if self.setup.outputs > 2 {
+            if let Err(why) = self.write_pools(&network, fail_pools) {
+                failed(&mut self.procs[p], format!("{}: {why}", output(2)));
+                return;
+            }
+            self.world.output_tampered[2] = false;
         }
         self.procs[p].publish = None;
         self.procs[p].answers.push(Input::Published(network));
+    }
+
+    /// Output 2 as the real publisher writes a many-object output: each pool the network
+    /// wants (skipped when it already holds the spec), then ours it no longer wants removed.
+    /// `fail` stops it after that many steps.
+    fn write_pools(&mut self, network: &PodNetwork, fail: Option<u8>) -> Result<(), String> {
+        let wanted = output(2).objects(network);
+        let fail_at = fail.map(|f| usize::from(f) % (wanted.len() + 1));
+        for (i, (name, body)) in wanted.iter().enumerate() {
+            if fail_at == Some(i) {
+                return Err(format!("writing {name}: the write timed out"));
+            }
+            if self.world.outputs[2]
+                .get(name)
+                .is_some_and(|o| holds_spec(o, body))
+            {
+                continue;
+            }
+            let pool = serde_json::from_value(body.clone()).expect("our own pool");
+            self.world.put_object(2, name, Some(pool));
+        }
+        if fail_at == Some(wanted.len()) {
+            return Err("listing ours: the request timed out".into());
+        }
+        let listed: Vec<String> = self.world.outputs[2].keys().cloned().collect();
+        for name in stale(&wanted, &listed) {
+            self.world.put_object(2, &name, None);
+        }
+        Ok(())
     }
 
     fn user(&mut self, u: &User) {
@@ -990,9 +1024,7 @@ impl Sim {
             User::EditOutput { index, delete } => {
                 let i = usize::from(*index);
                 if i < self.setup.outputs {
-                    let data =
-                        (!delete).then(|| BTreeMap::from([("edited".into(), "by hand".into())]));
-                    self.world.put_output(i, data);
+                    self.edit_output(i, *delete);
                     self.world.output_tampered[i] = true;
                 }
             }
@@ -1044,6 +1076,36 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// A hand edit of output `i`: a ConfigMap replaced by one that holds nothing of ours, or
+    /// deleted; one of our IPPools given another CIDR, or deleted (with none, a pool of ours
+    /// that no range wants is made).
+    fn edit_output(&mut self, i: usize, delete: bool) {
+        if i < 2 {
+            let data = (!delete).then(|| BTreeMap::from([("edited".into(), "by hand".into())]));
+            self.world.put_configmap(i, data);
+            return;
+        }
+        let first = self.world.outputs[i].iter().next();
+        let (name, mut pool) = match first {
+            Some((name, pool)) => (name.clone(), pool.clone()),
+            None if delete => return,
+            None => {
+                let pool = serde_json::json!({
+                    "apiVersion": "crd.projectcalico.org/v1",
+                    "kind": "IPPool",
+                    "metadata": { "name": "nodeipam-by-hand", "labels": { MANAGED_BY.0: MANAGED_BY.1 } },
+                    "spec": { "cidr": "10.99.0.0/24" },
+                });
+                let pool = serde_json::from_value(pool).expect("a pool is a dynamic object");
+                ("nodeipam-by-hand".to_string(), pool)
+            }
+        };
+        if !delete {
+            pool.data["spec"]["cidr"] = "192.168.0.0/24".into();
+        }
+        self.world.put_object(i, &name, (!delete).then_some(pool));
     }
 
     // ----- invariants -----
@@ -1172,23 +1234,16 @@ impl Sim {
     }
 
     fn check_published(&self) -> Result<(), Violation> {
-        let kinds = [OutputKind::PodNetwork, OutputKind::IpMasqAgent];
-        for (i, data) in self.world.outputs.iter().enumerate() {
+        for (i, objects) in self.world.outputs.iter().enumerate() {
             if self.world.output_tampered[i] {
                 continue;
             }
-            let cidrs = data
-                .as_ref()
-                .map(|d| kinds[i].read(d).cidrs)
-                .unwrap_or_default();
+            let cidrs = output(i).kind.read_objects(objects).cidrs;
             for (node, block, ours) in self.held() {
                 if ours && !covered(&block, &cidrs) {
                     return Err(Violation {
                         rule: "every range a node holds a block from is published",
-                        detail: format!(
-                            "{node} holds {block} but {} has {cidrs:?}",
-                            OUTPUT_NAMES[i]
-                        ),
+                        detail: format!("{node} holds {block} but {} has {cidrs:?}", output(i)),
                     });
                 }
             }
@@ -1333,6 +1388,7 @@ impl Sim {
                     proc: 0,
                     fail_first: false,
                     fail_second: false,
+                    fail_pools: None,
                 };
                 self.act(&publish)?;
                 busy = true;
@@ -1646,23 +1702,14 @@ impl Sim {
             }
             truth = running;
         }
-        let kinds = [OutputKind::PodNetwork, OutputKind::IpMasqAgent];
-        for (i, kind) in kinds.iter().enumerate().take(self.setup.outputs) {
-            let target = ConfigMapRef {
-                namespace: "kube-system".into(),
-                name: OUTPUT_NAMES[i].into(),
-            };
-            let want = OutputRef::configmap(&target, *kind)
-                .desired(&truth, &[])
-                .cidrs;
-            let have = self.world.outputs[i]
-                .as_ref()
-                .map(|d| kind.read(d).cidrs)
-                .unwrap_or_default();
+        for (i, objects) in self.world.outputs.iter().enumerate() {
+            let output = output(i);
+            let want = output.desired(&truth, &[]).cidrs;
+            let have = output.kind.read_objects(objects).cidrs;
             if want != have {
                 return Err(Violation {
                     rule: "the published outputs equal the truth",
-                    detail: format!("{}: published {have:?}, truth {want:?}", OUTPUT_NAMES[i]),
+                    detail: format!("{output}: published {have:?}, truth {want:?}"),
                 });
             }
         }
@@ -1797,7 +1844,7 @@ impl Rng {
 pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
     let mut rng = Rng::new(seed);
     let setup = Setup {
-        outputs: rng.below(3) as usize,
+        outputs: rng.below(4) as usize,
         service_flag: rng.chance(50),
         // From the seed, not the generator: the rest of each schedule stays as it was.
         write_attempts: if seed % 2 == 1 { 1 } else { 3 },
@@ -1853,6 +1900,7 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
                 proc,
                 fail_first: rng.chance(10),
                 fail_second: rng.chance(20),
+                fail_pools: rng.chance(20).then(|| rng.byte()),
             },
             68..=69 => Action::Reread {
                 proc: 0,
@@ -1903,7 +1951,7 @@ fn user(rng: &mut Rng) -> User {
         },
         87..=89 => User::DeleteService { name: rng.byte() },
         90..=94 => User::EditOutput {
-            index: rng.byte() % 2,
+            index: rng.byte() % 3,
             delete: rng.chance(50),
         },
         95..=99 => User::EditStatus { pick: rng.byte() },

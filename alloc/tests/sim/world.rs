@@ -1,5 +1,5 @@
-//! The model API server: Nodes, NodeIPAMConfigs, ServiceCIDRs and the published ConfigMaps,
-//! with UIDs, UID preconditions, podCIDRs immutable once set, finalizers and deletion, and the
+//! The model API server: Nodes, NodeIPAMConfigs, ServiceCIDRs and the outputs (the published
+//! ConfigMaps and Calico IPPools, one object per range), with UIDs, UID preconditions, podCIDRs immutable once set, finalizers and deletion, and the
 //! status subresource. Every change becomes a watch event for each subscribed process.
 
 use std::collections::BTreeMap;
@@ -14,6 +14,8 @@ use nodeipam_alloc::machine::Input;
 use nodeipam_alloc::machine::Watch;
 use nodeipam_alloc::node::IpamNode;
 use nodeipam_alloc::outcome::NodeNow;
+use nodeipam_alloc::outputs::CalicoPools;
+use nodeipam_alloc::podnetwork::{ConfigMapRef, OutputKind, OutputRef};
 use nodeipam_alloc::pool::{PoolInput, PoolStatus, pool_input};
 use nodeipam_crd::{FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus, NodeIPAMPool};
 
@@ -103,7 +105,8 @@ pub struct World {
     pub config_ranges: BTreeMap<String, Vec<IpNet>>,
     pub services: BTreeMap<String, Vec<String>>,
     pub pools: BTreeMap<String, NodeIPAMPool>,
-    pub outputs: Vec<Option<BTreeMap<String, String>>>,
+    /// Each output's objects, by name (a ConfigMap output has at most one).
+    pub outputs: Vec<BTreeMap<String, DynamicObject>>,
     /// Changes since the last `drain_changes`.
     changes: Vec<Change>,
     /// An output edited by the user and not written by a controller since.
@@ -115,7 +118,7 @@ pub struct World {
 impl World {
     pub fn new(outputs: usize) -> Self {
         World {
-            outputs: vec![None; outputs],
+            outputs: vec![BTreeMap::new(); outputs],
             output_tampered: vec![false; outputs],
             ..World::default()
         }
@@ -164,8 +167,8 @@ impl World {
             }
             Stream::Output(i) => {
                 out.push(Change::Output(i, Watch::ListStart));
-                if let Some(data) = &self.outputs[i] {
-                    out.push(Change::Output(i, Watch::Listed(configmap(i, data))));
+                for o in self.outputs[i].values() {
+                    out.push(Change::Output(i, Watch::Listed(o.clone())));
                 }
                 out.push(Change::Output(i, Watch::ListDone));
             }
@@ -434,23 +437,35 @@ impl World {
         }
     }
 
-    pub fn put_output(&mut self, index: usize, data: Option<BTreeMap<String, String>>) {
-        if self.outputs[index] == data {
+    /// Writes (`Some`) or deletes an object of an output.
+    pub fn put_object(&mut self, index: usize, name: &str, object: Option<DynamicObject>) {
+        let old = self.outputs[index].get(name);
+        if old == object.as_ref() {
             return;
         }
-        match &data {
-            Some(d) => self
-                .changes
-                .push(Change::Output(index, Watch::Applied(configmap(index, d)))),
-            None => {
-                let old = self.outputs[index].clone().unwrap_or_default();
-                self.changes.push(Change::Output(
-                    index,
-                    Watch::Deleted(configmap(index, &old)),
-                ));
-            }
-        }
-        self.outputs[index] = data;
+        let event = match (&object, old) {
+            (Some(o), _) => Watch::Applied(o.clone()),
+            (None, Some(old)) => Watch::Deleted(old.clone()),
+            (None, None) => return,
+        };
+        self.changes.push(Change::Output(index, event));
+        match object {
+            Some(o) => self.outputs[index].insert(name.to_string(), o),
+            None => self.outputs[index].remove(name),
+        };
+    }
+
+    /// Writes (`Some`) or deletes the ConfigMap of output `index`.
+    pub fn put_configmap(&mut self, index: usize, data: Option<BTreeMap<String, String>>) {
+        let name = CONFIGMAPS[index];
+        let object = data.map(|d| fixtures::configmap("kube-system", name, d));
+        self.put_object(index, name, object);
+    }
+
+    /// The data of the ConfigMap of output `index`, when it exists.
+    pub fn configmap_data(&self, index: usize) -> Option<BTreeMap<String, String>> {
+        let cm = self.outputs[index].get(CONFIGMAPS[index])?;
+        serde_json::from_value(cm.data.get("data")?.clone()).ok()
     }
 }
 
@@ -473,8 +488,25 @@ fn service(name: &str, cidrs: &[String]) -> ServiceCIDR {
     fixtures::service_cidr(name, &cidrs)
 }
 
-pub const OUTPUT_NAMES: [&str; 2] = ["nodeipam-pod-network", "ip-masq-agent"];
+/// The ConfigMaps of outputs 0 (ours) and 1 (ip-masq-agent's).
+const CONFIGMAPS: [&str; 2] = ["nodeipam-pod-network", "ip-masq-agent"];
 
-fn configmap(index: usize, data: &BTreeMap<String, String>) -> DynamicObject {
-    fixtures::configmap("kube-system", OUTPUT_NAMES[index], data.clone())
+/// Output `index` of a setup: our ConfigMap, ip-masq-agent's, then Calico IPPools (every
+/// pool labelled ours, one per outermost range), in the order the publisher writes them.
+pub fn output(index: usize) -> OutputRef {
+    match index {
+        0 | 1 => {
+            let target = ConfigMapRef {
+                namespace: "kube-system".into(),
+                name: CONFIGMAPS[index].into(),
+            };
+            let kind = [OutputKind::PodNetwork, OutputKind::IpMasqAgent][index];
+            OutputRef::configmap(&target, kind)
+        }
+        _ => OutputRef::typed(
+            OutputKind::CalicoIPPools(CalicoPools::default()),
+            "crd.projectcalico.org/v1",
+            None,
+        ),
+    }
 }
