@@ -16,10 +16,13 @@
 #                        manager, --ip-masq) on every node with Network CIDR (default
 #                        10.112.0.0/12, which must hold every podCIDR) and backend B (vxlan,
 #                        the default, or host-gw); docs/integrations.md says why
-#   deploy               import the nodeipam image (hack/image.sh) and
+#   deploy [--pod-network-supernet CIDR[,CIDR]]
+#                        import the nodeipam image (hack/image.sh) and
 #                        `kubectl apply -k hack/cluster/overlay` (= config/default + the image
 #                        name and, with config/components/api-server, the API server's
-#                        address); waits for the Deployment
+#                        address); waits for the Deployment. --pod-network-supernet: the
+#                        consumers' pod network (flannel's Network), set as the controller's
+#                        NODEIPAM_POD_NETWORK_SUPERNETS so that the webhook warns outside it
 #   add-node [--labels k=v,...]   start one more node; prints its name
 #   remove-node NAME     stop a node's kubelet, pods, containerd and kube-proxy and remove its
 #                        network namespace (the Node object stays: delete it with kubectl)
@@ -823,11 +826,24 @@ cmd_up() {
 }
 
 cmd_deploy() {
+  local supernets=""
+  while (($#)); do
+    case "$1" in
+      --pod-network-supernet) supernets="${2:?--pod-network-supernet needs CIDRs}"; shift 2 ;;
+      *) die "deploy: unknown argument '$1'" ;;
+    esac
+  done
   [[ -f "$CLUSTER_DIR/admin.kubeconfig" ]] || die "step=deploy: no cluster running (hack/cluster.sh up)"
   # Exactly what users apply, through an overlay that only sets the image and, with the
   # api-server component, the API server's address (hack/cluster/overlay/kustomization.yaml
   # says why the address).
   timed "kubectl apply -k hack/cluster/overlay" KUBECTL apply -k "$NODEIPAM_ROOT/hack/cluster/overlay"
+  if [[ -n "$supernets" ]]; then
+    # The controller checks the list when it starts: a bad one fails the rollout below.
+    KUBECTL -n nodeipam-system set env deployment/nodeipam-controller \
+      NODEIPAM_POD_NETWORK_SUPERNETS="$supernets" >/dev/null \
+      || die "step=deploy: setting NODEIPAM_POD_NETWORK_SUPERNETS failed"
+  fi
   timed "nodeipam rollout" KUBECTL -n nodeipam-system rollout status deployment/nodeipam-controller --timeout=180s \
     || die "step=deploy: the nodeipam Deployment did not become available; $(KUBECTL -n nodeipam-system get pods -o wide 2>&1)"
   # The API server calls the webhook through its Service's ClusterIP, which works once the
@@ -906,10 +922,10 @@ check_clean() {
 case "${1:-}" in
   build) cmd_build ;;
   up) shift; cmd_up "$@" ;;
-  deploy) cmd_deploy ;;
+  deploy) shift; cmd_deploy "$@" ;;
   add-node) shift; cmd_add_node "$@" ;;
   remove-node) shift; cmd_remove_node "$@" ;;
   kubectl) shift; KUBECTL "$@" ;;
   down) cmd_down ;;
-  *) echo "usage: $0 build | up [--nodes N] [--cni bridge|flannel] [--flannel-network CIDR] [--flannel-backend vxlan|host-gw] | deploy | add-node [--labels k=v,...] | remove-node NAME | kubectl ARGS... | down" >&2; exit 2 ;;
+  *) echo "usage: $0 build | up [--nodes N] [--cni bridge|flannel] [--flannel-network CIDR] [--flannel-backend vxlan|host-gw] | deploy [--pod-network-supernet CIDRS] | add-node [--labels k=v,...] | remove-node NAME | kubectl ARGS... | down" >&2; exit 2 ;;
 esac

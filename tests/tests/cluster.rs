@@ -1114,3 +1114,11 @@ async fn a_real_cluster_consumes_what_nodeipam_allocates() {
 async fn flannel_carries_pod_traffic_across_discontiguous_ranges() {
     flannel::flannel_carries_pod_traffic().await;
 }
+
+/// flannel's host-gw backend beside vxlan: the same traffic between two discontiguous configs
+/// (tests/tests/cluster/flannel.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, hack/cluster.sh build and hack/image.sh: hack/test.sh runs it with --ignored"]
+async fn flannel_host_gw_carries_pod_traffic_across_discontiguous_ranges() {
+    flannel::flannel_host_gw_carries_pod_traffic().await;
+}

@@ -21,7 +21,8 @@ use serde_json::json;
 
 use super::{
     Cluster, admin_client, condition_status, config_api, dirs_cache, inside, is_ready, node_ip,
-    pod_cidrs, pod_network, pool_api, pool_children, ready, script, try_script, wait_for,
+    pod_cidrs, pod_network, pool_api, pool_children, ready, script, script_path, try_script,
+    wait_for,
 };
 
 /// flannel's `Network`: the supernet every config and pool below lies in. Apart from the
@@ -43,6 +44,7 @@ const HOST_IP: &str = "10.251.0.1";
 struct Member {
     node: String,
     node_ip: String,
+    pod_cidr: String,
     pod: String,
     pod_ip: String,
 }
@@ -159,6 +161,7 @@ async fn member(client: &Client, name: &str, range: &str) -> Member {
     Member {
         node: name.to_string(),
         node_ip: node_ip(&node),
+        pod_cidr: pod_cidrs(&node)[0].clone(),
         pod: probe_pod_name(name),
         pod_ip,
     }
@@ -181,6 +184,34 @@ async fn check_mesh(members: &[Member]) {
         "cluster: flannel: {} pods reach each other un-NATed",
         members.len()
     );
+}
+
+/// flannel's route on each node to every other node's podCIDR is its BACKEND's: over the
+/// vxlan device, or with host-gw via the other node's IP on the shared segment, so that the
+/// test shows which backend carried the traffic.
+fn check_routes(backend: &str, members: &[Member]) {
+    for from in members {
+        for to in members.iter().filter(|m| m.node != from.node) {
+            let ns = format!("nipam-{}", from.node);
+            let out = Command::new("ip")
+                .args(["netns", "exec", &ns, "ip", "route", "show", &to.pod_cidr])
+                .output()
+                .unwrap_or_else(|e| panic!("step=flannel-routes: ip netns exec {ns}: {e}"));
+            let route = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            let want = match backend {
+                "host-gw" => format!("via {} dev eth0", to.node_ip),
+                _ => "dev flannel.1".to_string(),
+            };
+            assert!(
+                route.contains(&want),
+                "step=flannel-routes: on {} the route to {}'s podCIDR {} is `{route}`, want `{want}` ({backend})",
+                from.node,
+                to.node,
+                to.pod_cidr
+            );
+        }
+    }
+    eprintln!("cluster: flannel: every node routes to the others' podCIDRs by {backend}");
 }
 
 /// A listener on the host's side of the bridge (outside the pod network) answering each
@@ -625,9 +656,10 @@ async fn check_drain(client: &Client, members: &mut Vec<Member>) {
     check_mesh(members).await;
 }
 
-pub async fn flannel_carries_pod_traffic() {
-    let began = Instant::now();
-    let mut cluster = Cluster { down_done: false };
+/// Brings the cluster up with flannel's BACKEND and deploys nodeipam with flannel's Network as
+/// its pod-network supernet (the supported setup, docs/integrations.md); node-1 and node-2 are
+/// labelled for configs A and B, which are created. Checks the webhook's supernet warning.
+async fn start(backend: &str) -> Client {
     script(
         "flannel-cluster-up",
         &[
@@ -638,12 +670,16 @@ pub async fn flannel_carries_pod_traffic() {
             "flannel",
             "--flannel-network",
             NETWORK,
+            "--flannel-backend",
+            backend,
         ],
     );
     let client = admin_client().await;
-    script("flannel-deploy-nodeipam", &["deploy"]);
-
-    // node-1 in range A, node-2 in range B; node-3 (added) in the pool.
+    script(
+        "flannel-deploy-nodeipam",
+        &["deploy", "--pod-network-supernet", NETWORK],
+    );
+    check_supernet_warning();
     for (node, range) in [("node-1", RANGE_A.0), ("node-2", RANGE_B.0)] {
         script(
             "flannel-label",
@@ -663,6 +699,75 @@ pub async fn flannel_carries_pod_traffic() {
             .await
             .unwrap_or_else(|e| panic!("step=flannel-configs: create {name}: {e}"));
     }
+    client
+}
+
+/// A netprobe pod on node-1 (config A) and node-2 (config B), once each runs.
+async fn first_members(client: &Client) -> Vec<Member> {
+    for node in ["node-1", "node-2"] {
+        create_probe_pod(client, node).await;
+    }
+    vec![
+        member(client, "node-1", RANGE_A.1).await,
+        member(client, "node-2", RANGE_B.1).await,
+    ]
+}
+
+/// `kubectl create --dry-run=server` of OBJECT in the cluster: whether it was admitted, and
+/// what kubectl printed on stderr (where the webhook's warnings go).
+fn dry_run(object: &DynamicObject) -> (bool, String) {
+    let mut child = Command::new(script_path())
+        .args([
+            "kubectl",
+            "create",
+            "--dry-run=server",
+            "-o",
+            "name",
+            "-f",
+            "-",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("step=flannel-supernet: run kubectl: {e}"));
+    let manifest = serde_json::to_string(object).expect("a manifest");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(manifest.as_bytes())
+            .unwrap_or_else(|e| panic!("step=flannel-supernet: write to kubectl: {e}"));
+    }
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("step=flannel-supernet: kubectl: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.success(), stderr)
+}
+
+/// The in-cluster webhook warns of a config outside flannel's Network (flanneld exits on a
+/// podCIDR outside it) and still admits it; a config inside gets no warning.
+fn check_supernet_warning() {
+    const WARNING: &str = "is outside the declared pod network";
+    let outside = "10.200.0.0/24";
+    let (ok, stderr) = dry_run(&labelled_config("flannel-outside", outside));
+    assert!(ok, "step=flannel-supernet: {outside} was refused: {stderr}");
+    let want = format!("spec.ipv4.cidr: {outside} {WARNING} ({NETWORK}, --pod-network-supernet)");
+    assert!(
+        stderr.contains(&want),
+        "step=flannel-supernet: no warning `{want}` for a config outside flannel's Network: {stderr}"
+    );
+    let (ok, stderr) = dry_run(&labelled_config("flannel-inside", "10.127.0.0/24"));
+    assert!(
+        ok && !stderr.contains(WARNING),
+        "step=flannel-supernet: a config inside flannel's Network: admitted {ok}, {stderr}"
+    );
+    eprintln!("cluster: flannel: the webhook warns of a config outside flannel's Network");
+}
+
+pub async fn flannel_carries_pod_traffic() {
+    let began = Instant::now();
+    let mut cluster = Cluster { down_done: false };
+    let client = start("vxlan").await;
     pool_api(&client)
         .create(&PostParams::default(), &pool())
         .await
@@ -674,19 +779,14 @@ pub async fn flannel_carries_pod_traffic() {
         }
     })
     .await;
-    for node in ["node-1", "node-2"] {
-        create_probe_pod(&client, node).await;
-    }
-    let mut members = vec![
-        member(&client, "node-1", RANGE_A.1).await,
-        member(&client, "node-2", RANGE_B.1).await,
-    ];
+    let mut members = first_members(&client).await;
     let (third, first_arrival) = add_pool_node(&client, &members[0]).await;
     members.push(third);
 
     // (1) pod to pod across the three sources, un-NATed; (2) out of the pod network, NATed;
     // (5) a Service on one node answering a pod on another.
     check_mesh(&members).await;
+    check_routes("vxlan", &members);
     check_masquerade(&members).await;
     check_service(&client, &members[0], &members[2]).await;
     // (3) the pool grows; (4) range B drains.
@@ -711,6 +811,29 @@ pub async fn flannel_carries_pod_traffic() {
     cluster.down_done = true;
     eprintln!(
         "cluster: flannel test {:.1}s",
+        began.elapsed().as_secs_f64()
+    );
+}
+
+/// flannel's host-gw backend (routes to each node's podCIDR via the node, no encapsulation)
+/// carries the same traffic between two discontiguous configs: pod to pod un-NATed, out of the
+/// pod network NATed, and a Service on one node answering a pod on the other.
+pub async fn flannel_host_gw_carries_pod_traffic() {
+    let began = Instant::now();
+    let mut cluster = Cluster { down_done: false };
+    let client = start("host-gw").await;
+    let members = first_members(&client).await;
+    check_mesh(&members).await;
+    check_routes("host-gw", &members);
+    check_masquerade(&members).await;
+    check_service(&client, &members[1], &members[0]).await;
+    if let Err(e) = try_script(&["down"]) {
+        eprintln!("cluster: first down failed, running it again: {e}");
+    }
+    script("flannel-cluster-down", &["down"]);
+    cluster.down_done = true;
+    eprintln!(
+        "cluster: flannel host-gw test {:.1}s",
         began.elapsed().as_secs_f64()
     );
 }
