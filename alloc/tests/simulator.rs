@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use sim::{Action, Setup, generate, run, run_traced, shrink};
 
 const STEPS: usize = 400;
-/// The seeds CI runs (about half a minute on one core).
+/// The seeds CI runs (about five minutes on one core of a shared 2-core machine).
 const SCHEDULES: u64 = 6000;
 
 fn env<T: std::str::FromStr>(name: &str) -> Option<T> {

@@ -804,15 +804,18 @@ pub async fn flannel_carries_pod_traffic() {
             a.to_answer.as_secs_f64()
         );
     }
+    down(&mut cluster, "flannel", began);
+}
+
+/// Takes the cluster down (a second `down` if the first left something) and says how long
+/// the test WHAT took.
+fn down(cluster: &mut Cluster, what: &str, began: Instant) {
     if let Err(e) = try_script(&["down"]) {
         eprintln!("cluster: first down failed, running it again: {e}");
     }
     script("flannel-cluster-down", &["down"]);
     cluster.down_done = true;
-    eprintln!(
-        "cluster: flannel test {:.1}s",
-        began.elapsed().as_secs_f64()
-    );
+    eprintln!("cluster: {what} test {:.1}s", began.elapsed().as_secs_f64());
 }
 
 /// flannel's host-gw backend (routes to each node's podCIDR via the node, no encapsulation)
@@ -827,13 +830,5 @@ pub async fn flannel_host_gw_carries_pod_traffic() {
     check_routes("host-gw", &members);
     check_masquerade(&members).await;
     check_service(&client, &members[1], &members[0]).await;
-    if let Err(e) = try_script(&["down"]) {
-        eprintln!("cluster: first down failed, running it again: {e}");
-    }
-    script("flannel-cluster-down", &["down"]);
-    cluster.down_done = true;
-    eprintln!(
-        "cluster: flannel host-gw test {:.1}s",
-        began.elapsed().as_secs_f64()
-    );
+    down(&mut cluster, "flannel host-gw", began);
 }
