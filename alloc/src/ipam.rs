@@ -215,12 +215,13 @@ pub struct Adoption {
 pub struct ConfigFacts {
     pub ipv4: Option<FamilyFacts>,
     pub ipv6: Option<FamilyFacts>,
-    /// Nodes holding (or being given) a block of the config's: one that overlaps its ranges
-    /// and lies in no older config's range (see `config_facts`).
+    /// Nodes holding a block of the config's, their write seen to land: one that overlaps
+    /// its ranges and lies in no older config's range (see `config_facts`).
     pub nodes: u64,
     /// A few of those node names, sorted, for messages.
     pub sample_nodes: Vec<String>,
-    /// Nodes whose block is still being written: the finalizer must stay for them.
+    /// Nodes whose block is still being written: not counted in `nodes` nor in a family's
+    /// `allocated` (they are not served yet), but the finalizer must stay for them.
     pub writing: u64,
     /// Nodes with a leaked write into the config's blocks (its outcome unknown: it may still
     /// land), and a few of their names, sorted.
@@ -264,6 +265,9 @@ pub struct Ipam {
     configs: BTreeMap<String, ConfigState>,
     holders: BTreeMap<IpNet, Vec<Holder>>,
     nodes: HashMap<String, NodeRecord>,
+    /// How many of `nodes` are [`Phase::Writing`]: podCIDR writes not yet seen to land, so
+    /// nodes still waiting for their podCIDRs (kept as the records change, never counted).
+    writing: usize,
     /// Leaked writes, by node name (a node may leak again after new blocks were chosen).
     leaks: BTreeMap<String, Vec<Leak>>,
     services: BTreeMap<String, Vec<IpNet>>,
@@ -433,13 +437,16 @@ impl Ipam {
         if let Some(rec) = self.nodes.get_mut(name)
             && rec.cidrs == cidrs
         {
+            if matches!(rec.phase, Phase::Writing { .. }) {
+                self.writing -= 1;
+            }
             rec.phase = Phase::Held;
             if uid.is_some() {
                 rec.uid = uid.map(str::to_string);
             }
             return adoption;
         }
-        if let Some(old) = self.nodes.remove(name) {
+        if let Some(old) = self.remove_node(name) {
             for c in &old.cidrs {
                 self.remove_holder(*c, &Holder::Node(name.to_string()));
             }
@@ -468,7 +475,7 @@ impl Ipam {
         for c in &cidrs {
             self.add_holder(*c, holder.clone());
         }
-        self.nodes.insert(
+        self.insert_node(
             name.to_string(),
             NodeRecord {
                 uid: uid.map(str::to_string),
@@ -536,7 +543,7 @@ impl Ipam {
                 }
                 self.next_ticket += 1;
                 let ticket = self.next_ticket;
-                self.nodes.insert(
+                self.insert_node(
                     name.to_string(),
                     NodeRecord {
                         uid: uid.map(str::to_string),
@@ -626,6 +633,7 @@ impl Ipam {
             return true;
         }
         rec.phase = Phase::Held;
+        self.writing -= 1;
         if uid.is_some() {
             rec.uid = uid.map(str::to_string);
         }
@@ -650,7 +658,7 @@ impl Ipam {
         if t != ticket {
             return Vec::new();
         }
-        let Some(rec) = self.nodes.remove(name) else {
+        let Some(rec) = self.remove_node(name) else {
             return Vec::new();
         };
         for c in &rec.cidrs {
@@ -742,13 +750,33 @@ impl Ipam {
     }
 
     fn release_node(&mut self, name: &str) -> Vec<IpNet> {
-        let Some(rec) = self.nodes.remove(name) else {
+        let Some(rec) = self.remove_node(name) else {
             return Vec::new();
         };
         for c in &rec.cidrs {
             self.remove_holder(*c, &Holder::Node(name.to_string()));
         }
         rec.cidrs
+    }
+
+    /// How many podCIDR writes have not been seen to land: their nodes still wait.
+    pub fn writing(&self) -> usize {
+        self.writing
+    }
+
+    /// Every record goes in through here, so that `writing` stays true.
+    fn insert_node(&mut self, name: String, rec: NodeRecord) {
+        self.writing += usize::from(matches!(rec.phase, Phase::Writing { .. }));
+        if let Some(old) = self.nodes.insert(name, rec) {
+            self.writing -= usize::from(matches!(old.phase, Phase::Writing { .. }));
+        }
+    }
+
+    /// ... and out through here.
+    fn remove_node(&mut self, name: &str) -> Option<NodeRecord> {
+        let rec = self.nodes.remove(name)?;
+        self.writing -= usize::from(matches!(rec.phase, Phase::Writing { .. }));
+        Some(rec)
     }
 
     // ----- holders -----
@@ -900,6 +928,8 @@ impl Ipam {
             let mut occupied = Vec::new();
             for (cidr, holders) in overlapping(&self.holders, range) {
                 let mut by_node_or_leak = false;
+                // By a node whose write landed, or a leak (which may have landed).
+                let mut allocated = false;
                 let owned = ours(cidr);
                 for h in holders {
                     match h {
@@ -912,6 +942,9 @@ impl Ipam {
                             // range; in the second family it was counted already if its
                             // record holds one of our blocks in the first.
                             let record = self.nodes.get(n);
+                            let landed =
+                                !matches!(record.map(|r| r.phase), Some(Phase::Writing { .. }));
+                            allocated |= landed;
                             let counted = counted_range.is_some_and(|first| {
                                 record.is_some_and(|r| {
                                     r.cidrs.iter().any(|c| nets_overlap(&first, c) && ours(c))
@@ -920,14 +953,16 @@ impl Ipam {
                             if counted {
                                 continue;
                             }
-                            nodes += 1;
-                            if matches!(record.map(|r| r.phase), Some(Phase::Writing { .. })) {
+                            if landed {
+                                nodes += 1;
+                            } else {
                                 writing += 1;
                             }
                             offer_sample(&mut sample, n);
                         }
                         Holder::Leaked(n) => {
                             by_node_or_leak = true;
+                            allocated = true;
                             if owned && let Err(at) = leaked.binary_search(&n.as_str()) {
                                 leaked.insert(at, n);
                             }
@@ -935,8 +970,9 @@ impl Ipam {
                         Holder::Service(_) => {}
                     }
                 }
-                // Allocated counts the blocks `nodes` counts the holders of, and no others.
-                if by_node_or_leak && owned {
+                // Allocated counts the blocks `nodes` counts the holders of (and leaks), and
+                // no others.
+                if allocated && owned {
                     held.push(*cidr);
                 }
                 if by_node_or_leak {

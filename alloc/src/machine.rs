@@ -167,9 +167,10 @@ impl Machine {
         if self.publication.is_dirty() {
             self.publish_network();
         }
-        // Gauges that follow the state are set after every step so they are never stale.
-        self.core
-            .push(Effect::Metric(Metric::Pending(self.nodes.len())));
+        // Gauges that follow the state are set after every step so they are never stale. A
+        // node whose podCIDR write has not been seen to land still waits: it counts.
+        let pending = self.nodes.len() + self.core.ipam().writing();
+        self.core.push(Effect::Metric(Metric::Pending(pending)));
         self.core.take()
     }
 

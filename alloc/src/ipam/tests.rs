@@ -78,9 +78,15 @@ fn dual_stack_gives_one_block_per_family_ipv4_first() {
         ipam.allocate("n1", None, &no_labels()),
         Err(AllocateError::AlreadyHolds)
     );
+    // Chosen, not yet written: not served, so neither nodes nor allocated blocks yet.
     let facts = ipam.config_facts("ds").expect("facts");
-    assert_eq!(facts.nodes, 2);
-    assert_eq!(facts.writing, 2);
+    assert_eq!((facts.nodes, facts.writing), (0, 2));
+    assert_eq!(facts.ipv4.map(|f| f.allocated), Some(0));
+    assert!(facts.held(), "still held: the writes are on their way");
+    assert!(ipam.confirm("n1", a.ticket, Some("u1")));
+    assert!(ipam.confirm("n2", b.ticket, Some("u2")));
+    let facts = ipam.config_facts("ds").expect("facts");
+    assert_eq!((facts.nodes, facts.writing), (2, 0));
     assert_eq!(facts.ipv4.map(|f| f.allocated), Some(2));
     assert_eq!(
         facts.ipv6.map(|f| (f.allocated, f.capacity)),
@@ -109,11 +115,15 @@ fn facts_count_each_node_once_and_sample_the_smallest_names() {
         }
     }
     let facts = ipam.config_facts("ds").expect("facts");
-    assert_eq!(facts.nodes, 8, "two blocks per node, counted once");
+    assert_eq!(
+        facts.nodes, 4,
+        "two blocks per node, counted once; only the landed ones"
+    );
     assert_eq!(facts.writing, 4);
+    // Those being written are named too: they hold the config as much.
     assert_eq!(facts.sample_nodes, vec!["n0", "n1", "n2", "n3", "n5"]);
-    assert_eq!(facts.ipv4.map(|f| f.allocated), Some(8));
-    assert_eq!(facts.ipv6.map(|f| f.allocated), Some(8));
+    assert_eq!(facts.ipv4.map(|f| f.allocated), Some(4));
+    assert_eq!(facts.ipv6.map(|f| f.allocated), Some(4));
 }
 
 #[test]
@@ -238,6 +248,7 @@ fn service_cidrs_are_never_handed_out() {
     ipam.upsert_config(config("c", 1, Some(("10.0.0.0/22", 24)), None));
     let mut got = Vec::new();
     while let Ok(a) = ipam.allocate(&format!("n{}", got.len()), None, &no_labels()) {
+        assert!(ipam.confirm(&format!("n{}", got.len()), a.ticket, None));
         got.extend(a.cidrs);
     }
     got.sort();
@@ -248,6 +259,7 @@ fn service_cidrs_are_never_handed_out() {
         .allocate("late", None, &no_labels())
         .expect("freed by the Service range going away");
     assert!(a.cidrs[0] == net("10.0.1.0/24") || a.cidrs[0] == net("10.0.2.0/24"));
+    assert!(ipam.confirm("late", a.ticket, None));
     let facts = ipam.config_facts("c").expect("facts");
     assert_eq!(facts.ipv4.map(|f| f.allocated), Some(3));
 }
@@ -402,7 +414,7 @@ fn disabled_and_deleting_configs_stop_allocating_and_keep_counts() {
     ipam.upsert_config(c.clone());
     assert!(ipam.allocate("b", None, &no_labels()).is_err());
     let facts = ipam.config_facts("c").expect("facts");
-    assert_eq!((facts.accepting, facts.nodes), (false, 1));
+    assert_eq!((facts.accepting, facts.nodes, facts.writing), (false, 0, 1));
     c.enabled = true;
     c.deleting = true;
     ipam.upsert_config(c);
@@ -554,6 +566,11 @@ proptest! {
             // Each config's facts agree with a recount of the holders: the blocks held (by
             // nodes or leaks) in its range that no older config's range contains, and the nodes
             // holding them.
+            // The running count of writes on their way is the count of their records.
+            let writing = ipam.node_names()
+                .filter(|n| matches!(ipam.node(n).map(|r| r.phase), Some(Phase::Writing { .. })))
+                .count();
+            prop_assert_eq!(ipam.writing(), writing);
             for c in &configs {
                 let Some(facts) = ipam.config_facts(&c.name) else { continue };
                 let older: Vec<IpNet> = configs.iter()
@@ -562,8 +579,14 @@ proptest! {
                     .collect();
                 for (fam, range) in [(facts.ipv4, c.ipv4), (facts.ipv6, c.ipv6)] {
                     if let (Some(f), Some((r, m))) = (fam, range) {
+                        // Landed: a leak, or a node whose write was confirmed.
+                        let landed = |x: &Holder| match x {
+                            Holder::Leaked(_) => true,
+                            Holder::Node(n) => !matches!(ipam.node(n).map(|r| r.phase), Some(Phase::Writing { .. })),
+                            Holder::Service(_) => false,
+                        };
                         let held: Vec<IpNet> = ipam.holders()
-                            .filter(|(h, hs)| nets_overlap(h, &r) && hs.iter().any(|x| !matches!(x, Holder::Service(_))))
+                            .filter(|(h, hs)| nets_overlap(h, &r) && hs.iter().any(landed))
                             .filter(|(h, _)| !older.iter().any(|o| o.contains(*h)))
                             .map(|(h, _)| *h).collect();
                         prop_assert_eq!(f.allocated, blocks_covered(r, m, &held));
@@ -582,7 +605,7 @@ proptest! {
                 let writing = names.iter()
                     .filter(|n| matches!(ipam.node(n).map(|r| r.phase), Some(Phase::Writing { .. })))
                     .count();
-                prop_assert_eq!(facts.nodes, names.len() as u64);
+                prop_assert_eq!(facts.nodes, (names.len() - writing) as u64);
                 prop_assert_eq!(facts.writing, writing as u64);
                 let sample: Vec<String> = names.iter().take(5).map(|n| n.to_string()).collect();
                 prop_assert_eq!(&facts.sample_nodes, &sample);
