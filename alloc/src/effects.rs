@@ -13,15 +13,16 @@ use nodeipam_crd::{
 use crate::pool::POOL_LABEL;
 
 use super::outcome::WriteOutcome;
+use crate::seal::Fence;
 
 /// One podCIDR write, as the allocation loop asks for it.
 #[derive(Clone, Debug)]
 pub struct WriteJob {
     pub node: String,
     pub uid: Option<String>,
-    /// The Node's resourceVersion as last read: the write lands only on that version (see
-    /// docs/single-writer.md, "the fence"). None only for Nodes read without one (tests).
-    pub version: Option<String>,
+    /// The Node's seal as last read: the write lands only while it stands (see
+    /// docs/single-writer.md, step 2a).
+    pub fence: Fence,
     /// The node's labels when its blocks were chosen, to choose again if this write is given up.
     pub labels: BTreeMap<String, String>,
     pub config: String,
@@ -32,6 +33,29 @@ pub struct WriteJob {
     pub rejections: u32,
     /// An earlier attempt for these blocks had an ambiguous outcome.
     pub was_ambiguous: bool,
+}
+
+impl WriteJob {
+    /// The write as a JSON patch: the UID and the fence tested first, so that it lands only on
+    /// the object it was chosen for and only while no seal has moved since it was read
+    /// (docs/single-writer.md, step 2a); then our annotation naming the config, and the
+    /// podCIDRs. Nothing else is tested: a kubelet's status update or another controller's
+    /// label never fails it.
+    pub fn patch(&self, config_annotation: &str) -> serde_json::Value {
+        use serde_json::json;
+        let mut ops = Vec::new();
+        if let Some(uid) = &self.uid {
+            ops.push(json!({ "op": "test", "path": "/metadata/uid", "value": uid }));
+        }
+        ops.extend(
+            self.fence
+                .test_then_annotate(config_annotation, &self.config),
+        );
+        let cidrs: Vec<String> = self.cidrs.iter().map(ToString::to_string).collect();
+        ops.push(json!({ "op": "add", "path": "/spec/podCIDR", "value": cidrs.first() }));
+        ops.push(json!({ "op": "add", "path": "/spec/podCIDRs", "value": cidrs }));
+        serde_json::Value::Array(ops)
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -1,5 +1,6 @@
-//! A Node as node IPAM reads it: name, uid, resourceVersion, labels and the podCIDR fields.
-//! Everything else (status with its images and conditions, managedFields, annotations) is
+//! A Node as node IPAM reads it: name, uid, resourceVersion, labels, the seal annotation and the
+//! podCIDR fields. Everything else (status with its images and conditions, managedFields, the
+//! other annotations) is
 //! skipped while parsing instead of being built into objects. That is most of the work of
 //! reading Nodes, which is what start-up with many nodes and every watch event cost.
 
@@ -17,7 +18,8 @@ pub mod protobuf;
 /// reflectors like any resource; it is only ever read, never written back whole.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct IpamNode {
-    /// Only name, uid, resourceVersion and labels are filled in.
+    /// Only name, uid, resourceVersion, labels and annotations are filled in; of the
+    /// annotations only the seal's is kept ([`keep_seal`]).
     pub metadata: ObjectMeta,
     /// `spec.podCIDR`, as written.
     pub pod_cidr: Option<String>,
@@ -43,6 +45,16 @@ impl IpamNode {
     }
 }
 
+/// A Node's annotations as we keep them: none when it has none (the API server's JSON then has
+/// no `annotations` at all, which the seal's fence must know: `seal::Fence`), otherwise only
+/// the seal's, if it is there.
+pub fn keep_seal(all: Option<BTreeMap<String, String>>) -> Option<BTreeMap<String, String>> {
+    all.map(|mut all| {
+        all.retain(|k, _| k == crate::seal::ANNOTATION);
+        all
+    })
+}
+
 #[derive(Deserialize)]
 struct Raw {
     metadata: RawMeta,
@@ -57,6 +69,7 @@ struct RawMeta {
     uid: Option<String>,
     resource_version: Option<String>,
     labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Default, Deserialize)]
@@ -77,6 +90,7 @@ impl<'de> Deserialize<'de> for IpamNode {
                 uid: raw.metadata.uid,
                 resource_version: raw.metadata.resource_version,
                 labels: raw.metadata.labels,
+                annotations: keep_seal(raw.metadata.annotations),
                 ..ObjectMeta::default()
             },
             pod_cidr: spec.pod_cidr,
@@ -100,6 +114,8 @@ impl Serialize for IpamNode {
             resource_version: &'a Option<String>,
             #[serde(skip_serializing_if = "Option::is_none")]
             labels: &'a Option<BTreeMap<String, String>>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            annotations: &'a Option<BTreeMap<String, String>>,
         }
         #[derive(Serialize)]
         struct Spec<'a> {
@@ -120,6 +136,7 @@ impl Serialize for IpamNode {
                 uid: &m.uid,
                 resource_version: &m.resource_version,
                 labels: &m.labels,
+                annotations: &m.annotations,
             },
             spec: Spec {
                 pod_cidr: &self.pod_cidr,
@@ -188,7 +205,11 @@ mod tests {
         assert_eq!(slim.metadata.uid.as_deref(), Some("u-1"));
         assert_eq!(slim.metadata.resource_version.as_deref(), Some("42"));
         assert_eq!(slim.metadata.labels, full.metadata.labels);
-        assert_eq!(slim.metadata.annotations, None, "not kept");
+        assert_eq!(
+            slim.metadata.annotations,
+            Some(BTreeMap::new()),
+            "there are annotations, but only the seal's is kept"
+        );
         assert_eq!(
             slim.cidrs().map(|c| c.len()),
             Ok(2),

@@ -1,11 +1,13 @@
 //! What to do with a node's blocks once a podCIDR write has an outcome: confirm, adopt what the
 //! node carries instead, release, retry, or leak. Pure: no client.
 //!
-//! podCIDRs are immutable once set and every write carries the Node's UID as a precondition, so
-//! a write can only ever land on the object it was meant for. Blocks are released only when the
+//! podCIDRs are immutable once set and every write tests the Node's UID first, so a write can
+//! only ever land on the object it was meant for. Blocks are released only when the
 //! outcome proves they are not on that object; everything doubtful keeps them reserved.
 
 use ipnet::IpNet;
+
+use crate::seal::Fence;
 
 /// What the API server said about the patch.
 #[derive(Clone, Debug, PartialEq)]
@@ -17,12 +19,12 @@ pub enum WriteOutcome {
     },
     /// The Node does not exist (404 on the patch): nothing was written.
     Missing,
-    /// The server refused the patch (a 4xx such as 400 or 422): nothing was written.
+    /// The server refused the patch (a 4xx such as 400 or 422): nothing was written. A 422 is
+    /// also how a JSON patch's failed test is answered: the Node is another object, or was
+    /// sealed since ([`refused_the_blocks`] tells the two apart by the Node as read again).
     Rejected { reason: String, now: NodeNow },
-    /// The Node changed since the version the patch was sent for, or is another object (409):
-    /// nothing was written. Not a refusal of the blocks: a kubelet updating a new Node's status
-    /// between our read and our write is the usual cause, and the next attempt carries the
-    /// version read again.
+    /// A conflict (409) the API server did not resolve by itself: nothing was written, and the
+    /// next attempt is sent on the Node as read again.
     Conflict { reason: String, now: NodeNow },
     /// Not answered in a way that rules it out (timeout, any 5xx, connection lost: see
     /// [`may_still_land`]): the write may or may not have landed.
@@ -64,7 +66,7 @@ pub enum Answer {
     Applied,
     Missing,
     Throttled,
-    /// 409: the version (or UID) the write was sent for is no longer the Node's.
+    /// 409: the object changed under a precondition the write carried.
     Conflict,
     Rejected,
     Ambiguous,
@@ -79,11 +81,30 @@ pub enum NodeNow {
     },
     Empty {
         uid: Option<String>,
-        /// Its resourceVersion: the precondition of the next write.
-        version: Option<String>,
+        /// Its seal: the precondition of the next write.
+        fence: Fence,
     },
     Gone,
     Unknown(String),
+}
+
+/// Whether a write's answer refused the blocks themselves (an admission policy, a 403, an
+/// invalid value), as opposed to its preconditions: a 422 whose Node, read again, is another
+/// object or carries another seal than the write tested was the fence doing its work, and
+/// the next attempt goes on the Node as read. Only refusals count toward giving up.
+pub fn refused_the_blocks(outcome: &WriteOutcome, uid: Option<&str>, fence: &Fence) -> bool {
+    match outcome {
+        WriteOutcome::Rejected {
+            now:
+                NodeNow::Empty {
+                    uid: now_uid,
+                    fence: now_fence,
+                },
+            ..
+        } => now_fence == fence && (uid.is_none() || now_uid.as_deref() == uid),
+        WriteOutcome::Rejected { .. } => true,
+        _ => false,
+    }
 }
 
 /// The decision for the allocation state.
@@ -248,7 +269,7 @@ mod tests {
             (
                 amb(NodeNow::Empty {
                     uid: Some("u1".into()),
-                    version: None,
+                    fence: Fence::default(),
                 }),
                 u,
                 false,
@@ -257,7 +278,7 @@ mod tests {
             (
                 amb(NodeNow::Empty {
                     uid: Some("u2".into()),
-                    version: None,
+                    fence: Fence::default(),
                 }),
                 u,
                 false,
@@ -268,7 +289,7 @@ mod tests {
                     reason: "409".into(),
                     now: NodeNow::Empty {
                         uid: Some("u1".into()),
-                        version: Some("8".into()),
+                        fence: Fence::Seal(Some("b/1".into())),
                     },
                 },
                 u,
@@ -305,5 +326,50 @@ mod tests {
                 "case {i}: {outcome:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_failed_test_of_the_fence_is_no_refusal_of_the_blocks() {
+        let sealed = Fence::Seal(Some("b/1".into()));
+        let rejected = |uid: &str, fence: Fence| WriteOutcome::Rejected {
+            reason: "422".into(),
+            now: NodeNow::Empty {
+                uid: Some(uid.into()),
+                fence,
+            },
+        };
+        // Read again: the seal is still what the write tested, so the 422 was about the blocks.
+        assert!(refused_the_blocks(
+            &rejected("u1", sealed.clone()),
+            Some("u1"),
+            &sealed
+        ));
+        // Sealed since, or another object: the tests failed, not the blocks.
+        assert!(!refused_the_blocks(
+            &rejected("u1", Fence::Seal(Some("c/2".into()))),
+            Some("u1"),
+            &sealed
+        ));
+        assert!(!refused_the_blocks(
+            &rejected("u2", sealed.clone()),
+            Some("u1"),
+            &sealed
+        ));
+        assert!(!refused_the_blocks(
+            &rejected("u1", Fence::Bare),
+            Some("u1"),
+            &Fence::Seal(None)
+        ));
+        // Not read again: counted as a refusal, as before.
+        let unknown = WriteOutcome::Rejected {
+            reason: "403".into(),
+            now: NodeNow::Unknown("timeout".into()),
+        };
+        assert!(refused_the_blocks(&unknown, Some("u1"), &sealed));
+        assert!(!refused_the_blocks(
+            &WriteOutcome::Throttled,
+            Some("u1"),
+            &sealed
+        ));
     }
 }

@@ -1,17 +1,25 @@
 //! The seal: the step of the single-writer argument that needs no timing. Every podCIDR write
-//! carries the resourceVersion of the Node it was chosen for, so it lands only on that version.
-//! Before its first podCIDR write, a leader that took over from a predecessor which may have
-//! writes in flight writes once to every Node without podCIDRs (an annotation naming itself):
-//! that moves each such Node past every version a predecessor can have read, and a write
-//! sent before it fails with a conflict however late it arrives. A write that landed first is
-//! in the seal's answer, and the list that follows sees it. (docs/single-writer.md, step 2.)
+//! is a JSON patch that first tests the Node's seal annotation against the value its sender
+//! read (the [`Fence`]), so it lands only while that value stands. Before its first podCIDR
+//! write, a leader that took over from a predecessor which may have writes in flight writes
+//! once to every Node without podCIDRs (the annotation, naming itself and this seal): that
+//! changes the value every write of a predecessor tests, and such a write fails (422, the
+//! test failed) however late it arrives. A write that landed first is in the seal's answer,
+//! and the list that follows sees it. (docs/single-writer.md, step 2.)
 //!
-//! Why every version a predecessor read is older than the seal: it read them before it sent,
-//! it sent only within its term, and the new leader took the Lease, and then sealed, only
-//! after that term (step 1). Nodes that were not there when the new leader listed for the
-//! seal cannot have been read by a predecessor at all; a Node with podCIDRs cannot be
-//! written again (podCIDRs are immutable), and a Node re-created under a name has another UID,
-//! which every write also tests.
+//! Why the fence is the seal and not the Node's resourceVersion: a kubelet moves the version
+//! with every status update (registration, Ready, each heartbeat), and so do cloud
+//! controllers, labellers and CNIs; a write tested on it meets a 409 whenever it waited in the
+//! queue longer than a heartbeat, and a 5,000-node bring-up stalls. Only a seal changes the
+//! seal's annotation, so only a successor's seal fails our writes.
+//!
+//! Why every value a predecessor read is older than the seal: it read it before it sent, it
+//! sent only within its term, and the new leader took the Lease, and then sealed, only
+//! after that term (step 1); the seal's value names a process and a token never used before.
+//! Nodes that were not there when the new leader listed for the seal cannot have been read by
+//! a predecessor at all; a Node with podCIDRs cannot be written again (podCIDRs are
+//! immutable), and a Node re-created under a name has another UID, which every write also
+//! tests.
 
 use std::time::Duration;
 
@@ -22,9 +30,54 @@ use crate::outcome::Answer;
 /// The annotation a seal writes: the sealing leader and a token of this seal.
 pub const ANNOTATION: &str = "nodeipam.io/sealed-by";
 
-/// How often one Node's seal is tried before the new leader relies on the take-over wait for
-/// it instead (the timing assumption of step 2).
-pub const ATTEMPTS: u32 = 5;
+/// What a podCIDR write tests on its Node besides the UID: the seal annotation as the write's
+/// sender read it. Nothing but a seal changes it, so a kubelet's or another controller's write
+/// to the Node never fails ours, and a successor's seal fails every write sent before it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Fence {
+    /// The Node had no annotations at all. A JSON patch can test a key only inside a map that
+    /// exists, so the write tests that there are still none: a first annotation from anyone
+    /// fails it once, and the write is sent again on the Node as read then.
+    #[default]
+    Bare,
+    /// The seal's value as read; `None` where the annotations had no seal.
+    Seal(Option<String>),
+}
+
+impl Fence {
+    /// The fence of a Node as read (its annotations as `node::keep_seal` keeps them).
+    pub fn of(node: &IpamNode) -> Fence {
+        match &node.metadata.annotations {
+            None => Fence::Bare,
+            Some(a) => Fence::Seal(a.get(ANNOTATION).cloned()),
+        }
+    }
+
+    /// The JSON patch operations that test the fence, then set the annotation `key` to
+    /// `value` (where the Node has no annotations, by adding the whole map the test found
+    /// absent).
+    pub fn test_then_annotate(&self, key: &str, value: &str) -> Vec<serde_json::Value> {
+        use serde_json::json;
+        match self {
+            Fence::Bare => vec![
+                json!({ "op": "test", "path": "/metadata/annotations", "value": null }),
+                json!({ "op": "add", "path": "/metadata/annotations", "value": { key: value } }),
+            ],
+            Fence::Seal(seal) => vec![
+                json!({ "op": "test", "path": annotation_path(ANNOTATION), "value": seal }),
+                json!({ "op": "add", "path": annotation_path(key), "value": value }),
+            ],
+        }
+    }
+}
+
+/// The JSON pointer of an annotation (RFC 6901: `~` and `/` escaped).
+fn annotation_path(key: &str) -> String {
+    format!(
+        "/metadata/annotations/{}",
+        key.replace('~', "~0").replace('/', "~1")
+    )
+}
 
 /// When a new leader that took over as `took` seals, after its take-over began: at once when
 /// its predecessor sends nothing more, after the predecessor's whole term (`term`) when nothing
@@ -54,10 +107,20 @@ pub fn targets(nodes: &[IpamNode]) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
-/// The annotation's value: never one the Node already carries, since a patch that changes
-/// nothing leaves the resourceVersion where it was, and the seal would hold nothing back.
+/// The annotation's value: never one the Node already carries or a predecessor read, since a
+/// seal that changes nothing would hold nothing back.
 pub fn value(identity: &str, token: u64) -> String {
     format!("{identity}/{token:016x}")
+}
+
+/// Whether a seal is done, and the new leader may write its first podCIDRs: its list of the
+/// Nodes succeeded (`unsealed` is how many of them no answer has settled yet; `None` while
+/// the list has not) and every one of them is settled. Never "done enough": a Node left
+/// unsealed is one a predecessor's late write can still land on, at any later time, so a
+/// seal that is throttled or refused is tried again for as long as it takes, and the leader
+/// allocates nothing meanwhile.
+pub fn done(unsealed: Option<usize>) -> bool {
+    unsealed == Some(0)
 }
 
 /// Whether a seal's answer settles that Node: it landed (a 2xx: the Node's version moved, or
@@ -96,9 +159,49 @@ mod tests {
     }
 
     #[test]
+    fn the_fence_is_the_seal_as_read_and_knows_a_node_without_annotations() {
+        use std::collections::BTreeMap;
+        let mut n = node("n", "u", &[], &[]);
+        n.metadata.annotations = None;
+        assert_eq!(Fence::of(&n), Fence::Bare);
+        n.metadata.annotations = Some(BTreeMap::new());
+        assert_eq!(Fence::of(&n), Fence::Seal(None));
+        n.metadata.annotations = Some(BTreeMap::from([(ANNOTATION.into(), "a/1".into())]));
+        assert_eq!(Fence::of(&n), Fence::Seal(Some("a/1".into())));
+    }
+
+    #[test]
+    fn a_write_tests_the_fence_before_it_annotates() {
+        let ops = Fence::Seal(Some("a/1".into())).test_then_annotate("nodeipam.io/config", "c");
+        assert_eq!(
+            ops,
+            vec![
+                serde_json::json!({"op": "test", "path": "/metadata/annotations/nodeipam.io~1sealed-by", "value": "a/1"}),
+                serde_json::json!({"op": "add", "path": "/metadata/annotations/nodeipam.io~1config", "value": "c"}),
+            ]
+        );
+        // An absent seal is tested as null, which a missing key passes and any value fails.
+        let ops = Fence::Seal(None).test_then_annotate("k", "v");
+        assert_eq!(ops[0]["value"], serde_json::Value::Null);
+        let ops = Fence::Bare.test_then_annotate("k", "v");
+        assert_eq!(ops[0]["path"], "/metadata/annotations");
+        assert_eq!(ops[1]["value"], serde_json::json!({"k": "v"}));
+    }
+
+    #[test]
     fn every_seal_writes_a_new_value() {
         assert_ne!(value("a_1", 1), value("a_1", 2));
         assert!(value("a_1", 1).starts_with("a_1/"));
+    }
+
+    #[test]
+    fn a_seal_is_done_only_once_listed_and_every_node_settled() {
+        assert!(
+            !done(None),
+            "the list failed: nothing is known to be sealed"
+        );
+        assert!(!done(Some(1)));
+        assert!(done(Some(0)));
     }
 
     #[test]

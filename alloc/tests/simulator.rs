@@ -174,7 +174,7 @@ fn leadership_schedules_keep_one_writer() {
 }
 
 /// Beyond it: a write may land up to a minute after it was sent, long after the take-over
-/// wait and after the successor listed. The seal (every podCIDR write on the version it was
+/// wait and after the successor listed. The seal (every podCIDR write tests the seal it was
 /// chosen for; the successor's write to every empty Node) keeps every block on one Node.
 #[test]
 fn beyond_the_bound_a_late_write_is_sealed_off() {

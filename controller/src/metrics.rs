@@ -66,6 +66,11 @@ pub struct SealResult {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SealStep {
+    pub step: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
     pub result: String,
 }
@@ -105,6 +110,7 @@ pub struct Metrics {
     pub leader: Gauge,
     pub takeovers: Family<Handover, Counter>,
     pub seals: Family<SealResult, Counter>,
+    pub seal_retries: Family<SealStep, Counter>,
     /// When the allocation loop last took a step (seconds since the epoch): liveness.
     pub allocation_step: Gauge,
     pub admissions: Family<Outcome, Counter>,
@@ -171,6 +177,7 @@ impl Metrics {
             leader: Gauge::default(),
             takeovers: Family::default(),
             seals: Family::default(),
+            seal_retries: Family::default(),
             allocation_step: Gauge::default(),
             admissions: Family::default(),
             pool_ranges: Family::default(),
@@ -246,7 +253,7 @@ impl Metrics {
         );
         own.register(
             "pending_nodes",
-            "Nodes waiting for a block",
+            "Nodes waiting for their podCIDRs: no config can give them a block, or their podCIDR write has not been seen to land yet",
             m.pending_nodes.clone(),
         );
         own.register(
@@ -291,8 +298,13 @@ impl Metrics {
         );
         own.register(
             "takeover_sealed_nodes",
-            "Nodes without podCIDRs a new leader wrote to before its first podCIDR write, so that no write of a previous leader can land on them: sealed (the seal landed, or the node is gone) or unsealed (no answer settled it: only the take-over wait holds a late write back)",
+            "Nodes without podCIDRs a new leader wrote to before its first podCIDR write, so that no write of a previous leader can land on them: sealed (the seal landed, or the node is gone)",
             m.seals.clone(),
+        );
+        own.register(
+            "takeover_seal_retries",
+            "Retries of a take-over's seal, by step: list (the Node list failed) or write (a Node's seal was throttled, refused or not answered); the new leader allocates nothing until every Node is sealed",
+            m.seal_retries.clone(),
         );
         own.register(
             "allocation_loop_last_step_timestamp_seconds",
@@ -390,15 +402,20 @@ impl Metrics {
             .set(i64::from(held));
     }
 
-    /// A take-over's seal: how many Nodes it sealed and how many it could not.
-    pub fn sealed(&self, sealed: usize, unsealed: usize) {
-        for (result, n) in [("sealed", sealed), ("unsealed", unsealed)] {
-            self.seals
-                .get_or_create(&SealResult {
-                    result: result.into(),
-                })
-                .inc_by(n as u64);
-        }
+    /// A take-over's seal: how many Nodes it sealed.
+    pub fn sealed(&self, sealed: usize) {
+        self.seals
+            .get_or_create(&SealResult {
+                result: "sealed".into(),
+            })
+            .inc_by(sealed as u64);
+    }
+
+    /// A take-over's seal tried a step again (`list` or `write`).
+    pub fn seal_retried(&self, step: &str) {
+        self.seal_retries
+            .get_or_create(&SealStep { step: step.into() })
+            .inc();
     }
 
     /// This replica became the allocating leader; `handover` is clean, unclean or unknown.

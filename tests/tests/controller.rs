@@ -1089,3 +1089,103 @@ async fn node_lists_read_as_protobuf_match_json() {
         other => panic!("expected the API server's Status, got {other:?}"),
     }
 }
+
+/// Nodes whose kubelets write their status (registration, Ready, heartbeats) while the
+/// controller's writes wait in a long queue (a low QPS): every node is served, and nearly all
+/// with one podCIDR write. A write preconditioned on the whole Node's resourceVersion would
+/// meet a 409 after nearly every heartbeat and fall further behind with each retry (issue 45:
+/// 464 of 5,000 nodes served in five minutes); the fence must be something only a successor's
+/// seal moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_status_updates_never_hold_up_a_podcidr_write() {
+    use nodeipam_testenv::FaultProxy;
+    use nodeipam_testenv::fault_proxy::{Action, Rule};
+    use support::kubelet::{Kubelets, Timing};
+
+    const NODES: usize = 200;
+    let cp = control_plane().await;
+    let admin = cp.client();
+    // The controller talks through the proxy only so that its podCIDR writes can be counted.
+    let proxy = FaultProxy::for_user(&cp, "nodeipam-under-test", &["system:masters"])
+        .unwrap_or_else(|e| panic!("step=start-fault-proxy: {e}"));
+    let writes = proxy.add(Rule::new(
+        Some(http::Method::PATCH),
+        "/api/v1/nodes/",
+        Action::Forward,
+    ));
+    let through = proxy
+        .client()
+        .unwrap_or_else(|e| panic!("step=fault-proxy-client: {e}"));
+    // 20 writes a second: the last of 200 nodes waits about 10 s for its turn, through a
+    // Ready update and several heartbeats.
+    let ctl = start_controller(
+        through,
+        Options {
+            qps: 20.0,
+            burst: 20,
+            ..Options::default()
+        },
+    );
+    create_ready_config(
+        &admin,
+        "busy",
+        spec(family("10.124.0.0/16", 24), None, None),
+    )
+    .await;
+    let names: Vec<String> = (0..NODES).map(|i| format!("kubelet-{i:03}")).collect();
+    let kubelets = Kubelets::start(
+        admin.clone(),
+        names.clone(),
+        Timing {
+            ready_after: (Duration::from_millis(500), Duration::from_millis(2500)),
+            heartbeat: (Duration::from_secs(2), Duration::from_secs(3)),
+        },
+    );
+    // A node whose write waits in the queue has no podCIDRs yet: it must count as pending.
+    let most_pending = {
+        let metrics = ctl.metrics.clone();
+        tokio::spawn(async move {
+            let mut most = 0;
+            loop {
+                most = most.max(metrics.pending_nodes.get());
+                if most > 0 {
+                    return most;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_for(&format!("podCIDRs on all {NODES} nodes"), || async {
+        let list = nodes.list(&Default::default()).await.ok()?;
+        let served = list.items.iter().filter(|n| !pod_cidrs(n).is_empty());
+        (served.count() == NODES).then_some(())
+    })
+    .await;
+    let most_pending = tokio::time::timeout(Duration::from_secs(1), most_pending)
+        .await
+        .ok()
+        .and_then(Result::ok);
+    assert!(
+        most_pending.is_some_and(|n| n > 0),
+        "nodes whose writes waited in the queue were never counted as pending"
+    );
+    let updates = kubelets.updates();
+    drop(kubelets);
+    let sent = writes.matched();
+    assert!(
+        updates as usize > 2 * NODES,
+        "the kubelets made only {updates} status updates: the test did not load the nodes"
+    );
+    assert!(
+        sent as f64 <= NODES as f64 * 1.05,
+        "{sent} podCIDR writes for {NODES} nodes (at most 1.05 a node allowed), while the kubelets made {updates} status updates"
+    );
+    wait_for("no node pending once all are served", || async {
+        (ctl.metrics.pending_nodes.get() == 0).then_some(())
+    })
+    .await;
+    assert_invariant(&admin, &[]).await;
+    assert_status_matches(&admin, "busy").await;
+    cp.stop().await;
+}

@@ -38,10 +38,21 @@ struct Pair {
     proxy: FaultProxy,
     a: Replica,
     b: Replica,
+    /// replica-b's own proxy, when it talks through one ([`Pair::start_b_proxied`]).
+    proxy_b: Option<FaultProxy>,
 }
 
 impl Pair {
     async fn start(cidr: &str, mask: u8) -> Pair {
+        Self::start_with(cidr, mask, false).await
+    }
+
+    /// As [`start`](Self::start), with replica-b behind a fault proxy of its own too.
+    async fn start_b_proxied(cidr: &str, mask: u8) -> Pair {
+        Self::start_with(cidr, mask, true).await
+    }
+
+    async fn start_with(cidr: &str, mask: u8, b_proxied: bool) -> Pair {
         let cp = control_plane().await;
         let admin = cp.client();
         let dir = tempfile::tempdir().expect("temp dir");
@@ -54,8 +65,18 @@ impl Pair {
             .unwrap_or_else(|e| panic!("step=fault-proxy-kubeconfig: {e}"));
         let a = Replica::start_plain(dir.path(), &through, "replica-a", FLAGS).await;
         a.wait_leader_metric(1.0).await;
-        let direct = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
-        let b = Replica::start_plain(dir.path(), &direct, "replica-b", FLAGS).await;
+        let (b_kubeconfig, proxy_b) = if b_proxied {
+            let proxy_b = FaultProxy::for_user(&cp, SA_USER, SA_GROUPS)
+                .unwrap_or_else(|e| panic!("step=start-fault-proxy-b: {e}"));
+            let path = dir.path().join("through-proxy-b.kubeconfig");
+            proxy_b
+                .write_kubeconfig(&path)
+                .unwrap_or_else(|e| panic!("step=fault-proxy-b-kubeconfig: {e}"));
+            (path, Some(proxy_b))
+        } else {
+            (sa_kubeconfig(&cp, dir.path(), "nodeipam-controller"), None)
+        };
+        let b = Replica::start_plain(dir.path(), &b_kubeconfig, "replica-b", FLAGS).await;
         create_ready_config(&admin, "pool", spec(family(cidr, mask), None, None)).await;
         create_node(&admin, "warm", &[]).await;
         wait_cidrs(&admin, "warm").await;
@@ -66,6 +87,7 @@ impl Pair {
             proxy,
             a,
             b,
+            proxy_b,
         }
     }
 }
@@ -112,6 +134,7 @@ async fn a_write_answered_500_is_not_handed_over_as_settled() {
         proxy,
         mut a,
         mut b,
+        ..
     } = Pair::start("10.82.0.0/16", 24).await;
     let late = proxy.add(
         node_patch(
@@ -308,10 +331,10 @@ async fn a_throttled_node_write_is_retried_and_lands() {
 /// The seal, shown where no timing can help: replica-a's podCIDR write for node zzz-late is
 /// answered 500 at once and reaches the API server 40 s later, long after replica-a was
 /// killed, replica-b took over (the lease's term and the write timeout) and gave the block
-/// replica-a had chosen, the last one of the config, to node aaa-new. The write carries the
-/// version of zzz-late replica-a read; replica-b's seal moved zzz-late past it, so the write
-/// arrives to a conflict and no two nodes share a block. Without the seal (or without the
-/// version on the write), it lands and zzz-late and aaa-new hold the same block.
+/// replica-a had chosen, the last one of the config, to node aaa-new. The write tests the
+/// seal of zzz-late replica-a read; replica-b's seal changed it, so the write's test fails
+/// (422) and no two nodes share a block. Without the seal (or without the write's test of
+/// it), it lands and zzz-late and aaa-new hold the same block.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_lands_after_the_take_over_wait_is_sealed_off() {
     // Two blocks: warm holds the first, the second is the one both leaders choose.
@@ -322,6 +345,7 @@ async fn a_write_that_lands_after_the_take_over_wait_is_sealed_off() {
         proxy,
         mut a,
         mut b,
+        ..
     } = Pair::start("10.87.0.0/23", 24).await;
     let late = proxy.add(node_patch(
         "zzz-late",
@@ -360,8 +384,8 @@ async fn a_write_that_lands_after_the_take_over_wait_is_sealed_off() {
     .await;
     assert_invariant(&admin, &[]).await;
     assert_eq!(
-        landed.status, 409,
-        "the late write met the seal: {landed:?}"
+        landed.status, 422,
+        "the late write's test of the seal failed: {landed:?}"
     );
     let node = get_node(&admin, "zzz-late").await.expect("node zzz-late");
     assert_eq!(
@@ -382,6 +406,95 @@ async fn a_write_that_lands_after_the_take_over_wait_is_sealed_off() {
         b.log_tail()
     );
     assert_eq!(takeovers(&b, "unclean").await, 1.0, "{}", b.log_tail());
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().await.success());
+    cp.stop().await;
+}
+
+/// The seal never gives up (issue 45): replica-b takes over from a replica-a killed with a
+/// write for node zzz-late answered 500 that lands 40 s after it was sent, and meets a
+/// throttled API server: its first two Node lists for the seal and its first six seal writes
+/// to zzz-late are answered 429 (more tries than any fixed limit of five). It lists and writes
+/// again until zzz-late is sealed, allocating nothing meanwhile, then gives the block
+/// replica-a chose to aaa-new; the late write fails its test of the seal. A seal that gave up
+/// (on the failed list or after five throttled writes) left zzz-late to the take-over wait
+/// alone: the late write landed, and zzz-late and aaa-new held the same block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_seal_is_retried_until_every_node_is_sealed() {
+    let Pair {
+        cp,
+        admin,
+        _dir,
+        proxy,
+        mut a,
+        mut b,
+        proxy_b,
+    } = Pair::start_b_proxied("10.89.0.0/23", 24).await;
+    let proxy_b = proxy_b.expect("replica-b talks through its own proxy");
+    let late = proxy.add(node_patch(
+        "zzz-late",
+        Action::Answer {
+            status: 500,
+            then_land_after: Some(Duration::from_secs(40)),
+        },
+    ));
+    let throttle = Action::Throttle {
+        retry_after_secs: 1,
+    };
+    let lists = proxy_b.add(
+        Rule::new(Some(Method::GET), "/api/v1/nodes", throttle.clone())
+            .query("limit=")
+            .times(2),
+    );
+    let seals = proxy_b.add(node_patch("zzz-late", throttle).times(6));
+    create_node(&admin, "zzz-late", &[]).await;
+    wait_for(
+        "replica-a's write to node zzz-late to be answered 500",
+        || async { (late.matched() >= 1).then_some(()) },
+    )
+    .await;
+    a.signal(Signal::KILL);
+    a.wait_exit().await;
+    create_node(&admin, "aaa-new", &[]).await;
+    // During replica-b's take-over (it counts as leader only once the seal is done).
+    wait_for("replica-b's sixth throttled seal of zzz-late", || async {
+        (seals.matched() >= 6).then_some(())
+    })
+    .await;
+    assert_eq!(lists.matched(), 2, "the seal's node lists were throttled");
+    let node = get_node(&admin, "aaa-new").await.expect("node aaa-new");
+    assert_eq!(
+        pod_cidrs(&node),
+        Vec::<String>::new(),
+        "nothing is allocated while a node is unsealed\n{}",
+        b.log_tail()
+    );
+    b.wait_leader_metric(1.0).await;
+    let given = wait_cidrs(&admin, "aaa-new").await;
+    assert_eq!(given, vec!["10.89.1.0/24".to_string()]);
+    let landed = wait_for("replica-a's write to arrive at the API server", || async {
+        proxy.log().into_iter().find(|e| {
+            e.path.ends_with("/nodes/zzz-late")
+                && e.origin == nodeipam_testenv::fault_proxy::Origin::Landed
+        })
+    })
+    .await;
+    assert_invariant(&admin, &[]).await;
+    assert_eq!(
+        landed.status, 422,
+        "the late write met the seal: {landed:?}"
+    );
+    for (step, at_least) in [("list", 2.0), ("write", 6.0)] {
+        let retries = b
+            .gauge("nodeipam_takeover_seal_retries_total", &[("step", step)])
+            .await
+            .unwrap_or(0.0);
+        assert!(
+            retries >= at_least,
+            "the seal retried its {step}s: {retries}\n{}",
+            b.log_tail()
+        );
+    }
     b.signal(Signal::TERM);
     assert!(b.wait_exit().await.success());
     cp.stop().await;

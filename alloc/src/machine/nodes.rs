@@ -18,6 +18,7 @@ use super::{Effect, GATE_GRACE, Metric};
 use crate::effects::{self, Note, WriteJob};
 use crate::ipam::{AllocateError, NodeSeen, Phase};
 use crate::node::IpamNode;
+use crate::seal::Fence;
 use crate::selection::{self, NodeView};
 
 /// The parts a node's handling reaches besides the nodes: the allocation state and effects,
@@ -73,8 +74,8 @@ impl World {
 #[derive(Clone, Debug)]
 struct PendingNode {
     uid: Option<String>,
-    /// Its resourceVersion as last read, for the write's precondition.
-    version: Option<String>,
+    /// Its seal as last read, for the write's precondition.
+    fence: Fence,
     labels: BTreeMap<String, String>,
     warned: bool,
     /// Since when it has waited only behind gates, if it does.
@@ -131,8 +132,8 @@ impl Nodes {
         let uid = node.uid();
         match node.cidrs() {
             Ok(cidrs) if cidrs.is_empty() => {
-                let version = node.metadata.resource_version.clone();
-                self.on_empty_node(name, uid, version, node.labels().clone(), cx);
+                let fence = Fence::of(&node);
+                self.on_empty_node(name, uid, fence, node.labels().clone(), cx);
             }
             Ok(cidrs) => self.on_node_with_cidrs(&name, uid.as_deref(), &cidrs, cx),
             Err(message) => {
@@ -205,7 +206,7 @@ impl Nodes {
         &mut self,
         name: String,
         uid: Option<String>,
-        version: Option<String>,
+        fence: Fence,
         labels: BTreeMap<String, String>,
         cx: &mut Around<'_>,
     ) {
@@ -225,7 +226,7 @@ impl Nodes {
             });
         let node = PendingNode {
             uid,
-            version,
+            fence,
             labels,
             warned,
             waiting_since,
@@ -353,7 +354,7 @@ impl Nodes {
         if p.retry_at.is_some_and(|at| at > cx.core.mono()) {
             return;
         }
-        let (uid, version, labels) = (p.uid.clone(), p.version.clone(), p.labels.clone());
+        let (uid, fence, labels) = (p.uid.clone(), p.fence.clone(), p.labels.clone());
         match cx.core.ipam_mut().allocate(name, uid.as_deref(), &labels) {
             Ok(a) => {
                 self.pending.remove(name);
@@ -369,7 +370,7 @@ impl Nodes {
                 cx.core.push(Effect::Write(WriteJob {
                     node: name.to_string(),
                     uid,
-                    version,
+                    fence,
                     labels,
                     config: a.config,
                     cidrs: a.cidrs,
@@ -476,7 +477,7 @@ impl Nodes {
     pub(super) fn repend(&mut self, job: WriteJob, retry_at: Option<Duration>) {
         let node = PendingNode {
             uid: job.uid,
-            version: job.version,
+            fence: job.fence,
             labels: job.labels,
             warned: retry_at.is_some(),
             waiting_since: None,
@@ -502,7 +503,7 @@ mod tests {
         WriteJob {
             node: node.into(),
             uid: Some(uid.into()),
-            version: None,
+            fence: Fence::default(),
             labels: BTreeMap::new(),
             config: "c".into(),
             cidrs: Vec::new(),

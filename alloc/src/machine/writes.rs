@@ -13,7 +13,7 @@ use super::nodes::{Around, Nodes};
 use super::{Effect, Metric};
 use crate::effects::{self, Note, WriteJob, WriteResult};
 use crate::ipam::{NodeSeen, Phase};
-use crate::outcome::{Decision, NodeNow, WriteOutcome, decide};
+use crate::outcome::{Decision, NodeNow, WriteOutcome, decide, refused_the_blocks};
 
 /// How long a failed re-read of a node missing from a relist waits before it is tried again.
 const REREAD_RETRY: Duration = Duration::from_secs(5);
@@ -99,8 +99,9 @@ impl Writes {
         cx: &mut Around<'_>,
     ) {
         let ambiguous = job.was_ambiguous || matches!(outcome, WriteOutcome::Ambiguous { .. });
-        // A conflict is the Node changing under us, not a refusal of the blocks.
-        let rejected = matches!(outcome, WriteOutcome::Rejected { .. });
+        // A conflict, or a failed test of the UID or the seal, is the Node changing under us,
+        // not a refusal of the blocks.
+        let rejected = refused_the_blocks(outcome, job.uid.as_deref(), &job.fence);
         let rejections = job.rejections + u32::from(rejected);
         let why = match outcome {
             WriteOutcome::Rejected { reason, .. }
@@ -136,21 +137,21 @@ impl Writes {
         }
         warn!(node = %job.node, attempt, ?outcome, "podCIDR write did not land; retrying the same blocks");
         cx.core.metric(Metric::Error("node_write"));
-        // The same blocks, on the version of the Node read since, if one was.
-        let version = match outcome {
+        // The same blocks, on the seal of the Node as read since, if it was.
+        let fence = match outcome {
             WriteOutcome::Rejected { now, .. }
             | WriteOutcome::Conflict { now, .. }
             | WriteOutcome::Ambiguous { now, .. } => match now {
-                NodeNow::Empty { version, .. } => version.clone().or(job.version.clone()),
-                _ => job.version.clone(),
+                NodeNow::Empty { fence, .. } => fence.clone(),
+                _ => job.fence.clone(),
             },
-            _ => job.version.clone(),
+            _ => job.fence.clone(),
         };
         cx.core.push(Effect::Write(WriteJob {
             attempt,
             rejections,
             was_ambiguous: ambiguous,
-            version,
+            fence,
             ..job
         }));
     }

@@ -123,6 +123,8 @@ mod wire_types {
         pub resource_version: Option<String>,
         #[prost(btree_map = "string, string", tag = "11")]
         pub labels: BTreeMap<String, String>,
+        #[prost(btree_map = "string, string", tag = "12")]
+        pub annotations: BTreeMap<String, String>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -210,6 +212,9 @@ fn node(n: wire_types::Node) -> IpamNode {
             uid: nonempty(meta.uid),
             resource_version: nonempty(meta.resource_version),
             labels: (!meta.labels.is_empty()).then_some(meta.labels),
+            annotations: super::keep_seal(
+                (!meta.annotations.is_empty()).then_some(meta.annotations),
+            ),
             ..ObjectMeta::default()
         },
         pod_cidr: nonempty(spec.pod_cidr),
@@ -290,6 +295,7 @@ mod tests {
             &|o| uint(o, 7, 3),
             &|o| bytes(o, 11, &label("zone", "a")),
             &|o| bytes(o, 12, &label("note", "skipped")),
+            &|o| bytes(o, 12, &label(crate::seal::ANNOTATION, "r/1")),
             &|o| bytes(o, 11, &label("rack", "r1")),
             &|o| bytes(o, 17, &managed),
         ]);
@@ -352,7 +358,14 @@ mod tests {
                 ("zone".to_string(), "a".to_string())
             ]))
         );
-        assert_eq!(a.metadata.annotations, None);
+        // Of the annotations, only the seal's is kept.
+        assert_eq!(
+            a.metadata.annotations,
+            Some(BTreeMap::from([(
+                crate::seal::ANNOTATION.to_string(),
+                "r/1".to_string()
+            )]))
+        );
         assert_eq!(a.pod_cidr.as_deref(), Some("10.0.0.0/24"));
         assert_eq!(
             a.pod_cidrs,

@@ -74,6 +74,8 @@ const MARGIN: Duration = ms(1_000);
 const POLL: Duration = ms(1_000);
 const RETRY: Duration = ms(1_000);
 const WRITE_TIMEOUT: Duration = ms(4_500);
+/// How soon a throttled round of the seal is tried again.
+const SEAL_RETRY: Duration = ms(200);
 /// How long a replica waits after it first saw a Lease being deleted before it lets it go.
 const SETTLE: Duration = ms(5_500);
 /// How long a stopping process waits for its writes (`run_until`).
@@ -243,8 +245,10 @@ fn marked(read: &LeaseView, mark: Option<Mark>) -> LeaseView {
 struct Node {
     name: u8,
     block: Option<u32>,
-    /// Its resourceVersion: every change moves it on.
-    version: u64,
+    /// Its seal annotation, which only a seal changes: what every podCIDR write tests. (A
+    /// kubelet's status updates move the Node's resourceVersion, not this: they change nothing
+    /// a write tests, so they are not modelled.)
+    seal: u64,
 }
 
 /// A node write in the world.
@@ -253,8 +257,8 @@ struct Flight {
     session: u64,
     node: usize,
     block: u32,
-    /// The node's version the write was sent for: it lands on that version only.
-    version: u64,
+    /// The node's seal the write was sent for: it lands only while that seal stands.
+    seal: u64,
     sent: Duration,
     /// The answer and when it arrives (`None`: never; the sender gives up a write timeout
     /// after it sent, on its own clock).
@@ -309,8 +313,8 @@ struct View {
     /// How far the watch has delivered the world's changes.
     cursor: usize,
     nodes: BTreeMap<usize, Option<u32>>,
-    /// The version of each node last read, for the next write's precondition.
-    versions: BTreeMap<usize, u64>,
+    /// The seal of each node last read, for the next write's precondition.
+    seals: BTreeMap<usize, u64>,
     /// Blocks this session gave and is not sure of yet, and whether a write is in flight.
     mine: BTreeMap<usize, (u32, bool)>,
 }
@@ -319,8 +323,10 @@ enum Session {
     Off,
     Waiting {
         until: Duration,
-        /// When it seals the nodes (`seal::after`), until it has.
+        /// When it seals the nodes (`seal::after`), or tries its seal again, until it is done.
         seal_at: Option<Duration>,
+        /// The nodes its seal has yet to settle, once its list succeeded.
+        unsealed: Option<Vec<usize>>,
     },
     Active(View),
     /// Stopping: sends nothing more, waits for what it sent.
@@ -490,22 +496,22 @@ impl Sim {
     fn commit(&mut self, i: usize) {
         let (node, block) = (self.flights[i].node, self.flights[i].block);
         self.flights[i].commit_at = None;
-        let current = self.nodes[node].version == self.flights[i].version;
+        let current = self.nodes[node].seal == self.flights[i].seal;
         let landed = self.nodes[node].block.is_none() && current;
         if landed {
             self.nodes[node].block = Some(block);
-            self.nodes[node].version += 1;
             self.changes.push(node);
         }
         let f = &mut self.flights[i];
         if f.status.is_some_and(|s| (200..300).contains(&s)) && !landed {
-            f.status = Some(if current { 422 } else { 409 });
+            // A failed test of the fence and a write to immutable podCIDRs are both 422.
+            f.status = Some(422);
         }
         let (name, proc) = (self.nodes[node].name, self.flights[i].proc);
         let what = if landed {
             "lands"
         } else if !current {
-            "arrives for an older version: conflict"
+            "arrives after a seal: its test fails"
         } else {
             "lands on a taken node: refused"
         };
@@ -517,7 +523,7 @@ impl Sim {
             self.nodes.push(Node {
                 name,
                 block: None,
-                version: 0,
+                seal: 0,
             });
             self.changes.push(self.nodes.len() - 1);
         }
@@ -835,13 +841,14 @@ impl Sim {
             return;
         }
         match p.session {
-            Session::Off => self.take_over(slot),
+            Session::Off => self.take_over(slot, rng),
             Session::Waiting {
                 seal_at: Some(at), ..
-            } if at <= mono => self.seal(slot),
+            } if at <= mono => self.seal(slot, rng),
             Session::Waiting {
                 until,
                 seal_at: None,
+                ..
             } if until <= mono => {
                 if self.claim(slot).is_some() {
                     self.list(slot);
@@ -852,7 +859,7 @@ impl Sim {
         }
     }
 
-    fn take_over(&mut self, slot: usize) {
+    fn take_over(&mut self, slot: usize, rng: &mut Rng) {
         let Some(took) = self.claim(slot) else {
             return;
         };
@@ -863,38 +870,73 @@ impl Sim {
         p.session = Session::Waiting {
             until: mono + wait,
             seal_at: after.map(|a| mono + a),
+            unsealed: None,
         };
         let id = p.identity.clone();
         self.say(|_| format!("{id} takes over {took:?}: waits {wait:?}, seals after {after:?}"));
         if after == Some(Duration::ZERO) {
-            self.seal(slot);
+            self.seal(slot, rng);
         }
-        if wait.is_zero() && matches!(self.proc(slot).session, Session::Waiting { .. }) {
+        let sealed = matches!(
+            self.proc(slot).session,
+            Session::Waiting { seal_at: None, .. }
+        );
+        if wait.is_zero() && sealed {
             self.list(slot);
         }
     }
 
-    /// The seal (`reconcile::seal`): a write to every node without a block moves its version
-    /// on, so that no write sent for an older version can land. One step: its list, its
-    /// writes and their answers (a write of a predecessor landing in between is in the list
-    /// the session makes after).
-    fn seal(&mut self, slot: usize) {
+    /// The seal (`reconcile::seal`): a write to every node without a block gives it a new seal,
+    /// so that no write sent on an older one can land. One step is a round: its list, while it
+    /// has none, or its writes to the nodes still unsealed and their answers. The API server
+    /// throttles a list or a write one time in five; what failed is tried again a moment later,
+    /// until `seal::done` (a write of a predecessor landing in between is in the list the
+    /// session makes after).
+    fn seal(&mut self, slot: usize, rng: &mut Rng) {
+        let mono = self.mono(slot);
+        let Session::Waiting { unsealed, .. } = &self.proc(slot).session else {
+            return;
+        };
+        let mut left = unsealed.clone();
         let mut sealed = Vec::new();
-        for (i, n) in self.nodes.iter_mut().enumerate() {
-            if n.block.is_none() {
-                n.version += 1;
-                sealed.push(i);
-                self.changes.push(i);
+        let listed = match &mut left {
+            None if rng.below(5) == 0 => false,
+            None => {
+                let empty = self
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| n.block.is_none());
+                left = Some(empty.map(|(i, _)| i).collect());
+                true
             }
-        }
+            Some(targets) => {
+                targets.retain(|&i| {
+                    if rng.below(5) == 0 {
+                        return true;
+                    }
+                    self.nodes[i].seal += 1;
+                    self.changes.push(i);
+                    sealed.push(i);
+                    false
+                });
+                false
+            }
+        };
+        let done = seal::done(left.as_ref().map(Vec::len));
+        let again = if listed { Duration::ZERO } else { SEAL_RETRY };
         let p = self.proc(slot);
-        if let Session::Waiting { seal_at, .. } = &mut p.session {
-            *seal_at = None;
+        if let Session::Waiting {
+            seal_at, unsealed, ..
+        } = &mut p.session
+        {
+            *seal_at = (!done).then_some(mono + again);
+            *unsealed = left;
         }
         let id = p.identity.clone();
         self.say(|s| {
             let names: Vec<u8> = sealed.iter().map(|i| s.nodes[*i].name).collect();
-            format!("{id} seals nodes {names:?}")
+            format!("{id} seals nodes {names:?} (listed: {listed}, done: {done})")
         });
     }
 
@@ -925,8 +967,8 @@ impl Sim {
             nodes: (self.nodes.iter().enumerate())
                 .map(|(i, n)| (i, n.block))
                 .collect(),
-            versions: (self.nodes.iter().enumerate())
-                .map(|(i, n)| (i, n.version))
+            seals: (self.nodes.iter().enumerate())
+                .map(|(i, n)| (i, n.seal))
                 .collect(),
             mine: BTreeMap::new(),
         };
@@ -953,7 +995,7 @@ impl Sim {
         };
         for &i in &changes[v.cursor..] {
             v.nodes.insert(i, nodes[i].block);
-            v.versions.insert(i, nodes[i].version);
+            v.seals.insert(i, nodes[i].seal);
             // On a node that holds a block, ours (the same, or one that can no longer land)
             // is settled.
             if nodes[i].block.is_some() {
@@ -975,7 +1017,7 @@ impl Sim {
             return;
         };
         v.mine.insert(node, (block, true));
-        let version = v.versions.get(&node).copied().unwrap_or_default();
+        let seal = v.seals.get(&node).copied().unwrap_or_default();
         let (uid, session) = (p.uid, v.id);
         p.flying += 1;
         let (status, answer, commit) = fate(rng, self.bound());
@@ -989,7 +1031,7 @@ impl Sim {
             session,
             node,
             block,
-            version,
+            seal,
             sent: mono,
             status,
             answer_at,
@@ -1049,7 +1091,7 @@ impl Sim {
     fn answered(&mut self, slot: usize, i: usize) {
         let f = &self.flights[i];
         let (status, node, block, session) = (f.status, f.node, f.block, f.session);
-        let (now_block, now_version) = (self.nodes[node].block, self.nodes[node].version);
+        let (now_block, now_seal) = (self.nodes[node].block, self.nodes[node].seal);
         let p = self.proc(slot);
         p.flying -= 1;
         p.unanswered |= may_still_land(status);
@@ -1065,10 +1107,10 @@ impl Sim {
                 v.mine.insert(node, (block, false));
             }
             // Refused or in doubt, and the node read again is empty: the same block again,
-            // on the version read.
+            // on the seal read.
             (_, None) => {
                 v.mine.insert(node, (block, false));
-                v.versions.insert(node, now_version);
+                v.seals.insert(node, now_seal);
             }
             // Refused or in doubt, and the node read again holds a block: ours is settled.
             (_, held) => settle(v, node, held),

@@ -217,11 +217,11 @@ impl World {
     pub fn read_node(&self, name: &str) -> NodeNow {
         match self.nodes.get(name) {
             None => NodeNow::Gone,
-            // Versions are the leadership simulator's (sim/leadership.rs): here a write
-            // lands on any version of its object.
+            // Fences are the leadership simulator's (sim/leadership.rs): here a write
+            // lands on its object whatever its seal.
             Some(n) if n.cidrs.is_empty() => NodeNow::Empty {
                 uid: Some(n.uid.clone()),
-                version: None,
+                fence: nodeipam_alloc::seal::Fence::default(),
             },
             Some(n) => NodeNow::Has {
                 uid: Some(n.uid.clone()),

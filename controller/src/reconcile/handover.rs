@@ -307,17 +307,10 @@ impl InFlight {
     /// A session begins (after the take-over wait or a clean hand-over, which covers every
     /// earlier request): new requests may start, and only its own count from here.
     pub fn begin(&self) {
-        self.begin_in_doubt(false);
-    }
-
-    /// [`begin`](Self::begin), in doubt from the start when `doubt`: the take-over could not
-    /// seal every Node, so only the wait holds back a predecessor's late writes, and this
-    /// session must not vouch for more than that.
-    pub fn begin_in_doubt(&self, doubt: bool) {
         let mut s = self.lock();
         s.closed = false;
         // A request of an aborted session still unwinding keeps the doubt.
-        s.unanswered = s.count > 0 || doubt;
+        s.unanswered = s.count > 0;
     }
 
     /// Sends one mutating request, accounted for: refused once the session is handing over,

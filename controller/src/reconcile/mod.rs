@@ -249,14 +249,14 @@ pub async fn run_until(
             // A standby, or a leader still waiting: it sent nothing to vouch for.
             true = turns(&mut stop, true) => return false,
         }
-        let unsealed = tokio::select! {
-            unsealed = take_over(&ctx) => unsealed,
+        tokio::select! {
+            () = take_over(&ctx) => {}
             _ = turns(&mut leadership, false) => continue,
             true = turns(&mut stop, true) => return false,
         };
         info!("leadership held: rebuilding allocation state from the API");
         let running = Running::begin(ctx.options.lease.as_ref(), &ctx.in_flight);
-        ctx.in_flight.begin_in_doubt(unsealed);
+        ctx.in_flight.begin();
         ctx.metrics.allocation_stepped();
         ctx.metrics.set_leader(true);
         let session = driver::run(ctx.clone());
@@ -323,12 +323,13 @@ async fn turns(signal: &mut watch::Receiver<bool>, value: bool) -> bool {
 /// waits as [`handover::wait`] says (writes of a previous leader, or of an earlier session of
 /// ours, still landing; and a predecessor that may still be sending), then claims again:
 /// another replica may have displaced us meanwhile, and our last read of the Lease would not
-/// say so before the next one. True when its seal left Nodes unsealed.
-async fn take_over(ctx: &Context) -> bool {
+/// say so before the next one. Its seal, when it makes one, never gives up: nothing is
+/// allocated until every Node a predecessor may have read is sealed.
+async fn take_over(ctx: &Context) {
     let delay = ctx.options.takeover_delay;
     let Some(lease) = &ctx.options.lease else {
         tokio::time::sleep(delay).await;
-        return false;
+        return;
     };
     let took = claim(ctx, lease).await;
     let allocated_before = took != handover::Takeover::Clean && allocated_before(ctx).await;
@@ -360,21 +361,19 @@ async fn take_over(ctx: &Context) -> bool {
         ),
     }
     // The seal runs within the wait: it ends the timing assumption for podCIDR writes, and
-    // the wait still covers the other writes (docs/single-writer.md, step 2).
+    // the wait still covers the other writes (docs/single-writer.md, step 2). It may take
+    // longer than the wait (a throttled API server): the session waits for it.
     let seal = async {
         let Some(after) = crate::alloc::seal::after(took, allocated_before, lease.term) else {
-            return false;
+            return;
         };
         tokio::time::sleep(after).await;
-        let done = seal::run(ctx, &lease.identity).await;
-        ctx.metrics.sealed(done.sealed, done.unsealed);
-        done.unsealed > 0
+        seal::run(ctx, &lease.identity).await;
     };
-    let ((), unsealed) = tokio::join!(tokio::time::sleep(wait), seal);
+    tokio::join!(tokio::time::sleep(wait), seal);
     if !wait.is_zero() {
         claim(ctx, lease).await;
     }
-    unsealed
 }
 
 /// Whether any NodeIPAMConfig carries our finalizer: a block was (or may be being) handed out

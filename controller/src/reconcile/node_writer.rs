@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
 use tracing::debug;
 
@@ -14,6 +13,7 @@ use super::handover;
 use super::{CONFIG_ANNOTATION, Context, MANAGER};
 use crate::alloc::effects::{WriteJob, WriteResult};
 use crate::alloc::outcome::{Answer, NodeNow, WriteOutcome, classify};
+use crate::alloc::seal::Fence;
 use crate::node::IpamNode;
 
 /// Runs jobs with bounded concurrency until the job channel closes.
@@ -97,29 +97,22 @@ async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
     }
     // The answer is read as an IpamNode: only uid and podCIDRs matter, not the whole object.
     let api: Api<IpamNode> = Api::all(ctx.client.clone());
-    let cidrs: Vec<String> = job.cidrs.iter().map(ToString::to_string).collect();
-    // The UID makes the patch a precondition on this very object: it can never land on a
-    // node recreated under the same name. The resourceVersion makes it land only on the
-    // version we read: a successor's fence (a write to every Node without podCIDRs) makes
-    // any write sent before it fail, however late it arrives (docs/single-writer.md).
-    let mut metadata = json!({ "annotations": { CONFIG_ANNOTATION: job.config } });
-    if let Some(uid) = &job.uid {
-        metadata["uid"] = json!(uid);
-    }
-    if let Some(version) = &job.version {
-        metadata["resourceVersion"] = json!(version);
-    }
-    let patch = json!({
-        "metadata": metadata,
-        "spec": { "podCIDR": cidrs.first(), "podCIDRs": cidrs },
-    });
+    // Tested on the UID (never a node recreated under the name) and on the seal as read (a
+    // successor's seal fails it however late it arrives), never on the whole Node's version,
+    // which every kubelet heartbeat moves (docs/single-writer.md, step 2a).
+    let patch: json_patch::Patch = match serde_json::from_value(job.patch(CONFIG_ANNOTATION)) {
+        Ok(patch) => patch,
+        // Cannot happen (the core builds only the operations JSON patch has); were it to, the
+        // write is one the API server would refuse, and counts as such.
+        Err(e) => return failed(ctx, job, Some(400), format!("not a JSON patch: {e}")).await,
+    };
     let params = PatchParams {
         field_manager: Some(MANAGER.into()),
         ..PatchParams::default()
     };
     ctx.limiter.acquire().await;
     let sent = ctx
-        .write(api.patch(&job.node, &params, &Patch::Merge(&patch)))
+        .write(api.patch(&job.node, &params, &Patch::Json::<()>(patch)))
         .await;
     let node = match sent {
         Ok(node) => node,
@@ -177,8 +170,8 @@ pub async fn reread(ctx: &Context, name: &str) -> NodeNow {
     match ctx.read(api.get_opt(name)).await {
         Ok(Some(node)) => match node.cidrs() {
             Ok(c) if c.is_empty() => NodeNow::Empty {
+                fence: Fence::of(&node),
                 uid: node.metadata.uid,
-                version: node.metadata.resource_version,
             },
             Ok(c) => NodeNow::Has {
                 uid: node.metadata.uid,

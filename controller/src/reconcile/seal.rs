@@ -1,6 +1,7 @@
 //! Carries out a take-over's seal (`nodeipam_alloc::seal`): lists the Nodes, writes the seal
-//! annotation to each one the core names, and retries each until its answer settles it. It
-//! decides nothing: which Nodes, what value and which answers settle one are the core's.
+//! annotation to each one the core names, and retries the list and each write until its
+//! answer settles it. It decides nothing: which Nodes, what value, which answers settle one
+//! and when the seal is done are the core's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -18,55 +19,71 @@ use crate::node::IpamNode;
 /// A page of the seal's Node list, as the session's own list.
 const PAGE: u32 = 2000;
 
-/// What a seal did: Nodes sealed (or found gone), and Nodes it could not seal, for which the
-/// take-over wait is all that holds a predecessor's writes back.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Sealed {
-    pub sealed: usize,
-    pub unsealed: usize,
+/// Seals every Node without podCIDRs on behalf of `identity`, and returns how many it sealed.
+/// It never gives up (`seal::done`): a failed list is listed again and the Nodes whose seal
+/// was throttled, refused or not answered are written again, round after round with backoff,
+/// for as long as it takes (each retry logged and counted in
+/// `nodeipam_takeover_seal_retries_total`); the session allocates nothing meanwhile. It ends
+/// early only with the session (a lost leadership drops it).
+pub async fn run(ctx: &Context, identity: &str) -> usize {
+    let value = seal::value(identity, token());
+    let mut unsealed: Option<Vec<(String, Option<String>)>> = None;
+    let (mut sealed, mut failures) = (0, 0);
+    while !seal::done(unsealed.as_ref().map(Vec::len)) {
+        let failed = match unsealed.take() {
+            None => match targets(ctx).await {
+                Ok(targets) => {
+                    unsealed = Some(targets);
+                    // The writes back off on their own count.
+                    failures = 0;
+                    false
+                }
+                Err(e) => {
+                    ctx.metrics.seal_retried("list");
+                    warn!(error = %e, "listing the nodes to seal failed: allocating nothing until they are sealed; listing again");
+                    true
+                }
+            },
+            Some(targets) => {
+                let before = targets.len();
+                let left = seal_round(ctx, targets, &value).await;
+                sealed += before - left.len();
+                let failed = !left.is_empty();
+                unsealed = Some(left);
+                failed
+            }
+        };
+        // A list that succeeded goes straight on to the writes; what failed waits first.
+        if failed {
+            failures += 1;
+            tokio::time::sleep(node_writer::backoff(failures)).await;
+        }
+    }
+    ctx.metrics.sealed(sealed);
+    info!(
+        sealed,
+        "nodes without podCIDRs sealed: no write of a previous leader can land on them"
+    );
+    sealed
 }
 
-/// Seals every Node without podCIDRs on behalf of `identity`. A list that fails leaves all of
-/// them to the take-over wait, says so, and counts as one unsealed.
-pub async fn run(ctx: &Context, identity: &str) -> Sealed {
-    let targets = match targets(ctx).await {
-        Ok(targets) => targets,
-        Err(e) => {
-            warn!(error = %e, "listing the nodes to seal failed: the take-over wait alone holds back a predecessor's writes");
-            return Sealed {
-                sealed: 0,
-                unsealed: 1,
-            };
-        }
-    };
-    let value = seal::value(identity, token());
+/// One round: a seal written to each of `targets`, at most the write concurrency at once;
+/// returns those no answer settled.
+async fn seal_round(
+    ctx: &Context,
+    targets: Vec<(String, Option<String>)>,
+    value: &str,
+) -> Vec<(String, Option<String>)> {
     let concurrency = ctx.options.write_concurrency.max(1);
-    let results: Vec<bool> = futures::stream::iter(targets)
-        .map(|(name, _)| {
-            let value = value.clone();
-            async move { seal_one(ctx, &name, &value).await }
+    futures::stream::iter(targets)
+        .map(|target| async move {
+            let settled = seal_one(ctx, &target.0, value).await;
+            (!settled).then_some(target)
         })
         .buffer_unordered(concurrency)
+        .filter_map(|left| async move { left })
         .collect()
-        .await;
-    let sealed = results.iter().filter(|ok| **ok).count();
-    let done = Sealed {
-        sealed,
-        unsealed: results.len() - sealed,
-    };
-    if done.unsealed > 0 {
-        warn!(
-            sealed = done.sealed,
-            unsealed = done.unsealed,
-            "some nodes could not be sealed: for them, the take-over wait alone holds back a predecessor's writes"
-        );
-    } else {
-        info!(
-            sealed = done.sealed,
-            "nodes without podCIDRs sealed: no write of a previous leader can land on them"
-        );
-    }
-    done
+        .await
 }
 
 /// The Nodes to seal, page by page of one consistent list of every Node, read slim (the
@@ -87,7 +104,7 @@ async fn targets(ctx: &Context) -> Result<Vec<(String, Option<String>)>, kube::E
     }
 }
 
-/// One Node's seal, tried until an answer settles it or the attempts run out.
+/// One Node's seal, written once: whether its answer settles that Node.
 async fn seal_one(ctx: &Context, name: &str, value: &str) -> bool {
     let api: Api<IpamNode> = Api::all(ctx.client.clone());
     let patch = json!({ "metadata": { "annotations": { seal::ANNOTATION: value } } });
@@ -95,21 +112,20 @@ async fn seal_one(ctx: &Context, name: &str, value: &str) -> bool {
         field_manager: Some(MANAGER.into()),
         ..PatchParams::default()
     };
-    for attempt in 0..seal::ATTEMPTS {
-        if attempt > 0 {
-            tokio::time::sleep(node_writer::backoff(attempt)).await;
-        }
-        ctx.limiter.acquire().await;
-        // Not one of the session's writes: a seal that lands late holds back as much.
-        let sent = bounded(
-            ctx.options.write_timeout,
-            api.patch(name, &params, &Patch::Merge(&patch)),
-        )
-        .await;
-        if seal::sealed(classify(handover::answer(&sent))) {
-            return true;
-        }
+    ctx.limiter.acquire().await;
+    // Not one of the session's writes: a seal that lands late holds back as much.
+    let sent = bounded(
+        ctx.options.write_timeout,
+        api.patch(name, &params, &Patch::Merge(&patch)),
+    )
+    .await;
+    let answer = handover::answer(&sent);
+    if seal::sealed(classify(answer)) {
+        return true;
     }
+    ctx.metrics.seal_retried("write");
+    let error = sent.err().map(|e| e.to_string()).unwrap_or_default();
+    warn!(node = %name, ?answer, %error, "sealing a node did not settle: allocating nothing until it is sealed; writing it again");
     false
 }
 

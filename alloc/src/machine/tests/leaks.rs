@@ -23,7 +23,7 @@ fn leak_after_refusals(m: &mut Machine, now: Now, job: &WriteJob) -> Vec<Effect>
     let outcome = |ambiguous: bool| {
         let now = NodeNow::Empty {
             uid: uid.clone(),
-            version: None,
+            fence: crate::seal::Fence::default(),
         };
         if ambiguous {
             WriteOutcome::Ambiguous {

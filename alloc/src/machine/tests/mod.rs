@@ -260,7 +260,7 @@ fn refused_writes_are_retried_then_given_up_and_the_node_parked() {
                 reason: "403 Forbidden".into(),
                 now: NodeNow::Empty {
                     uid: Some("u-a".into()),
-                    version: None,
+                    fence: crate::seal::Fence::default(),
                 },
             },
         })
@@ -573,6 +573,39 @@ fn the_pending_gauge_follows_every_step() {
         Input::Node(Watch::Deleted(node("a", "u-a", &[], &[]))),
     );
     assert_eq!(metrics(&out).last(), Some(&Metric::Pending(0)));
+}
+
+/// A node whose podCIDR write has not been seen to land still waits for its podCIDRs: it is
+/// pending until the write's outcome confirms it, however long the write is retried.
+#[test]
+fn a_node_whose_write_has_not_landed_is_still_pending() {
+    let (mut m, _) = synced(options(false));
+    m.handle(at(1), Input::Config(Watch::Applied(pool(true))));
+    let out = m.handle(
+        at(1),
+        Input::Node(Watch::Applied(node("a", "u-a", &[], &[]))),
+    );
+    let job = writes(&out)[0].clone();
+    assert_eq!(
+        metrics(&out).last(),
+        Some(&Metric::Pending(1)),
+        "written, not landed"
+    );
+    let conflict = Input::Written(WriteResult {
+        job: job.clone(),
+        outcome: WriteOutcome::Conflict {
+            reason: "409".into(),
+            now: NodeNow::Empty {
+                uid: Some("u-a".into()),
+                fence: crate::seal::Fence::default(),
+            },
+        },
+    });
+    let out = m.handle(at(2), conflict);
+    let retry = writes(&out)[0].clone();
+    assert_eq!(metrics(&out).last(), Some(&Metric::Pending(1)), "retried");
+    let out = m.handle(at(3), applied(&retry));
+    assert_eq!(metrics(&out).last(), Some(&Metric::Pending(0)), "landed");
 }
 
 #[test]
