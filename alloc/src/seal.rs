@@ -123,7 +123,7 @@ pub fn done(unsealed: Option<usize>) -> bool {
     unsealed == Some(0)
 }
 
-/// Whether a seal's answer settles that Node: it landed (a 2xx: the Node's version moved, or
+/// Whether a seal's answer settles that Node: it landed (a 2xx: the Node carries the new seal, or
 /// the write of a predecessor had landed first and the answer shows it), or the Node is gone
 /// (a 404: no write of a predecessor can land on a Node re-created under its name). Anything
 /// else is tried again; a seal that lands late is harmless.

@@ -912,13 +912,17 @@ impl Sim {
             }
             Some(targets) => {
                 targets.retain(|&i| {
-                    if rng.below(5) == 0 {
-                        return true;
+                    let answer = if rng.below(5) == 0 {
+                        Answer::Throttled
+                    } else {
+                        Answer::Applied
+                    };
+                    if answer == Answer::Applied {
+                        self.nodes[i].seal += 1;
+                        self.changes.push(i);
+                        sealed.push(i);
                     }
-                    self.nodes[i].seal += 1;
-                    self.changes.push(i);
-                    sealed.push(i);
-                    false
+                    !seal::sealed(answer)
                 });
                 false
             }
