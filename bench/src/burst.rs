@@ -19,6 +19,7 @@ use crate::observer::Observer;
 use crate::procstat::{self, Sample};
 use crate::stats::{self, Latency, Machine};
 use nodeipam_controller::ratelimit::RateLimiter as Limiter;
+use nodeipam_testenv::kubelet::{Kubelets, Timing};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BurstArgs {
@@ -49,6 +50,12 @@ pub struct BurstArgs {
     /// starts: a burst onto a big cluster.
     #[arg(long, default_value_t = 0)]
     pub existing: usize,
+    /// Every node behaves like a kubelet (`nodeipam_testenv::kubelet`): a status update once
+    /// registered, another when Ready 0.5-2.5 s later, then a heartbeat every 20-25 s. Each
+    /// moves the Node's resourceVersion while its podCIDRs wait in the contender's queue.
+    /// Burst mode only.
+    #[arg(long)]
+    pub kubelets: bool,
     /// Runs of every (size, contender), interleaved.
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
@@ -122,6 +129,9 @@ pub struct BurstRun {
     /// headroom, or a node waiting) to the range accepting allocations (published, finalized).
     #[serde(default)]
     pub carve_s: Vec<f64>,
+    /// With `--kubelets`: the status updates the nodes' kubelets made during the run.
+    #[serde(default)]
+    pub kubelet_updates: Option<u64>,
 }
 
 /// The carve latencies nodeipam logs ("carved range accepts allocations ... seconds=S").
@@ -140,6 +150,11 @@ fn carve_seconds(log: &str) -> Vec<f64> {
 }
 
 pub async fn run(args: BurstArgs) -> anyhow::Result<BurstReport> {
+    if args.kubelets && args.mode == Mode::Backlog {
+        bail!(
+            "--kubelets goes with --mode burst: in a backlog the nodes exist before anyone serves them"
+        );
+    }
     let settings = args.common.settings();
     std::fs::create_dir_all(&args.common.work)?;
     let mut report = BurstReport {
@@ -218,6 +233,7 @@ async fn one(
     // Generous: a stuck contender fails the run instead of hanging it.
     let timeout = Duration::from_secs(120 + (n as u64) / 10);
 
+    let mut kubelet_updates = None;
     let (mut proc, observer, load, before, servers_before, load1_before) = if backlog {
         let observer = Observer::start(&observer_client, &format!("{BENCH_LABEL}=burst")).await?;
         let load = nodes::create_all(&loader_client, batch, concurrency, limiter).await?;
@@ -274,12 +290,24 @@ async fn one(
         let load1_before = procstat::load1()?;
         let before: Sample = proc.sample()?;
         let servers_before = common::server_cpu()?;
+        // Their own client: a kubelet is not the loader.
+        let kubelets = if args.kubelets {
+            let names = batch
+                .iter()
+                .filter_map(|n| n.metadata.name.clone())
+                .collect();
+            let client = crate::client(cp.kubeconfig_path()).await?;
+            Some(Kubelets::start(client, names, Timing::kubelet()))
+        } else {
+            None
+        };
         let loader = tokio::spawn(async move {
             nodes::create_all(&loader_client, batch, concurrency, limiter).await
         });
         observer
             .wait_assigned(n, timeout, || proc.check_alive())
             .await?;
+        kubelet_updates = kubelets.map(|k| k.updates());
         let load = loader.await.context("the loader task")??;
         (proc, observer, load, before, servers_before, load1_before)
     };
@@ -346,6 +374,7 @@ async fn one(
         requests_per_node: dec(requests.total as f64 / n as f64, 3),
         carve_s: carves,
         requests,
+        kubelet_updates,
     })
 }
 
@@ -384,6 +413,9 @@ pub fn table(report: &BurstReport) -> String {
         };
         let floor = median(Kind::Floor);
         let what = match mode {
+            Mode::Burst if runs.iter().any(|r| r.kubelet_updates.is_some()) => {
+                "created while the contender runs, each updating its status as a kubelet does; latency from creation"
+            }
             Mode::Burst => "created while the contender runs; latency from creation",
             Mode::Backlog => "created before the contender starts; times from its start",
         };

@@ -19,6 +19,7 @@ mod der;
 mod error;
 pub mod fault_proxy;
 mod kubeconfig;
+pub mod kubelet;
 mod ports;
 mod process;
 mod webhook;

@@ -1100,7 +1100,7 @@ async fn node_lists_read_as_protobuf_match_json() {
 async fn kubelet_status_updates_never_hold_up_a_podcidr_write() {
     use nodeipam_testenv::FaultProxy;
     use nodeipam_testenv::fault_proxy::{Action, Rule};
-    use support::kubelet::{Kubelets, Timing};
+    use nodeipam_testenv::kubelet::{Kubelets, Timing};
 
     const NODES: usize = 200;
     let cp = control_plane().await;
@@ -1133,14 +1133,19 @@ async fn kubelet_status_updates_never_hold_up_a_podcidr_write() {
     )
     .await;
     let names: Vec<String> = (0..NODES).map(|i| format!("kubelet-{i:03}")).collect();
+    // A kubelet's timing, but a heartbeat every 2-3 s rather than 20-25 s: the queue here is
+    // seconds long, not minutes.
     let kubelets = Kubelets::start(
         admin.clone(),
         names.clone(),
         Timing {
-            ready_after: (Duration::from_millis(500), Duration::from_millis(2500)),
             heartbeat: (Duration::from_secs(2), Duration::from_secs(3)),
+            ..Timing::kubelet()
         },
     );
+    for name in &names {
+        create_node(&admin, name, &[]).await;
+    }
     // A node whose write waits in the queue has no podCIDRs yet: it must count as pending.
     let most_pending = {
         let metrics = ctl.metrics.clone();

@@ -22,7 +22,6 @@ use nodeipam_testenv::ControlPlane;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub mod kubelet;
 pub mod process;
 pub mod record;
 pub mod scrape;
