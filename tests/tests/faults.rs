@@ -500,6 +500,81 @@ async fn a_throttled_seal_is_retried_until_every_node_is_sealed() {
     cp.stop().await;
 }
 
+/// A config's status is fenced by the generation it was computed for (issue 45, the third
+/// sequence): replica-a computes Drained=True for the disabled, empty config spare; that
+/// status write is answered 500 and reaches the API server 40 s later. Meanwhile replica-a is
+/// killed, spare is enabled again, and replica-b gives node on-spare a block of it. The late
+/// write tests spare's generation, which the re-enabling moved, and is refused (422): spare
+/// never says Drained=True while on-spare holds its block. Tested by the UID alone, it
+/// landed (200) and said so until replica-b noticed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_drained_status_for_an_older_generation_is_refused() {
+    // One block, held by warm: a new node can only be served by spare.
+    let Pair {
+        cp,
+        admin,
+        _dir,
+        proxy,
+        mut a,
+        mut b,
+        ..
+    } = Pair::start("10.90.0.0/24", 24).await;
+    create_ready_config(
+        &admin,
+        "spare",
+        spec(family("10.91.0.0/16", 24), None, None),
+    )
+    .await;
+    let late = proxy.add(
+        Rule::new(
+            Some(Method::PATCH),
+            "/nodeipamconfigs/spare/status",
+            Action::Answer {
+                status: 500,
+                then_land_after: Some(Duration::from_secs(40)),
+            },
+        )
+        .times(1),
+    );
+    set_allocation(&admin, "spare", nodeipam_crd::Allocation::Disabled).await;
+    wait_for(
+        "replica-a's status write for the disabled spare",
+        || async { (late.matched() >= 1).then_some(()) },
+    )
+    .await;
+    a.signal(Signal::KILL);
+    a.wait_exit().await;
+    set_allocation(&admin, "spare", nodeipam_crd::Allocation::Enabled).await;
+    create_node(&admin, "on-spare", &[]).await;
+    b.wait_leader_metric(1.0).await;
+    let given = wait_cidrs(&admin, "on-spare").await;
+    assert!(
+        given[0].starts_with("10.91."),
+        "on-spare holds a block of spare: {given:?}"
+    );
+    let landed = wait_for("replica-a's status write to arrive", || async {
+        proxy.log().into_iter().find(|e| {
+            e.path.ends_with("/nodeipamconfigs/spare/status")
+                && e.origin == nodeipam_testenv::fault_proxy::Origin::Landed
+        })
+    })
+    .await;
+    let spare = get_config(&admin, "spare").await.expect("config spare");
+    assert_ne!(
+        condition(&spare, "Drained").map(|(status, _)| status),
+        Some("True".to_string()),
+        "spare says Drained=True while on-spare holds its block"
+    );
+    assert_eq!(
+        landed.status, 422,
+        "the late Drained=True was written over a re-enabled config: {landed:?}"
+    );
+    assert_invariant(&admin, &[]).await;
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().await.success());
+    cp.stop().await;
+}
+
 /// A leak is counted while it lasts, not forever: replica-a's write for node leaky is
 /// answered 500 and every retry is refused (422) until it gives the write up (eight refusals,
 /// about 51 s of backoff), keeping the block occupied (a leak: the first write may still

@@ -71,7 +71,7 @@ async fn execute(ctx: &Context, job: &ConfigJob) -> Result<(), kube::Error> {
                 .await
                 .map(|written| {
                     if !written {
-                        debug!(config = %name, "status not written: the config was created again");
+                        debug!(config = %name, "status not written: the config was created again or edited since it was computed");
                     }
                 })
         }
@@ -92,8 +92,12 @@ async fn execute(ctx: &Context, job: &ConfigJob) -> Result<(), kube::Error> {
 }
 
 /// Writes the status of the object `uid` (when given) and of no other: a status computed for
-/// a config that was deleted and created again under the same name is not the new one's.
-/// Returns whether it was written; a refusal of the write itself is an error.
+/// a config that was deleted and created again under the same name is not the new one's. And
+/// only to the generation it was computed for (its `observedGeneration`): a status a deposed
+/// leader computed for an older spec (Drained=True for a config disabled then) is refused
+/// however late it arrives, once the config was edited (enabled again) since
+/// (docs/single-writer.md, "Every write"). Returns whether it was written; a refusal of the
+/// write itself is an error.
 pub async fn write_status(
     ctx: &Context,
     api: &Api<NodeIPAMConfig>,
@@ -107,6 +111,9 @@ pub async fn write_status(
     if let Some(uid) = uid {
         ops.push(json!({ "op": "test", "path": "/metadata/uid", "value": uid }));
     }
+    if let Some(generation) = status.observed_generation {
+        ops.push(json!({ "op": "test", "path": "/metadata/generation", "value": generation }));
+    }
     ops.push(json!({ "op": "add", "path": "/status", "value": status }));
     let patch: json_patch::Patch =
         serde_json::from_value(serde_json::Value::Array(ops)).map_err(kube::Error::SerdeError)?;
@@ -119,10 +126,17 @@ pub async fn write_status(
         .await;
     match (written, uid) {
         (Ok(_), _) => Ok(true),
-        // Only a failed test of the UID means "created again"; any other 422 (a schema, a
-        // policy) leaves the status wrong, so it is an error, retried and counted.
+        // Only a failed test of the UID or the generation means "created again" or "edited
+        // since": the allocation loop computes the status again for what it sees now. Any
+        // other 422 (a schema, a policy) leaves the status wrong, so it is an error, retried
+        // and counted.
         (Err(kube::Error::Api(s)), Some(uid)) if s.code == 422 => {
-            if super::another_object(ctx, api, name, uid).await? {
+            let now = ctx.read(api.get_opt(name)).await?;
+            let moved = now.is_none_or(|c| {
+                c.uid().as_deref() != Some(uid)
+                    || c.metadata.generation != status.observed_generation
+            });
+            if moved {
                 Ok(false)
             } else {
                 Err(kube::Error::Api(s))
