@@ -575,6 +575,93 @@ async fn a_late_drained_status_for_an_older_generation_is_refused() {
     cp.stop().await;
 }
 
+/// The published pod network is fenced (issue 45, the second sequence): replica-a's publish
+/// of the network with config first's range (and not yet second's) is answered 500 and reaches
+/// the API server 40 s later. replica-a is killed, config second is created, and replica-b
+/// publishes both ranges and gives node on-second a block of second. The late publish carries
+/// the version of the ConfigMap replica-a read, which later publishes moved, and is refused
+/// (409): the ConfigMap never lacks second's range while on-second holds a block of it.
+/// Applied with no precondition (server-side apply, forced), it landed (200) and dropped the
+/// range until replica-b noticed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_publish_never_drops_a_range_in_use() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    // One block, held by warm: a new node can only be served by second.
+    let Pair {
+        cp,
+        admin,
+        _dir,
+        proxy,
+        mut a,
+        mut b,
+        ..
+    } = Pair::start("10.92.0.0/24", 24).await;
+    let path = format!("/api/v1/namespaces/{NAMESPACE}/configmaps/nodeipam-pod-network");
+    let late = proxy.add(
+        Rule::new(
+            Some(Method::PATCH),
+            path.clone(),
+            Action::Answer {
+                status: 500,
+                then_land_after: Some(Duration::from_secs(40)),
+            },
+        )
+        .times(1),
+    );
+    // A range no node is served from, only published.
+    let nowhere = selector(&[("zone", "In", &["nowhere"])]);
+    create_ready_config(
+        &admin,
+        "first",
+        spec(family("10.93.0.0/24", 24), None, nowhere),
+    )
+    .await;
+    assert_eq!(
+        late.matched(),
+        1,
+        "replica-a's publish of first's range was held"
+    );
+    a.signal(Signal::KILL);
+    a.wait_exit().await;
+    create_config(
+        &admin,
+        "second",
+        spec(family("10.94.0.0/24", 24), None, None),
+    )
+    .await;
+    create_node(&admin, "on-second", &[]).await;
+    b.wait_leader_metric(1.0).await;
+    let given = wait_cidrs(&admin, "on-second").await;
+    assert_eq!(given, vec!["10.94.0.0/24".to_string()]);
+    let landed = wait_for("replica-a's publish to arrive", || async {
+        proxy
+            .log()
+            .into_iter()
+            .find(|e| e.path == path && e.origin == nodeipam_testenv::fault_proxy::Origin::Landed)
+    })
+    .await;
+    let network = Api::<ConfigMap>::namespaced(admin.clone(), NAMESPACE)
+        .get("nodeipam-pod-network")
+        .await
+        .expect("the pod network ConfigMap");
+    let ipv4 = network
+        .data
+        .and_then(|d| d.get("ipv4").cloned())
+        .unwrap_or_default();
+    assert!(
+        ipv4.contains("10.94.0.0/24"),
+        "the published network lacks second's range while on-second holds a block of it: {ipv4}"
+    );
+    assert_eq!(
+        landed.status, 409,
+        "the late publish was applied over a newer one: {landed:?}"
+    );
+    assert_invariant(&admin, &[]).await;
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().await.success());
+    cp.stop().await;
+}
+
 /// A leak is counted while it lasts, not forever: replica-a's write for node leaky is
 /// answered 500 and every retry is refused (422) until it gives the write up (eight refusals,
 /// about 51 s of backoff), keeping the block occupied (a leak: the first write may still

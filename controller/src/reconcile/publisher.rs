@@ -23,6 +23,12 @@ use crate::alloc::podnetwork::{PodNetwork, ip_masq_agent_config};
 
 pub use crate::alloc::podnetwork::ConfigMapRef;
 
+/// The annotation every write of the pod network's ConfigMaps carries: the publishing process
+/// and session. A session's first publish changes it, so it moves the ConfigMap's
+/// resourceVersion even when the data is the same, and a deposed leader's publish, sent on an
+/// older version, is refused however late it arrives (docs/single-writer.md, "Every write").
+pub const PUBLISHED_BY: &str = "nodeipam.io/published-by";
+
 /// Where and what to publish.
 #[derive(Clone, Debug, Default)]
 pub struct PublishOptions {
@@ -50,6 +56,8 @@ pub async fn run(
     let Some(target) = options.pod_network.clone() else {
         return;
     };
+    // This session's signature: no publish before it carried it.
+    let by = super::seal::fresh_value(&ctx);
     while let Some(mut network) = jobs.recv().await {
         let mut attempt = 0;
         loop {
@@ -57,7 +65,7 @@ pub async fn run(
             while let Ok(newer) = jobs.try_recv() {
                 network = newer;
             }
-            match publish(&ctx, &options, &target, &network).await {
+            match publish(&ctx, &options, &target, &network, &by).await {
                 Ok(()) => {
                     info!(configmap = %target, cidrs = network.cidrs().len(), "pod network published");
                     let _ = done.send(Input::Published(network));
@@ -87,6 +95,7 @@ async fn publish(
     options: &PublishOptions,
     target: &ConfigMapRef,
     network: &PodNetwork,
+    by: &str,
 ) -> Result<(), String> {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let data = network.configmap_data(&now);
@@ -95,14 +104,10 @@ async fn publish(
     ctx.metrics
         .pod_network_bytes
         .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-    apply_data(ctx, target, json!(data)).await?;
+    let existing = read_configmap(ctx, target).await?;
+    apply_data(ctx, target, json!(data), existing.as_ref(), by).await?;
     if let Some(masq) = &options.ip_masq_agent {
-        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &masq.namespace);
-        ctx.limiter.acquire().await;
-        let existing = ctx
-            .read(api.get_opt(&masq.name))
-            .await
-            .map_err(|e| format!("reading {masq}: {e}"))?;
+        let existing = read_configmap(ctx, masq).await?;
         let current = existing
             .as_ref()
             .and_then(|c| c.data.as_ref())
@@ -114,9 +119,12 @@ async fn publish(
         if count > 64 {
             warn!(configmap = %masq, count, "more nonMasqueradeCIDRs than ip-masq-agent's default cidrLimit of 64");
         }
-        if current != Some(config.as_str()) {
+        // Written when it differs, and once by every session even when it does not: the
+        // new signature moves its version past any a predecessor's late write was sent on.
+        if current != Some(config.as_str()) || published_by(existing.as_ref()) != Some(by) {
             // Only the `config` key is ours; server-side apply leaves the other keys alone.
-            apply_data(ctx, masq, json!({ "config": config })).await?;
+            let data = json!({ "config": config });
+            apply_data(ctx, masq, data, existing.as_ref(), by).await?;
         }
     }
     for output in &options.typed {
@@ -265,28 +273,66 @@ async fn remove_stale(
     Ok(())
 }
 
+/// The ConfigMap `target` as it is now (a GET, read as late as possible: its version is the
+/// precondition of the write that follows).
+async fn read_configmap(ctx: &Context, target: &ConfigMapRef) -> Result<Option<ConfigMap>, String> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &target.namespace);
+    ctx.limiter.acquire().await;
+    ctx.read(api.get_opt(&target.name))
+        .await
+        .map_err(|e| format!("reading {target}: {e}"))
+}
+
+/// Who last published a ConfigMap, by its [`PUBLISHED_BY`] annotation.
+fn published_by(cm: Option<&ConfigMap>) -> Option<&str> {
+    cm?.metadata
+        .annotations
+        .as_ref()?
+        .get(PUBLISHED_BY)
+        .map(String::as_str)
+}
+
+/// Writes `data` (our keys only) into `target`, signed [`PUBLISHED_BY`] `by`: at the version
+/// `existing` was read at (server-side apply with its resourceVersion, so a write sent on an
+/// older version is refused with a 409, however late it arrives), or as a new object when it
+/// was absent (a create: refused if one was made since).
 async fn apply_data(
     ctx: &Context,
     target: &ConfigMapRef,
     data: serde_json::Value,
+    existing: Option<&ConfigMap>,
+    by: &str,
 ) -> Result<(), String> {
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &target.namespace);
-    let body = json!({
+    let mut body = json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": { "name": target.name, "namespace": target.namespace,
-                      "labels": { "app.kubernetes.io/managed-by": "nodeipam" } },
+                      "labels": { "app.kubernetes.io/managed-by": "nodeipam" },
+                      "annotations": { PUBLISHED_BY: by } },
         "data": data,
     });
     ctx.limiter.acquire().await;
-    ctx.write(api.patch(
-        &target.name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&body),
-    ))
-    .await
-    .map(|_| ())
-    .map_err(|e| format!("writing {target}: {e}"))
+    let version = existing.and_then(|c| c.metadata.resource_version.clone());
+    let written = match version {
+        Some(version) => {
+            body["metadata"]["resourceVersion"] = json!(version);
+            ctx.write(api.patch(
+                &target.name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&body),
+            ))
+            .await
+        }
+        None => {
+            let cm: ConfigMap =
+                serde_json::from_value(body).map_err(|e| format!("writing {target}: {e}"))?;
+            ctx.write(api.create(&PostParams::default(), &cm)).await
+        }
+    };
+    written
+        .map(|_| ())
+        .map_err(|e| format!("writing {target}: {e}"))
 }
 
 #[cfg(test)]

@@ -129,7 +129,19 @@ async fn seal_one(ctx: &Context, name: &str, value: &str) -> bool {
     false
 }
 
-/// A token per seal of this process: with the identity, a value no Node carries yet.
+/// A value no write of any process carried before: this process's identity (unique per
+/// process: `app::identity`) and a token. Seals are made of it, and so is the signature of a
+/// session's publishes (`publisher::PUBLISHED_BY`).
+pub fn fresh_value(ctx: &Context) -> String {
+    let identity = match (&ctx.options.lease, &ctx.options.instance) {
+        (Some(lease), _) => lease.identity.as_str(),
+        (None, Some(instance)) => instance.as_str(),
+        (None, None) => MANAGER,
+    };
+    seal::value(identity, token())
+}
+
+/// A token per value of this process: with the identity, a value nothing carries yet.
 fn token() -> u64 {
     static SEALS: AtomicU64 = AtomicU64::new(0);
     SEALS.fetch_add(1, Ordering::Relaxed)
