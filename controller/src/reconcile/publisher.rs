@@ -128,7 +128,7 @@ async fn publish(
         }
     }
     for output in &options.typed {
-        write_objects(ctx, output, network)
+        write_objects(ctx, output, network, by)
             .await
             .map_err(|e| format!("{output}: {e}"))?;
     }
@@ -160,9 +160,13 @@ async fn write_objects(
     ctx: &Context,
     output: &OutputRef,
     network: &PodNetwork,
+    by: &str,
 ) -> Result<(), String> {
     let api = typed_api(&ctx.client, output);
-    let wanted = output.objects(network);
+    let mut wanted = output.objects(network);
+    for (_, body) in &mut wanted {
+        body["metadata"]["annotations"][PUBLISHED_BY] = json!(by);
+    }
     for (name, body) in &wanted {
         ctx.limiter.acquire().await;
         let existing = ctx
@@ -177,7 +181,13 @@ async fn write_objects(
                 theirs.name_any()
             ));
         }
-        if existing.as_ref().is_some_and(|ours| holds_spec(ours, body)) {
+        // Left alone only when it holds what we want and this session signed it already: a
+        // session's first write moves every object's version, so a predecessor's late update or
+        // delete, sent on an older version, is refused (docs/single-writer.md, "Every write").
+        if existing
+            .as_ref()
+            .is_some_and(|ours| holds_spec(ours, body) && signed_by(ours) == Some(by))
+        {
             continue;
         }
         ctx.limiter.acquire().await;
@@ -255,11 +265,17 @@ async fn remove_stale(
             .iter()
             .find(|o| o.metadata.name.as_deref() == Some(name.as_str()))
             .and_then(|o| o.metadata.uid.clone());
-        // Only the object listed: one created again since under the name is not removed.
+        // Only the object listed, at the version listed: one created again since under the
+        // name is not removed, nor one a successor wrote since (a late delete of ours).
+        let resource_version = listed
+            .items
+            .iter()
+            .find(|o| o.metadata.name.as_deref() == Some(name.as_str()))
+            .and_then(|o| o.metadata.resource_version.clone());
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid,
-                resource_version: None,
+                resource_version,
             }),
             ..DeleteParams::default()
         };
@@ -281,6 +297,15 @@ async fn read_configmap(ctx: &Context, target: &ConfigMapRef) -> Result<Option<C
     ctx.read(api.get_opt(&target.name))
         .await
         .map_err(|e| format!("reading {target}: {e}"))
+}
+
+/// Who last wrote a typed output's object, by its [`PUBLISHED_BY`] annotation.
+fn signed_by(o: &DynamicObject) -> Option<&str> {
+    o.metadata
+        .annotations
+        .as_ref()?
+        .get(PUBLISHED_BY)
+        .map(String::as_str)
 }
 
 /// Who last published a ConfigMap, by its [`PUBLISHED_BY`] annotation.
@@ -420,7 +445,7 @@ mod writer_tests {
             _ => (StatusCode::OK, "{}"),
         });
         let (output, network) = pools_of("10.0.0.0/16");
-        let err = write_objects(&ctx, &output, &network)
+        let err = write_objects(&ctx, &output, &network, "a/1")
             .await
             .expect_err("refused");
         assert!(err.contains("nodeipam-10-0-0-0-16"), "{err}");
@@ -428,6 +453,92 @@ mod writer_tests {
         let methods: Vec<&Method> = seen.iter().map(|(m, _)| m).collect();
         assert_eq!(methods, [&Method::GET, &Method::POST], "{seen:?}");
         assert_eq!(seen[1].1, "/apis/projectcalico.org/v3/ippools");
+    }
+
+    /// A fake API server that records every request's method, path and body.
+    type Bodies = Arc<Mutex<Vec<(Method, String, String)>>>;
+    fn fake_with_bodies(answer: fn(&Method, &str) -> (StatusCode, String)) -> (Context, Bodies) {
+        let seen: Bodies = Arc::default();
+        let log = seen.clone();
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            let log = log.clone();
+            async move {
+                let (method, path) = (req.method().clone(), req.uri().path().to_string());
+                let body = req.into_body().collect_bytes().await.unwrap_or_default();
+                let (status, answer) = answer(&method, &path);
+                let body = String::from_utf8_lossy(&body).to_string();
+                log.lock().expect("lock").push((method, path, body));
+                let res = Response::builder()
+                    .status(status)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(answer.into_bytes()))
+                    .expect("response");
+                Ok::<_, std::convert::Infallible>(res)
+            }
+        });
+        let client = kube::Client::new(svc, "default");
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        (Context::new(client, Default::default(), metrics), seen)
+    }
+
+    /// A pool of ours, as the API server returns it.
+    fn our_pool(name: &str, version: &str, spec: &str, signed: Option<&str>) -> String {
+        let annotations = signed.map_or(String::new(), |by| {
+            format!(r#","annotations":{{"{PUBLISHED_BY}":"{by}"}}"#)
+        });
+        format!(
+            r#"{{"apiVersion":"projectcalico.org/v3","kind":"IPPool","metadata":{{"name":"{name}","uid":"uid-{name}","resourceVersion":"{version}","labels":{{"{}":"{}"}}{annotations}}},"spec":{spec}}}"#,
+            MANAGED_BY.0, MANAGED_BY.1
+        )
+    }
+
+    /// A session's first publish signs a pool it agrees with (so its version moves past any a
+    /// predecessor read), and a stale pool is deleted only at the version listed: a deposed
+    /// leader's late delete meets a 409 once a successor wrote the pool (issue 45, the fourth
+    /// sequence).
+    #[tokio::test]
+    async fn a_new_session_signs_every_pool_and_deletes_only_at_the_version_listed() {
+        let (output, network) = pools_of("10.0.0.0/16");
+        let wanted = output.objects(&network);
+        let spec = serde_json::to_string(&wanted[0].1["spec"]).expect("spec");
+        // The wanted pool exists with the wanted spec, signed by a predecessor; a stale one
+        // of ours is listed at version 7.
+        let pool = our_pool(&wanted[0].0, "5", &spec, Some("old/1"));
+        let list = format!(
+            r#"{{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{{}},"items":[{{"metadata":{{"name":"{}","uid":"uid-a","resourceVersion":"5"}}}},{{"metadata":{{"name":"nodeipam-10-9-0-0-16","uid":"uid-stale","resourceVersion":"7"}}}}]}}"#,
+            wanted[0].0
+        );
+        static ANSWERS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+        let _ = ANSWERS.set((pool, list));
+        let (ctx, seen) = fake_with_bodies(|method, path| {
+            let (pool, list) = ANSWERS.get().expect("answers");
+            match *method {
+                Method::GET if path.ends_with("/ippools") => (StatusCode::OK, list.clone()),
+                Method::GET | Method::PATCH => (StatusCode::OK, pool.clone()),
+                _ => (StatusCode::OK, status(200, "Success")),
+            }
+        });
+        write_objects(&ctx, &output, &network, "new/2")
+            .await
+            .expect("written");
+        let seen = seen.lock().expect("lock").clone();
+        let patch = seen
+            .iter()
+            .find(|(m, _, _)| *m == Method::PATCH)
+            .expect("the pool it agrees with is written once, signed");
+        assert!(patch.2.contains("new/2"), "{}", patch.2);
+        assert!(patch.2.contains(r#""resourceVersion":"5""#), "{}", patch.2);
+        let delete = seen
+            .iter()
+            .find(|(m, _, _)| *m == Method::DELETE)
+            .expect("the stale pool is deleted");
+        assert!(delete.1.ends_with("/nodeipam-10-9-0-0-16"), "{delete:?}");
+        assert!(delete.2.contains(r#""uid":"uid-stale""#), "{}", delete.2);
+        assert!(
+            delete.2.contains(r#""resourceVersion":"7""#),
+            "{}",
+            delete.2
+        );
     }
 
     const EMPTY_LIST: &str = r#"{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{},"items":[]}"#;
