@@ -108,6 +108,30 @@ fn node_patch(name: &str, action: Action) -> Rule {
     Rule::new(Some(Method::PATCH), format!("/api/v1/nodes/{name}"), action)
 }
 
+/// A write answered 500 at once that reaches the API server 40 s later and commits (an etcd
+/// timeout behind the 500): long after a take-over.
+const LATE: Action = Action::Answer {
+    status: 500,
+    then_land_after: Some(Duration::from_secs(40)),
+};
+
+/// The late landing of a held write whose path ends with `suffix`, once it has happened.
+async fn landed(proxy: &FaultProxy, suffix: &str) -> nodeipam_testenv::fault_proxy::Exchange {
+    wait_for(&format!("the held write to {suffix} to arrive"), || async {
+        proxy.log().into_iter().find(|e| {
+            e.path.ends_with(suffix) && e.origin == nodeipam_testenv::fault_proxy::Origin::Landed
+        })
+    })
+    .await
+}
+
+/// Stops the surviving replica (it must exit cleanly) and the control plane.
+async fn finish(mut b: Replica, cp: ControlPlane) {
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().await.success());
+    cp.stop().await;
+}
+
 async fn lease(client: &Client) -> Option<Lease> {
     Api::<Lease>::namespaced(client.clone(), NAMESPACE)
         .get_opt(LEASE)
@@ -133,7 +157,7 @@ async fn a_write_answered_500_is_not_handed_over_as_settled() {
         _dir,
         proxy,
         mut a,
-        mut b,
+        b,
         ..
     } = Pair::start("10.82.0.0/16", 24).await;
     let late = proxy.add(
@@ -170,9 +194,7 @@ async fn a_write_answered_500_is_not_handed_over_as_settled() {
     assert_invariant(&admin, &[]).await;
     assert_eq!(takeovers(&b, "clean").await, 0.0, "{}", b.log_tail());
     assert_eq!(takeovers(&b, "unclean").await, 1.0, "{}", b.log_tail());
-    b.signal(Signal::TERM);
-    assert!(b.wait_exit().await.success());
-    cp.stop().await;
+    finish(b, cp).await;
 }
 
 /// A Lease deleted by hand with its leader's finalizer stripped vanishes at once, while its
@@ -344,16 +366,10 @@ async fn a_write_that_lands_after_the_take_over_wait_is_sealed_off() {
         _dir,
         proxy,
         mut a,
-        mut b,
+        b,
         ..
     } = Pair::start("10.87.0.0/23", 24).await;
-    let late = proxy.add(node_patch(
-        "zzz-late",
-        Action::Answer {
-            status: 500,
-            then_land_after: Some(Duration::from_secs(40)),
-        },
-    ));
+    let late = proxy.add(node_patch("zzz-late", LATE));
     create_node(&admin, "zzz-late", &[]).await;
     wait_for(
         "replica-a's write to node zzz-late to be answered 500",
@@ -375,13 +391,7 @@ async fn a_write_that_lands_after_the_take_over_wait_is_sealed_off() {
         sent.elapsed() < Duration::from_secs(40),
         "the take-over took longer than the write's delay: the test shows nothing"
     );
-    let landed = wait_for("replica-a's write to arrive at the API server", || async {
-        proxy.log().into_iter().find(|e| {
-            e.path.ends_with("/nodes/zzz-late")
-                && e.origin == nodeipam_testenv::fault_proxy::Origin::Landed
-        })
-    })
-    .await;
+    let landed = landed(&proxy, "/nodes/zzz-late").await;
     assert_invariant(&admin, &[]).await;
     assert_eq!(
         landed.status, 422,
@@ -406,9 +416,7 @@ async fn a_write_that_lands_after_the_take_over_wait_is_sealed_off() {
         b.log_tail()
     );
     assert_eq!(takeovers(&b, "unclean").await, 1.0, "{}", b.log_tail());
-    b.signal(Signal::TERM);
-    assert!(b.wait_exit().await.success());
-    cp.stop().await;
+    finish(b, cp).await;
 }
 
 /// The seal never gives up (issue 45): replica-b takes over from a replica-a killed with a
@@ -427,17 +435,11 @@ async fn a_throttled_seal_is_retried_until_every_node_is_sealed() {
         _dir,
         proxy,
         mut a,
-        mut b,
+        b,
         proxy_b,
     } = Pair::start_b_proxied("10.89.0.0/23", 24).await;
     let proxy_b = proxy_b.expect("replica-b talks through its own proxy");
-    let late = proxy.add(node_patch(
-        "zzz-late",
-        Action::Answer {
-            status: 500,
-            then_land_after: Some(Duration::from_secs(40)),
-        },
-    ));
+    let late = proxy.add(node_patch("zzz-late", LATE));
     let throttle = Action::Throttle {
         retry_after_secs: 1,
     };
@@ -472,13 +474,7 @@ async fn a_throttled_seal_is_retried_until_every_node_is_sealed() {
     b.wait_leader_metric(1.0).await;
     let given = wait_cidrs(&admin, "aaa-new").await;
     assert_eq!(given, vec!["10.89.1.0/24".to_string()]);
-    let landed = wait_for("replica-a's write to arrive at the API server", || async {
-        proxy.log().into_iter().find(|e| {
-            e.path.ends_with("/nodes/zzz-late")
-                && e.origin == nodeipam_testenv::fault_proxy::Origin::Landed
-        })
-    })
-    .await;
+    let landed = landed(&proxy, "/nodes/zzz-late").await;
     assert_invariant(&admin, &[]).await;
     assert_eq!(
         landed.status, 422,
@@ -495,9 +491,7 @@ async fn a_throttled_seal_is_retried_until_every_node_is_sealed() {
             b.log_tail()
         );
     }
-    b.signal(Signal::TERM);
-    assert!(b.wait_exit().await.success());
-    cp.stop().await;
+    finish(b, cp).await;
 }
 
 /// A config's status is fenced by the generation it was computed for (issue 45, the third
@@ -516,7 +510,7 @@ async fn a_late_drained_status_for_an_older_generation_is_refused() {
         _dir,
         proxy,
         mut a,
-        mut b,
+        b,
         ..
     } = Pair::start("10.90.0.0/24", 24).await;
     create_ready_config(
@@ -525,17 +519,8 @@ async fn a_late_drained_status_for_an_older_generation_is_refused() {
         spec(family("10.91.0.0/16", 24), None, None),
     )
     .await;
-    let late = proxy.add(
-        Rule::new(
-            Some(Method::PATCH),
-            "/nodeipamconfigs/spare/status",
-            Action::Answer {
-                status: 500,
-                then_land_after: Some(Duration::from_secs(40)),
-            },
-        )
-        .times(1),
-    );
+    let late =
+        proxy.add(Rule::new(Some(Method::PATCH), "/nodeipamconfigs/spare/status", LATE).times(1));
     set_allocation(&admin, "spare", nodeipam_crd::Allocation::Disabled).await;
     wait_for(
         "replica-a's status write for the disabled spare",
@@ -552,13 +537,7 @@ async fn a_late_drained_status_for_an_older_generation_is_refused() {
         given[0].starts_with("10.91."),
         "on-spare holds a block of spare: {given:?}"
     );
-    let landed = wait_for("replica-a's status write to arrive", || async {
-        proxy.log().into_iter().find(|e| {
-            e.path.ends_with("/nodeipamconfigs/spare/status")
-                && e.origin == nodeipam_testenv::fault_proxy::Origin::Landed
-        })
-    })
-    .await;
+    let landed = landed(&proxy, "/nodeipamconfigs/spare/status").await;
     let spare = get_config(&admin, "spare").await.expect("config spare");
     assert_ne!(
         condition(&spare, "Drained").map(|(status, _)| status),
@@ -570,9 +549,7 @@ async fn a_late_drained_status_for_an_older_generation_is_refused() {
         "the late Drained=True was written over a re-enabled config: {landed:?}"
     );
     assert_invariant(&admin, &[]).await;
-    b.signal(Signal::TERM);
-    assert!(b.wait_exit().await.success());
-    cp.stop().await;
+    finish(b, cp).await;
 }
 
 /// The published pod network is fenced (issue 45, the second sequence): replica-a's publish
@@ -593,21 +570,11 @@ async fn a_late_publish_never_drops_a_range_in_use() {
         _dir,
         proxy,
         mut a,
-        mut b,
+        b,
         ..
     } = Pair::start("10.92.0.0/24", 24).await;
     let path = format!("/api/v1/namespaces/{NAMESPACE}/configmaps/nodeipam-pod-network");
-    let late = proxy.add(
-        Rule::new(
-            Some(Method::PATCH),
-            path.clone(),
-            Action::Answer {
-                status: 500,
-                then_land_after: Some(Duration::from_secs(40)),
-            },
-        )
-        .times(1),
-    );
+    let late = proxy.add(Rule::new(Some(Method::PATCH), path.clone(), LATE).times(1));
     // A range no node is served from, only published.
     let nowhere = selector(&[("zone", "In", &["nowhere"])]);
     create_ready_config(
@@ -633,13 +600,7 @@ async fn a_late_publish_never_drops_a_range_in_use() {
     b.wait_leader_metric(1.0).await;
     let given = wait_cidrs(&admin, "on-second").await;
     assert_eq!(given, vec!["10.94.0.0/24".to_string()]);
-    let landed = wait_for("replica-a's publish to arrive", || async {
-        proxy
-            .log()
-            .into_iter()
-            .find(|e| e.path == path && e.origin == nodeipam_testenv::fault_proxy::Origin::Landed)
-    })
-    .await;
+    let landed = landed(&proxy, &path).await;
     let network = Api::<ConfigMap>::namespaced(admin.clone(), NAMESPACE)
         .get("nodeipam-pod-network")
         .await
@@ -657,9 +618,7 @@ async fn a_late_publish_never_drops_a_range_in_use() {
         "the late publish was applied over a newer one: {landed:?}"
     );
     assert_invariant(&admin, &[]).await;
-    b.signal(Signal::TERM);
-    assert!(b.wait_exit().await.success());
-    cp.stop().await;
+    finish(b, cp).await;
 }
 
 /// A leak is counted while it lasts, not forever: replica-a's write for node leaky is
