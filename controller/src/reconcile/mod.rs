@@ -4,6 +4,8 @@
 pub mod config_writer;
 pub mod driver;
 pub mod events;
+#[cfg(test)]
+mod fake_api;
 pub mod handover;
 pub mod leader;
 pub mod lease_lock;

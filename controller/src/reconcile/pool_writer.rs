@@ -1,7 +1,7 @@
 //! Carries out the NodeIPAMPools' decisions on the allocation loop's behalf: creates a child
 //! NodeIPAMConfig (AlreadyExists is an answer, not an error: the name is deterministic, so a
-//! retry or another leader's create finds it), deletes an empty child with its UID as a
-//! precondition, and writes pool statuses with a test of the UID. Creates and deletes are
+//! retry or another leader's create finds it), deletes an empty child with its UID and the
+//! version read just before as preconditions, and writes pool statuses with a test of the UID. Creates and deletes are
 //! answered once (the allocation loop decides what to ask again); statuses coalesce per pool
 //! and are retried.
 
@@ -121,23 +121,38 @@ async fn create(ctx: &Context, child: &ChildConfig) -> CreateOutcome {
     }
 }
 
+/// Deletes the child `name` (the object `uid`) at the version read just before: a delete a
+/// deposed leader sent is refused once its successor wrote the child since (its first status
+/// write for it, when it hands out a block of it), however late it arrives.
 async fn delete(ctx: &Context, name: &str, uid: Option<&str>) -> DeleteOutcome {
     let api: Api<NodeIPAMConfig> = Api::all(ctx.client.clone());
     ctx.limiter.acquire().await;
+    let read = match ctx.read(api.get_opt(name)).await {
+        Ok(Some(child)) if uid.is_none_or(|uid| child.metadata.uid.as_deref() == Some(uid)) => {
+            child
+        }
+        // Gone, or another object under the name.
+        Ok(_) => return DeleteOutcome::Gone,
+        Err(e) => return DeleteOutcome::Failed(format!("reading it: {e}")),
+    };
     let params = DeleteParams {
-        preconditions: uid.map(|uid| Preconditions {
-            uid: Some(uid.to_string()),
-            resource_version: None,
+        preconditions: Some(Preconditions {
+            uid: read.metadata.uid.clone(),
+            resource_version: read.metadata.resource_version.clone(),
         }),
         ..DeleteParams::default()
     };
+    ctx.limiter.acquire().await;
     match ctx.write(api.delete(name, &params)).await {
         Ok(_) => {
             info!(config = %name, "deleted an empty child NodeIPAMConfig");
             DeleteOutcome::Deleted
         }
-        // Gone, or another object under the name (the UID precondition failed).
-        Err(KubeError::Api(s)) if s.code == 404 || s.code == 409 => DeleteOutcome::Gone,
+        Err(KubeError::Api(s)) if s.code == 404 => DeleteOutcome::Gone,
+        // Changed since it was read: the allocation loop decides again on what it sees now.
+        Err(KubeError::Api(s)) if s.code == 409 => {
+            DeleteOutcome::Failed(format!("it changed since it was read: {}", s.message))
+        }
         Err(e) => {
             ctx.metrics.reconcile_error("config_delete");
             DeleteOutcome::Failed(e.to_string())
@@ -187,5 +202,51 @@ async fn write_status(
             }
         }
         Err(e) => Err(e),
+    }
+}
+
+/// The child's delete against a fake API server: at the version read, and a refusal of it
+/// (a deposed leader's delete after its successor wrote the child) is no "gone".
+#[cfg(test)]
+mod tests {
+    use http::{Method, StatusCode};
+
+    use super::super::fake_api::{recording, status};
+    use super::*;
+
+    const CHILD: &str = r#"{"apiVersion":"nodeipam.io/v1alpha1","kind":"NodeIPAMConfig","metadata":{"name":"c","uid":"u1","resourceVersion":"9"},"spec":{"allocation":"Enabled"}}"#;
+
+    #[tokio::test]
+    async fn a_child_is_deleted_only_at_the_version_read() {
+        let (ctx, seen) = recording(|method, _| match *method {
+            Method::GET => (StatusCode::OK, CHILD.into()),
+            _ => (StatusCode::OK, CHILD.into()),
+        });
+        assert_eq!(delete(&ctx, "c", Some("u1")).await, DeleteOutcome::Deleted);
+        let seen = seen.lock().expect("lock").clone();
+        let delete = seen
+            .iter()
+            .find(|(m, _, _)| *m == Method::DELETE)
+            .expect("a delete");
+        assert!(delete.2.contains(r#""uid":"u1""#), "{}", delete.2);
+        assert!(
+            delete.2.contains(r#""resourceVersion":"9""#),
+            "{}",
+            delete.2
+        );
+    }
+
+    #[tokio::test]
+    async fn a_delete_refused_for_a_changed_child_is_decided_again() {
+        let (ctx, _) = recording(|method, _| match *method {
+            Method::GET => (StatusCode::OK, CHILD.into()),
+            _ => (StatusCode::CONFLICT, status(409, "Conflict")),
+        });
+        assert!(matches!(
+            delete(&ctx, "c", Some("u1")).await,
+            DeleteOutcome::Failed(why) if why.contains("changed since it was read")
+        ));
+        // Another object under the name: nothing of ours to delete.
+        assert_eq!(delete(&ctx, "c", Some("u2")).await, DeleteOutcome::Gone);
     }
 }

@@ -383,42 +383,13 @@ mod tests {
 /// absent, and when one appears under the name between its read and its write.
 #[cfg(test)]
 mod writer_tests {
-    use std::sync::{Arc, Mutex};
-
-    use http::{Method, Request, Response, StatusCode};
-    use kube::client::Body;
+    use http::{Method, StatusCode};
 
     use super::*;
     use crate::alloc::outputs::{CalicoPools, OutputKind};
     use crate::alloc::podnetwork::ConfigRanges;
 
-    type Seen = Arc<Mutex<Vec<(Method, String)>>>;
-
-    /// A context whose client talks to `answer`, and the requests it was sent.
-    fn fake(answer: fn(&Method, &str) -> (StatusCode, &'static str)) -> (Context, Seen) {
-        let seen: Seen = Arc::default();
-        let log = seen.clone();
-        let svc = tower::service_fn(move |req: Request<Body>| {
-            let (method, path) = (req.method().clone(), req.uri().path().to_string());
-            let (status, body) = answer(&method, &path);
-            log.lock().expect("lock").push((method, path));
-            let res = Response::builder()
-                .status(status)
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .body(Body::from(body.as_bytes().to_vec()))
-                .expect("response");
-            async move { Ok::<_, std::convert::Infallible>(res) }
-        });
-        let client = kube::Client::new(svc, "default");
-        let metrics = Arc::new(crate::metrics::Metrics::new());
-        (Context::new(client, Default::default(), metrics), seen)
-    }
-
-    fn status(code: u16, reason: &str) -> String {
-        format!(
-            r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"{reason}","code":{code},"message":"{reason}"}}"#
-        )
-    }
+    use super::super::fake_api::{recording, status};
 
     fn pools_of(range: &str) -> (OutputRef, PodNetwork) {
         let kind = OutputKind::CalicoIPPools(CalicoPools::default());
@@ -438,11 +409,11 @@ mod writer_tests {
     /// is refused then, where an apply would take their pool over.
     #[tokio::test]
     async fn a_pool_that_appears_after_the_read_is_not_taken_over() {
-        let (ctx, seen) = fake(|method, path| match *method {
-            Method::GET if path.ends_with("/ippools") => (StatusCode::OK, EMPTY_LIST),
-            Method::GET => (StatusCode::NOT_FOUND, leak(status(404, "NotFound"))),
-            Method::POST => (StatusCode::CONFLICT, leak(status(409, "AlreadyExists"))),
-            _ => (StatusCode::OK, "{}"),
+        let (ctx, seen) = recording(|method, path| match *method {
+            Method::GET if path.ends_with("/ippools") => (StatusCode::OK, EMPTY_LIST.into()),
+            Method::GET => (StatusCode::NOT_FOUND, status(404, "NotFound")),
+            Method::POST => (StatusCode::CONFLICT, status(409, "AlreadyExists")),
+            _ => (StatusCode::OK, "{}".into()),
         });
         let (output, network) = pools_of("10.0.0.0/16");
         let err = write_objects(&ctx, &output, &network, "a/1")
@@ -450,35 +421,9 @@ mod writer_tests {
             .expect_err("refused");
         assert!(err.contains("nodeipam-10-0-0-0-16"), "{err}");
         let seen = seen.lock().expect("lock").clone();
-        let methods: Vec<&Method> = seen.iter().map(|(m, _)| m).collect();
+        let methods: Vec<&Method> = seen.iter().map(|(m, _, _)| m).collect();
         assert_eq!(methods, [&Method::GET, &Method::POST], "{seen:?}");
         assert_eq!(seen[1].1, "/apis/projectcalico.org/v3/ippools");
-    }
-
-    /// A fake API server that records every request's method, path and body.
-    type Bodies = Arc<Mutex<Vec<(Method, String, String)>>>;
-    fn fake_with_bodies(answer: fn(&Method, &str) -> (StatusCode, String)) -> (Context, Bodies) {
-        let seen: Bodies = Arc::default();
-        let log = seen.clone();
-        let svc = tower::service_fn(move |req: Request<Body>| {
-            let log = log.clone();
-            async move {
-                let (method, path) = (req.method().clone(), req.uri().path().to_string());
-                let body = req.into_body().collect_bytes().await.unwrap_or_default();
-                let (status, answer) = answer(&method, &path);
-                let body = String::from_utf8_lossy(&body).to_string();
-                log.lock().expect("lock").push((method, path, body));
-                let res = Response::builder()
-                    .status(status)
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .body(Body::from(answer.into_bytes()))
-                    .expect("response");
-                Ok::<_, std::convert::Infallible>(res)
-            }
-        });
-        let client = kube::Client::new(svc, "default");
-        let metrics = Arc::new(crate::metrics::Metrics::new());
-        (Context::new(client, Default::default(), metrics), seen)
     }
 
     /// A pool of ours, as the API server returns it.
@@ -510,7 +455,7 @@ mod writer_tests {
         );
         static ANSWERS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
         let _ = ANSWERS.set((pool, list));
-        let (ctx, seen) = fake_with_bodies(|method, path| {
+        let (ctx, seen) = recording(|method, path| {
             let (pool, list) = ANSWERS.get().expect("answers");
             match *method {
                 Method::GET if path.ends_with("/ippools") => (StatusCode::OK, list.clone()),
@@ -542,8 +487,4 @@ mod writer_tests {
     }
 
     const EMPTY_LIST: &str = r#"{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{},"items":[]}"#;
-
-    fn leak(s: String) -> &'static str {
-        Box::leak(s.into_boxed_str())
-    }
 }
