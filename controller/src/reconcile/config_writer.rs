@@ -133,8 +133,10 @@ pub async fn write_status(
         (Err(kube::Error::Api(s)), Some(uid)) if s.code == 422 => {
             let now = ctx.read(api.get_opt(name)).await?;
             let moved = now.is_none_or(|c| {
-                c.uid().as_deref() != Some(uid)
-                    || c.metadata.generation != status.observed_generation
+                let edited = status
+                    .observed_generation
+                    .is_some_and(|g| c.metadata.generation != Some(g));
+                c.uid().as_deref() != Some(uid) || edited
             });
             if moved {
                 Ok(false)
