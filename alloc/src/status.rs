@@ -206,11 +206,12 @@ fn drained(f: &ConfigFacts) -> Cond {
         format!("{}{tail}", sample.join(", "))
     };
     let mut parts = Vec::new();
-    if f.nodes > 0 || f.leaked == 0 {
+    // Those being written hold it as much: they are named in the sample too.
+    let holding = f.nodes + f.writing;
+    if holding > 0 || f.leaked == 0 {
         parts.push(format!(
-            "{} node(s) still hold blocks: {}",
-            f.nodes,
-            names(f.nodes, &f.sample_nodes)
+            "{holding} node(s) still hold blocks: {}",
+            names(holding, &f.sample_nodes)
         ));
     }
     if f.leaked > 0 {
@@ -346,8 +347,15 @@ mod tests {
         );
         // A write still in flight keeps it from draining.
         f.writing = 1;
+        f.sample_nodes = vec!["n3".into()];
         let (s, _) = desired_status(&f, Some(1), &[], &t("2026-01-01T00:00:00Z"));
         assert_eq!(cond(&s, "Drained").status, "False");
+        // Not served yet, so not in `nodes`, but named as a holder.
+        assert_eq!(
+            cond(&s, "Drained").message,
+            "1 node(s) still hold blocks: n3"
+        );
+        f.sample_nodes = Vec::new();
         // So does a leaked write, which may still land; the message names its node.
         f.writing = 0;
         f.leaked = 1;
