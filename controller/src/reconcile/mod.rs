@@ -370,7 +370,7 @@ async fn take_over(ctx: &Context) {
             return;
         };
         tokio::time::sleep(after).await;
-        seal::run(ctx, &lease.identity).await;
+        seal::run(ctx).await;
     };
     tokio::join!(tokio::time::sleep(wait), seal);
     if !wait.is_zero() {

@@ -19,14 +19,14 @@ use crate::node::IpamNode;
 /// A page of the seal's Node list, as the session's own list.
 const PAGE: u32 = 2000;
 
-/// Seals every Node without podCIDRs on behalf of `identity`, and returns how many it sealed.
+/// Seals every Node without podCIDRs on behalf of this process, and returns how many it sealed.
 /// It never gives up (`seal::done`): a failed list is listed again and the Nodes whose seal
 /// was throttled, refused or not answered are written again, round after round with backoff,
 /// for as long as it takes (each retry logged and counted in
 /// `nodeipam_takeover_seal_retries_total`); the session allocates nothing meanwhile. It ends
 /// early only with the session (a lost leadership drops it).
-pub async fn run(ctx: &Context, identity: &str) -> usize {
-    let value = seal::value(identity, token());
+pub async fn run(ctx: &Context) -> usize {
+    let value = fresh_value(ctx);
     let mut unsealed: Option<Vec<(String, Option<String>)>> = None;
     let (mut sealed, mut failures) = (0, 0);
     while !seal::done(unsealed.as_ref().map(Vec::len)) {
