@@ -1,13 +1,14 @@
 //! The allocation core, pure: no kube client, no tokio, no clock (this crate depends on none
 //! of them, so it cannot name them). The bitmaps (`cidrset`), the allocation state (`ipam`),
 //! config selection, write outcomes, status, the pod network, the leadership rules
-//! (`lease`) and the seal of a take-over (`seal`) are decided here, and `machine` puts them together behind one
+//! (`lease`), the seal of a take-over (`seal`) and the preconditions of our other writes (`fence`) are decided here, and `machine` puts them together behind one
 //! `handle(input) -> effects`. `check` recounts a cluster read from the API by the same
 //! rules, for the command line.
 
 pub mod check;
 pub mod cidrset;
 pub mod effects;
+pub mod fence;
 pub mod fixtures;
 pub mod ipam;
 pub mod lease;

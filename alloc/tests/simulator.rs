@@ -15,7 +15,7 @@ mod sim;
 
 use std::time::{Duration, Instant};
 
-use sim::{Action, Setup, generate, run, run_traced, shrink};
+use sim::{Action, Setup, Sim, User, generate, run, run_traced, shrink};
 
 const STEPS: usize = 400;
 /// The seeds CI runs (about five minutes on one core of a shared 2-core machine).
@@ -102,6 +102,60 @@ fn seeded_schedules_keep_every_invariant() {
         started.elapsed()
     );
     assert!(seed > first, "the budget ran no schedule");
+}
+
+/// A successor relies on no output before its own first publish moved it. Here the deposed
+/// leader's publish of a network without a range (its config disabled) is stuck in the API
+/// server at the version it read; the successor, the config enabled again, must not hand out a
+/// block of that range before its own publish lands: else the stuck write, still at the
+/// current version, lands and drops a range in use.
+#[test]
+fn a_successor_relies_on_no_output_until_its_own_publish_moved_it() {
+    let mut sim = Sim::new(Setup {
+        outputs: 1,
+        service_flag: false,
+        write_attempts: 3,
+    });
+    let act = |sim: &mut Sim, action: Action| {
+        sim.act(&action)
+            .unwrap_or_else(|v| panic!("at {action:?}: {v}"))
+    };
+    act(&mut sim, Action::User(User::CreateConfig { menu: 0 }));
+    sim.settle(true).unwrap();
+    act(&mut sim, Action::User(User::ToggleConfig { pick: 0 }));
+    sim.settle(false).unwrap();
+    // The network without the disabled range is sent, and stuck.
+    let stuck = Action::Publish {
+        proc: 0,
+        fail_first: false,
+        fail_second: false,
+        fail_pools: None,
+        late: Some(0),
+    };
+    act(&mut sim, stuck);
+    act(&mut sim, Action::Failover);
+    act(&mut sim, Action::StartLeader);
+    act(&mut sim, Action::User(User::ToggleConfig { pick: 0 }));
+    act(
+        &mut sim,
+        Action::User(User::CreateNode {
+            name: 1,
+            pool_b: false,
+        }),
+    );
+    sim.settle(false).unwrap();
+    assert_eq!(
+        sim.podcidrs("n1"),
+        Vec::<String>::new(),
+        "a block handed out while the successor's publish had not landed"
+    );
+    act(&mut sim, Action::LandSent { proc: 1, pick: 0 });
+    sim.settle(true).unwrap();
+    assert_eq!(
+        sim.podcidrs("n1").len(),
+        1,
+        "n1 is served once the publish landed"
+    );
 }
 
 /// A seed names one run, not only one schedule: the machine and the world decide the same

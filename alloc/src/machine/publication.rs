@@ -259,6 +259,13 @@ impl Publication {
                     .then(|| format!("{} includes {}", o.target, missing.join(", ")))
             })
             .collect();
+        // Nothing a predecessor wrote is relied on before this process's own first publish
+        // landed: that write signed every output anew and so moved its version, and only from
+        // then on is a deposed leader's late write, sent on the version it read, refused
+        // (docs/single-writer.md, "Every write").
+        if behind.is_empty() && self.network_landed.is_none() && !self.outputs.is_empty() {
+            behind.push("this process's first publish of the pod network lands".into());
+        }
         if let (Some(last), Some(why)) = (behind.last_mut(), &self.write_error) {
             last.push_str(&format!(" (the last write failed: {why})"));
         }
@@ -347,6 +354,12 @@ mod tests {
                 listed: false
             }
         );
+        assert_eq!(
+            p.behind(&range),
+            vec!["this process's first publish of the pod network lands".to_string()],
+            "a predecessor's ConfigMap is not relied on before this process's publish moved it"
+        );
+        p.on_published(&network_of("10.0.0.0/24", 1));
         assert!(p.behind(&range).is_empty());
         let again = p.on_watch(0, holding(&network_of("10.0.0.0/24", 0)));
         assert!(!again.changed, "the same content moves no gate");
@@ -432,6 +445,7 @@ mod tests {
     #[test]
     fn an_output_whose_watch_cannot_list_holds_nothing_and_says_why() {
         let mut p = one_output();
+        p.on_published(&network_of("10.0.0.0/24", 1));
         let why = "the API server does not serve it".to_string();
         let seen = p.on_failed(0, why.clone());
         assert_eq!(
@@ -473,6 +487,7 @@ mod tests {
             &[],
         );
         let ranges = [net("10.0.0.0/24"), net("10.1.0.0/24")];
+        p.on_published(&both);
         p.on_watch(0, Watch::ListStart);
         let pools = pools_of(&both);
         assert_eq!(pools.len(), 2);

@@ -11,9 +11,11 @@ use std::fmt;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use kube_core::DynamicObject;
 use nodeipam_alloc::effects::{
     ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, WriteJob, WriteResult,
 };
+use nodeipam_alloc::fence::{self, PUBLISHED_BY, Send};
 use nodeipam_alloc::fixtures;
 use nodeipam_alloc::ipam::{Holder, nets_overlap};
 use nodeipam_alloc::machine::{self, Effect, Input, Machine, Now};
@@ -92,6 +94,153 @@ enum PoolJob {
     },
 }
 
+/// A write other than a podCIDR one, sent and not answered (500 or a timeout): it may still
+/// land at any later step (`Action::LandSent`), even after a successor started. Only the
+/// precondition it was sent with (`fence`) can stop it.
+#[derive(Clone, Debug)]
+enum Sent {
+    Status {
+        name: String,
+        patch: serde_json::Value,
+    },
+    Object {
+        index: usize,
+        name: String,
+        object: Box<DynamicObject>,
+        send: Send,
+    },
+    Delete {
+        index: usize,
+        name: String,
+        at: (Option<String>, Option<String>),
+    },
+}
+
+/// One publish's writes, sent as the publisher sends them: each at the precondition
+/// `fence::send` decides from the object as read, signed `by`; write number `late` (counting
+/// down) is left stuck in the API server instead.
+struct Writer {
+    by: String,
+    late: Option<usize>,
+    sent: Vec<Sent>,
+}
+
+impl Writer {
+    /// Sends `write`, or leaves it stuck (then the publish fails: its answer never came).
+    fn send(&mut self, world: &mut World, write: Sent) -> Result<(), String> {
+        match self.late {
+            Some(0) => {
+                self.late = None;
+                self.sent.push(write);
+                return Err("no answer within 10s".into());
+            }
+            Some(n) => self.late = Some(n - 1),
+            None => {}
+        }
+        match write {
+            Sent::Object {
+                index,
+                name,
+                object,
+                send,
+            } => world.send_object(index, &name, *object, &send),
+            Sent::Delete { index, name, at } => world.delete_object_at(index, &name, at),
+            Sent::Status { .. } => unreachable!("a publish writes no status"),
+        }
+    }
+
+    /// The ConfigMap of output `index` with `data`, signed; `holds`: it has that already.
+    fn configmap(
+        &mut self,
+        world: &mut World,
+        index: usize,
+        data: BTreeMap<String, String>,
+        holds: bool,
+    ) -> Result<(), String> {
+        let read = world.outputs[index]
+            .values()
+            .next()
+            .map(|o| o.metadata.clone());
+        let send = fence::send(read.as_ref(), holds, &self.by);
+        if send == Send::Skip {
+            return Ok(());
+        }
+        let mut object = world::configmap(index, data);
+        object
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(PUBLISHED_BY.into(), self.by.clone());
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let write = Sent::Object {
+            index,
+            name,
+            object: Box::new(object),
+            send,
+        };
+        self.send(world, write)
+            .map_err(|why| format!("{}: {why}", output(index)))
+    }
+
+    /// Output 2 as the real publisher writes a many-object output: each pool the network
+    /// wants (skipped only when it holds the spec and this process signed it), then ours it
+    /// no longer wants removed at the version listed. `fail` stops it after that many steps.
+    fn pools(
+        &mut self,
+        world: &mut World,
+        network: &PodNetwork,
+        fail: Option<u8>,
+    ) -> Result<(), String> {
+        let mut wanted = output(2).objects(network);
+        for (_, body) in &mut wanted {
+            body["metadata"]["annotations"][PUBLISHED_BY] = self.by.clone().into();
+        }
+        let fail_at = fail.map(|f| usize::from(f) % (wanted.len() + 1));
+        for (i, (name, body)) in wanted.iter().enumerate() {
+            if fail_at == Some(i) {
+                return Err(format!("writing {name}: the write timed out"));
+            }
+            let read = world.outputs[2].get(name);
+            let holds = read.is_some_and(|o| holds_spec(o, body));
+            let send = fence::send(read.map(|o| &o.metadata), holds, &self.by);
+            if send == Send::Skip {
+                continue;
+            }
+            let object = Box::new(serde_json::from_value(body.clone()).expect("our own pool"));
+            let write = Sent::Object {
+                index: 2,
+                name: name.clone(),
+                object,
+                send,
+            };
+            self.send(world, write)
+                .map_err(|why| format!("writing {name}: {why}"))?;
+        }
+        if fail_at == Some(wanted.len()) {
+            return Err("listing ours: the request timed out".into());
+        }
+        let listed: Vec<(String, _)> = world.outputs[2]
+            .iter()
+            .map(|(n, o)| (n.clone(), fence::delete_at(&o.metadata)))
+            .collect();
+        let names: Vec<String> = listed.iter().map(|(n, _)| n.clone()).collect();
+        for name in stale(&wanted, &names) {
+            let at = listed
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, at)| at.clone())
+                .unwrap_or_default();
+            let write = Sent::Delete { index: 2, name, at };
+            match self.send(world, write) {
+                Ok(()) => {}
+                Err(why) if why.starts_with("404") => {}
+                Err(why) => return Err(format!("removing: {why}")),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One step of a schedule. `pick`s choose among what is there at that moment (modulo), so a
 /// shrunk schedule still means something.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,6 +267,10 @@ pub enum Action {
         proc: u8,
         pick: u8,
         fail: bool,
+        /// A status write is sent and left unanswered: it stays queued (the writer retries)
+        /// and may land later (`Sent`).
+        #[serde(default)]
+        late: bool,
     },
     PoolJob {
         proc: u8,
@@ -132,6 +285,15 @@ pub enum Action {
         /// removal of stale ones): a network written in part.
         #[serde(default)]
         fail_pools: Option<u8>,
+        /// This write of the publish (modulo those it makes) is sent and left unanswered: the
+        /// publish fails there and may land later (`Sent`).
+        #[serde(default)]
+        late: Option<u8>,
+    },
+    /// A write of `Sent` lands now, if its precondition still holds.
+    LandSent {
+        proc: u8,
+        pick: u8,
     },
     Reread {
         proc: u8,
@@ -267,6 +429,10 @@ struct Process {
     writes: Vec<WriteJob>,
     /// Writes stuck in the API server, whose sender had its (ambiguous) answer: they may land.
     late: Vec<WriteJob>,
+    /// Other writes stuck in the API server: they may land at any later step, however late.
+    sent: Vec<Sent>,
+    /// This process's signature on what it publishes (`fence::PUBLISHED_BY`).
+    by: String,
     config_jobs: Vec<ConfigJob>,
     pool_jobs: Vec<PoolJob>,
     publish: Option<PodNetwork>,
@@ -361,6 +527,8 @@ impl Sim {
             queues: BTreeMap::new(),
             writes: Vec::new(),
             late: Vec::new(),
+            sent: Vec::new(),
+            by: format!("process-{}", self.procs.len()),
             config_jobs: Vec::new(),
             pool_jobs: Vec::new(),
             publish: None,
@@ -524,9 +692,24 @@ impl Sim {
                     }
                 }
             }
-            Action::ConfigJob { proc, pick, fail } => {
+            Action::ConfigJob {
+                proc,
+                pick,
+                fail,
+                late,
+            } => {
                 if let Some(p) = self.proc(*proc) {
-                    self.config_job(p, *pick, *fail)?;
+                    self.config_job(p, *pick, *fail, *late)?;
+                }
+            }
+            Action::LandSent { proc, pick } => {
+                if let Some(p) = self.proc(*proc) {
+                    let sent = &mut self.procs[p].sent;
+                    if !sent.is_empty() {
+                        let write = sent.remove(*pick as usize % sent.len());
+                        // Nobody waits for the answer any more: its precondition decides.
+                        self.land(write);
+                    }
                 }
             }
             Action::PoolJob { proc, pick, fault } => {
@@ -539,9 +722,11 @@ impl Sim {
                 fail_first,
                 fail_second,
                 fail_pools,
+                late,
             } => {
                 if let Some(p) = self.proc(*proc) {
-                    self.publish(p, [*fail_first, *fail_second], *fail_pools);
+                    let late = late.map(usize::from);
+                    self.publish(p, [*fail_first, *fail_second], *fail_pools, late);
                 }
             }
             Action::Reread { proc, pick, fail } => {
@@ -584,7 +769,8 @@ impl Sim {
                 let l = self.leader();
                 if !self.procs[l].started {
                     // The takeover delay is over: whatever the old leaders still had in flight
-                    // timed out without landing.
+                    // timed out without landing, but for the writes stuck in the API server
+                    // (`sent`): nothing but their preconditions stops those.
                     for old in &mut self.procs[..l] {
                         old.writes.clear();
                         old.late.clear();
@@ -763,19 +949,31 @@ impl Sim {
         Ok(())
     }
 
-    fn config_job(&mut self, p: usize, pick: u8, fail: bool) -> Result<(), Violation> {
+    fn config_job(&mut self, p: usize, pick: u8, fail: bool, late: bool) -> Result<(), Violation> {
         let proc = &mut self.procs[p];
-        if proc.config_jobs.is_empty() || fail {
+        if proc.config_jobs.is_empty() {
+            return Ok(());
+        }
+        let i = pick as usize % proc.config_jobs.len();
+        if late && let ConfigJob::Status { name, uid, status } = &proc.config_jobs[i] {
+            // Sent, unanswered: it stays queued, and may land later all the same.
+            let patch = fence::status_patch(uid.as_deref(), status);
+            let name = name.clone();
+            proc.sent.push(Sent::Status { name, patch });
+            return Ok(());
+        }
+        if fail || late {
             // A failed write stays queued: the config writer retries it.
             return Ok(());
         }
-        let job = proc
-            .config_jobs
-            .remove(pick as usize % proc.config_jobs.len());
+        let job = proc.config_jobs.remove(i);
         proc.answers.push(Input::ConfigWritten(job.clone()));
         match job {
+            // Refused when its tests fail: the writer takes that as done (the config was
+            // created again or edited since), as `config_writer::write_status` does.
             ConfigJob::Status { name, uid, status } => {
-                self.world.write_status(&name, uid.as_deref(), status);
+                let patch = fence::status_patch(uid.as_deref(), &status);
+                self.world.patch_status(&name, &patch);
             }
             ConfigJob::AddFinalizer { name } => self.world.add_finalizer(&name),
             ConfigJob::RemoveFinalizer { name, uid } => {
@@ -846,78 +1044,84 @@ impl Sim {
         }
     }
 
+    /// A write of `Sent` lands, if its precondition still holds.
+    fn land(&mut self, write: Sent) {
+        let refused = match write {
+            Sent::Status { name, patch } => (!self.world.patch_status(&name, &patch))
+                .then(|| format!("status of {name}: a test failed")),
+            Sent::Object {
+                index,
+                name,
+                object,
+                send,
+            } => self.world.send_object(index, &name, *object, &send).err(),
+            Sent::Delete { index, name, at } => self.world.delete_object_at(index, &name, at).err(),
+        };
+        if verbose() {
+            eprintln!("  a late write: {}", refused.as_deref().unwrap_or("lands"));
+        }
+    }
+
     /// The publisher: our ConfigMap first, then ip-masq-agent's, then the Calico IPPools;
-    /// any may fail, the pools after some of them are written.
-    fn publish(&mut self, p: usize, fail: [bool; 2], fail_pools: Option<u8>) {
+    /// any may fail, the pools after some of them are written. Each write is sent as the real
+    /// publisher sends it (`fence::send`, signed by the process); write number `late` is left
+    /// stuck in the API server instead (`Sent`) and the publish fails there.
+    fn publish(&mut self, p: usize, fail: [bool; 2], fail_pools: Option<u8>, late: Option<usize>) {
         let Some(network) = self.procs[p].publish.clone() else {
             return;
         };
-        // A failed attempt is retried with the publication kept, and reported, as the real
-        // publisher does.
-        let failed = |proc: &mut Process, why: String| {
-            proc.answers.push(Input::PublishFailed(why));
+        let mut writer = Writer {
+            by: self.procs[p].by.clone(),
+            late,
+            sent: Vec::new(),
         };
-        if fail[0] {
-            failed(
-                &mut self.procs[p],
-                format!("{}: the write timed out", output(0)),
-            );
-            return;
+        let result = self.publish_outputs(&mut writer, &network, fail, fail_pools);
+        let proc = &mut self.procs[p];
+        proc.sent.extend(writer.sent);
+        match result {
+            Ok(()) => {
+                proc.publish = None;
+                proc.answers.push(Input::Published(network));
+            }
+            // A failed attempt is retried with the publication kept, and reported, as the
+            // real publisher does.
+            Err(why) => proc.answers.push(Input::PublishFailed(why)),
         }
+    }
+
+    fn publish_outputs(
+        &mut self,
+        writer: &mut Writer,
+        network: &PodNetwork,
+        fail: [bool; 2],
+        fail_pools: Option<u8>,
+    ) -> Result<(), String> {
+        let timed_out = |i: usize| format!("{}: the write timed out", output(i));
+        if fail[0] {
+            return Err(timed_out(0));
+        }
+        // Always written: its data carries the time of the publish.
         let data = network.configmap_data(&self.wall.to_string());
-        self.world.put_configmap(0, Some(data));
+        writer.configmap(&mut self.world, 0, data, false)?;
         self.world.output_tampered[0] = false;
         if self.setup.outputs > 1 {
             if fail[1] {
-                failed(
-                    &mut self.procs[p],
-                    format!("{}: the write timed out", output(1)),
-                );
-                return;
+                return Err(timed_out(1));
             }
             let mut data = self.world.configmap_data(1).unwrap_or_default();
-            let current = data.get("config").map(String::as_str);
-            let config = ip_masq_agent_config(current, &network, &[]).expect("our own config");
+            let current = data.get("config").cloned();
+            let config =
+                ip_masq_agent_config(current.as_deref(), network, &[]).expect("our own config");
+            let holds = current.as_deref() == Some(config.as_str());
             data.insert("config".into(), config);
-            self.world.put_configmap(1, Some(data));
+            writer.configmap(&mut self.world, 1, data, holds)?;
             self.world.output_tampered[1] = false;
         }
         if self.setup.outputs > 2 {
-            if let Err(why) = self.write_pools(&network, fail_pools) {
-                failed(&mut self.procs[p], format!("{}: {why}", output(2)));
-                return;
-            }
+            writer
+                .pools(&mut self.world, network, fail_pools)
+                .map_err(|why| format!("{}: {why}", output(2)))?;
             self.world.output_tampered[2] = false;
-        }
-        self.procs[p].publish = None;
-        self.procs[p].answers.push(Input::Published(network));
-    }
-
-    /// Output 2 as the real publisher writes a many-object output: each pool the network
-    /// wants (skipped when it already holds the spec), then ours it no longer wants removed.
-    /// `fail` stops it after that many steps.
-    fn write_pools(&mut self, network: &PodNetwork, fail: Option<u8>) -> Result<(), String> {
-        let wanted = output(2).objects(network);
-        let fail_at = fail.map(|f| usize::from(f) % (wanted.len() + 1));
-        for (i, (name, body)) in wanted.iter().enumerate() {
-            if fail_at == Some(i) {
-                return Err(format!("writing {name}: the write timed out"));
-            }
-            if self.world.outputs[2]
-                .get(name)
-                .is_some_and(|o| holds_spec(o, body))
-            {
-                continue;
-            }
-            let pool = serde_json::from_value(body.clone()).expect("our own pool");
-            self.world.put_object(2, name, Some(pool));
-        }
-        if fail_at == Some(wanted.len()) {
-            return Err("listing ours: the request timed out".into());
-        }
-        let listed: Vec<String> = self.world.outputs[2].keys().cloned().collect();
-        for name in stale(&wanted, &listed) {
-            self.world.put_object(2, &name, None);
         }
         Ok(())
     }
@@ -1333,6 +1537,13 @@ impl Sim {
             self.act(&Action::StartLeader)?;
         }
         let l = self.leader();
+        // Whatever is still stuck in the API server lands (or is refused) before the rest.
+        for back in 0..=l {
+            while !self.procs[l - back].sent.is_empty() {
+                let proc = u8::try_from(back).unwrap_or(u8::MAX);
+                self.act(&Action::LandSent { proc, pick: 0 })?;
+            }
+        }
         let mut rested = false;
         for round in 0..400 {
             let mut busy = false;
@@ -1380,6 +1591,7 @@ impl Sim {
                     proc: 0,
                     pick: 0,
                     fail: false,
+                    late: false,
                 })?;
                 busy = true;
             }
@@ -1389,6 +1601,7 @@ impl Sim {
                     fail_first: false,
                     fail_second: false,
                     fail_pools: None,
+                    late: None,
                 };
                 self.act(&publish)?;
                 busy = true;
@@ -1423,6 +1636,70 @@ impl Sim {
                 self.procs[l].publish.is_some()
             ),
         })
+    }
+
+    /// The leader does everything it has to do, with no fault, until nothing is left (its
+    /// publishes only when `publish`): for schedules written by hand.
+    pub fn settle(&mut self, publish: bool) -> Result<(), Violation> {
+        for _ in 0..50 {
+            let l = self.leader();
+            let p = &self.procs[l];
+            let mut next = Vec::new();
+            for (s, q) in &p.queues {
+                next.extend(q.iter().map(|_| Action::Deliver {
+                    proc: 0,
+                    stream: *s,
+                }));
+            }
+            let write = |fault| Action::Write {
+                proc: 0,
+                pick: 0,
+                fault,
+            };
+            next.extend(p.writes.iter().map(|_| write(WriteFault::None)));
+            next.extend(
+                p.answers
+                    .iter()
+                    .map(|_| Action::Answer { proc: 0, pick: 0 }),
+            );
+            next.extend(p.config_jobs.iter().map(|_| Action::ConfigJob {
+                proc: 0,
+                pick: 0,
+                fail: false,
+                late: false,
+            }));
+            next.extend(p.pool_jobs.iter().map(|_| Action::PoolJob {
+                proc: 0,
+                pick: 0,
+                fault: PoolFault::None,
+            }));
+            if publish && p.publish.is_some() {
+                next.push(Action::Publish {
+                    proc: 0,
+                    fail_first: false,
+                    fail_second: false,
+                    fail_pools: None,
+                    late: None,
+                });
+            }
+            next.push(Action::Tick {
+                proc: 0,
+                advance_ms: 1_100,
+            });
+            for action in &next {
+                self.act(action)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What a block's node holds now, by node name.
+    pub fn podcidrs(&self, node: &str) -> Vec<String> {
+        self.world
+            .nodes
+            .get(node)
+            .map(|n| n.cidrs.clone())
+            .unwrap_or_default()
     }
 
     fn quiet(&self, l: usize) -> bool {
@@ -1579,6 +1856,18 @@ impl Sim {
             for change in self.world.list(s) {
                 effects.extend(fresh.handle(now, change.into_input()));
             }
+        }
+        // Its first publish lands (at rest the outputs hold it already): until then it relies
+        // on no output.
+        let published: Vec<Input> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Publish(network) => Some(Input::Published(network.clone())),
+                _ => None,
+            })
+            .collect();
+        for input in published {
+            effects.extend(fresh.handle(now, input));
         }
         effects.extend(fresh.handle(now, Input::Tick));
         // Later than every emptyFor: a child the running machine should have retired shows.
@@ -1866,7 +2155,11 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
                     _ => PoolFault::None,
                 },
             },
-            3 => Action::LandLate {
+            3 if rng.chance(50) => Action::LandLate {
+                proc,
+                pick: rng.byte(),
+            },
+            3 => Action::LandSent {
                 proc,
                 pick: rng.byte(),
             },
@@ -1895,12 +2188,14 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
                 proc,
                 pick: rng.byte(),
                 fail: rng.chance(10),
+                late: rng.chance(10),
             },
             64..=67 => Action::Publish {
                 proc,
                 fail_first: rng.chance(10),
                 fail_second: rng.chance(20),
                 fail_pools: rng.chance(20).then(|| rng.byte()),
+                late: rng.chance(15).then(|| rng.byte() % 4),
             },
             68..=69 => Action::Reread {
                 proc: 0,

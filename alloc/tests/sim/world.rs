@@ -9,6 +9,7 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube_core::DynamicObject;
 use nodeipam_alloc::effects::{CreateOutcome, DeleteOutcome};
+use nodeipam_alloc::fence::Send;
 use nodeipam_alloc::fixtures;
 use nodeipam_alloc::machine::Input;
 use nodeipam_alloc::machine::Watch;
@@ -17,7 +18,7 @@ use nodeipam_alloc::outcome::NodeNow;
 use nodeipam_alloc::outputs::CalicoPools;
 use nodeipam_alloc::podnetwork::{ConfigMapRef, OutputKind, OutputRef};
 use nodeipam_alloc::pool::{PoolInput, PoolStatus, pool_input};
-use nodeipam_crd::{FINALIZER, NodeIPAMConfig, NodeIPAMConfigStatus, NodeIPAMPool};
+use nodeipam_crd::{FINALIZER, NodeIPAMConfig, NodeIPAMPool};
 
 /// A watch stream of one process.
 #[derive(
@@ -99,6 +100,8 @@ pub enum Patched {
 #[derive(Default)]
 pub struct World {
     uids: u64,
+    /// The last resourceVersion given out: output objects carry one, and move it at each write.
+    versions: u64,
     pub nodes: BTreeMap<String, NodeObj>,
     pub configs: BTreeMap<String, NodeIPAMConfig>,
     /// Each config's ranges, parsed once: the invariants look them up after every step.
@@ -302,20 +305,29 @@ impl World {
         None
     }
 
-    /// The status subresource, with the UID precondition.
-    pub fn write_status(&mut self, name: &str, uid: Option<&str>, status: NodeIPAMConfigStatus) {
+    /// The status subresource, written by the controller's JSON patch (`fence::status_patch`):
+    /// applied to the object as the API server would, so its tests decide whether it lands.
+    /// Returns whether it did.
+    pub fn patch_status(&mut self, name: &str, patch: &serde_json::Value) -> bool {
         let Some(mut c) = self.configs.get(name).cloned() else {
-            return;
+            return false;
         };
-        if uid.is_some() && c.metadata.uid.as_deref() != uid {
-            return;
+        let mut doc = serde_json::to_value(&c).expect("a config serializes");
+        let ops: json_patch::Patch = serde_json::from_value(patch.clone()).expect("our own patch");
+        if json_patch::patch(&mut doc, &ops).is_err() {
+            return false;
         }
+        let patched: NodeIPAMConfig = serde_json::from_value(doc).expect("a patched config");
+        let Some(status) = patched.status else {
+            return false;
+        };
         self.status_tampered.remove(name);
         if c.status.as_ref() == Some(&status) {
-            return;
+            return true;
         }
         c.status = Some(status);
         self.put_config(c);
+        true
     }
 
     /// A controller's create: AlreadyExists when the name is taken, refused (as the webhook
@@ -437,12 +449,30 @@ impl World {
         }
     }
 
-    /// Writes (`Some`) or deletes an object of an output.
+    /// Writes (`Some`) or deletes an object of an output. A write that changes it moves its
+    /// resourceVersion; the UID stays the object's.
     pub fn put_object(&mut self, index: usize, name: &str, object: Option<DynamicObject>) {
+        let old = self.outputs[index].get(name).map(|o| o.metadata.clone());
+        let object = object.map(|mut o| {
+            o.metadata.resource_version = old.as_ref().and_then(|m| m.resource_version.clone());
+            o.metadata.uid = old.as_ref().and_then(|m| m.uid.clone());
+            o
+        });
         let old = self.outputs[index].get(name);
         if old == object.as_ref() {
             return;
         }
+        let fresh = old.is_none();
+        let object = object.map(|mut o| {
+            self.versions += 1;
+            o.metadata.resource_version = Some(self.versions.to_string());
+            if fresh {
+                self.uids += 1;
+                o.metadata.uid = Some(format!("object-{}", self.uids));
+            }
+            o
+        });
+        let old = self.outputs[index].get(name);
         let event = match (&object, old) {
             (Some(o), _) => Watch::Applied(o.clone()),
             (None, Some(old)) => Watch::Deleted(old.clone()),
@@ -455,11 +485,68 @@ impl World {
         };
     }
 
+    /// A controller's write of an object of an output, with the precondition `send` carries
+    /// (`fence::send`, decided from its read): a create is refused when the object exists, an
+    /// update once its version moved. `Err`: the API server's refusal.
+    pub fn send_object(
+        &mut self,
+        index: usize,
+        name: &str,
+        object: DynamicObject,
+        send: &Send,
+    ) -> Result<(), String> {
+        let current = self.outputs[index].get(name);
+        let version = current.map(|o| o.metadata.resource_version.clone());
+        match (send, version) {
+            (Send::Skip, _) => return Ok(()),
+            (Send::Create, Some(_)) => return Err(format!("409 AlreadyExists: {name}")),
+            (
+                Send::At {
+                    resource_version: Some(_),
+                },
+                None,
+            ) => {
+                return Err(format!("404 NotFound: {name}"));
+            }
+            (
+                Send::At {
+                    resource_version: Some(v),
+                },
+                Some(have),
+            ) if have.as_ref() != Some(v) => {
+                return Err(format!(
+                    "409 Conflict: {name} was modified since version {v}"
+                ));
+            }
+            _ => {}
+        }
+        self.put_object(index, name, Some(object));
+        Ok(())
+    }
+
+    /// A controller's delete of an object of an output, with the UID and resourceVersion
+    /// preconditions `fence::delete_at` gives.
+    pub fn delete_object_at(
+        &mut self,
+        index: usize,
+        name: &str,
+        (uid, version): (Option<String>, Option<String>),
+    ) -> Result<(), String> {
+        let Some(o) = self.outputs[index].get(name) else {
+            return Err(format!("404 NotFound: {name}"));
+        };
+        let moved = |want: &Option<String>, have: &Option<String>| want.is_some() && want != have;
+        if moved(&uid, &o.metadata.uid) || moved(&version, &o.metadata.resource_version) {
+            return Err(format!("409 Conflict: {name}: precondition failed"));
+        }
+        self.put_object(index, name, None);
+        Ok(())
+    }
+
     /// Writes (`Some`) or deletes the ConfigMap of output `index`.
     pub fn put_configmap(&mut self, index: usize, data: Option<BTreeMap<String, String>>) {
-        let name = CONFIGMAPS[index];
-        let object = data.map(|d| fixtures::configmap("kube-system", name, d));
-        self.put_object(index, name, object);
+        let object = data.map(|d| configmap(index, d));
+        self.put_object(index, CONFIGMAPS[index], object);
     }
 
     /// The data of the ConfigMap of output `index`, when it exists.
@@ -467,6 +554,11 @@ impl World {
         let cm = self.outputs[index].get(CONFIGMAPS[index])?;
         serde_json::from_value(cm.data.get("data")?.clone()).ok()
     }
+}
+
+/// The ConfigMap of output `index` with `data`.
+pub fn configmap(index: usize, data: BTreeMap<String, String>) -> DynamicObject {
+    fixtures::configmap("kube-system", CONFIGMAPS[index], data)
 }
 
 /// The uid of a config's controller owner.

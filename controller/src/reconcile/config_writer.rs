@@ -105,18 +105,10 @@ pub async fn write_status(
     uid: Option<&str>,
     status: &NodeIPAMConfigStatus,
 ) -> Result<bool, kube::Error> {
-    // A JSON patch with a test of the UID: the API server refuses it (422) on another object.
-    // (Server-side apply ignores a UID in the applied body.)
-    let mut ops = Vec::new();
-    if let Some(uid) = uid {
-        ops.push(json!({ "op": "test", "path": "/metadata/uid", "value": uid }));
-    }
-    if let Some(generation) = status.observed_generation {
-        ops.push(json!({ "op": "test", "path": "/metadata/generation", "value": generation }));
-    }
-    ops.push(json!({ "op": "add", "path": "/status", "value": status }));
-    let patch: json_patch::Patch =
-        serde_json::from_value(serde_json::Value::Array(ops)).map_err(kube::Error::SerdeError)?;
+    // A JSON patch (server-side apply ignores a UID in the applied body), its tests decided in
+    // one place for the controller and the simulator.
+    let ops = crate::alloc::fence::status_patch(uid, status);
+    let patch: json_patch::Patch = serde_json::from_value(ops).map_err(kube::Error::SerdeError)?;
     let params = PatchParams {
         field_manager: Some(MANAGER.into()),
         ..PatchParams::default()

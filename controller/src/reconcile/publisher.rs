@@ -17,17 +17,14 @@ use tracing::{info, warn};
 
 use super::node_writer::backoff;
 use super::{Context, MANAGER};
+use crate::alloc::fence::{self, Send};
 use crate::alloc::machine::Input;
 use crate::alloc::outputs::{MANAGED_BY, OutputRef, holds_spec, is_ours, stale};
 use crate::alloc::podnetwork::{PodNetwork, ip_masq_agent_config};
 
 pub use crate::alloc::podnetwork::ConfigMapRef;
 
-/// The annotation every write of the pod network's ConfigMaps carries: the publishing process
-/// and session. A session's first publish changes it, so it moves the ConfigMap's
-/// resourceVersion even when the data is the same, and a deposed leader's publish, sent on an
-/// older version, is refused however late it arrives (docs/single-writer.md, "Every write").
-pub const PUBLISHED_BY: &str = "nodeipam.io/published-by";
+pub use crate::alloc::fence::PUBLISHED_BY;
 
 /// Where and what to publish.
 #[derive(Clone, Debug, Default)]
@@ -104,8 +101,10 @@ async fn publish(
     ctx.metrics
         .pod_network_bytes
         .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    // Always written: its data carries the time of the publish.
     let existing = read_configmap(ctx, target).await?;
-    apply_data(ctx, target, json!(data), existing.as_ref(), by).await?;
+    let send = fence::send(existing.as_ref().map(|c| &c.metadata), false, by);
+    apply_data(ctx, target, json!(data), send, by).await?;
     if let Some(masq) = &options.ip_masq_agent {
         let existing = read_configmap(ctx, masq).await?;
         let current = existing
@@ -121,11 +120,10 @@ async fn publish(
         }
         // Written when it differs, and once by every session even when it does not: the
         // new signature moves its version past any a predecessor's late write was sent on.
-        if current != Some(config.as_str()) || published_by(existing.as_ref()) != Some(by) {
-            // Only the `config` key is ours; server-side apply leaves the other keys alone.
-            let data = json!({ "config": config });
-            apply_data(ctx, masq, data, existing.as_ref(), by).await?;
-        }
+        let holds = current == Some(config.as_str());
+        let send = fence::send(existing.as_ref().map(|c| &c.metadata), holds, by);
+        // Only the `config` key is ours; server-side apply leaves the other keys alone.
+        apply_data(ctx, masq, json!({ "config": config }), send, by).await?;
     }
     for output in &options.typed {
         write_objects(ctx, output, network, by)
@@ -184,24 +182,22 @@ async fn write_objects(
         // Left alone only when it holds what we want and this session signed it already: a
         // session's first write moves every object's version, so a predecessor's late update or
         // delete, sent on an older version, is refused (docs/single-writer.md, "Every write").
-        if existing
-            .as_ref()
-            .is_some_and(|ours| holds_spec(ours, body) && signed_by(ours) == Some(by))
-        {
-            continue;
-        }
-        ctx.limiter.acquire().await;
-        match existing {
-            Some(ours) => ctx
-                .write(api.patch(
+        let holds = existing.as_ref().is_some_and(|ours| holds_spec(ours, body));
+        let send = fence::send(existing.as_ref().map(|o| &o.metadata), holds, by);
+        match send {
+            Send::Skip => continue,
+            Send::Create => create(ctx, &api, name, body).await?,
+            Send::At { resource_version } => {
+                ctx.limiter.acquire().await;
+                ctx.write(api.patch(
                     name,
                     &PatchParams::apply(MANAGER).force(),
-                    &Patch::Apply(with_version(body, &ours)),
+                    &Patch::Apply(with_version(body, resource_version)),
                 ))
                 .await
                 .map(drop)
-                .map_err(|e| format!("writing {name}: {e}"))?,
-            None => create(ctx, &api, name, body).await?,
+                .map_err(|e| format!("writing {name}: {e}"))?
+            }
         }
     }
     if output.name.is_some() {
@@ -212,9 +208,9 @@ async fn write_objects(
 
 /// `body` applied only over the object read: an object replaced since (deleted, and created
 /// again by someone else under the name) makes the apply fail rather than be taken over.
-fn with_version(body: &serde_json::Value, read: &DynamicObject) -> serde_json::Value {
+fn with_version(body: &serde_json::Value, version: Option<String>) -> serde_json::Value {
     let mut body = body.clone();
-    body["metadata"]["resourceVersion"] = json!(read.resource_version());
+    body["metadata"]["resourceVersion"] = json!(version);
     body
 }
 
@@ -232,6 +228,7 @@ async fn create(
         field_manager: Some(MANAGER.into()),
         ..PostParams::default()
     };
+    ctx.limiter.acquire().await;
     match ctx.write(api.create(&params, &object)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Err(format!(
@@ -260,18 +257,16 @@ async fn remove_stale(
         .filter_map(|o| o.metadata.name.clone())
         .collect();
     for name in stale(wanted, &names) {
-        let uid = listed
+        let Some(item) = listed
             .items
             .iter()
             .find(|o| o.metadata.name.as_deref() == Some(name.as_str()))
-            .and_then(|o| o.metadata.uid.clone());
+        else {
+            continue;
+        };
         // Only the object listed, at the version listed: one created again since under the
         // name is not removed, nor one a successor wrote since (a late delete of ours).
-        let resource_version = listed
-            .items
-            .iter()
-            .find(|o| o.metadata.name.as_deref() == Some(name.as_str()))
-            .and_then(|o| o.metadata.resource_version.clone());
+        let (uid, resource_version) = fence::delete_at(&item.metadata);
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid,
@@ -299,37 +294,19 @@ async fn read_configmap(ctx: &Context, target: &ConfigMapRef) -> Result<Option<C
         .map_err(|e| format!("reading {target}: {e}"))
 }
 
-/// Who last wrote a typed output's object, by its [`PUBLISHED_BY`] annotation.
-fn signed_by(o: &DynamicObject) -> Option<&str> {
-    o.metadata
-        .annotations
-        .as_ref()?
-        .get(PUBLISHED_BY)
-        .map(String::as_str)
-}
-
-/// Who last published a ConfigMap, by its [`PUBLISHED_BY`] annotation.
-fn published_by(cm: Option<&ConfigMap>) -> Option<&str> {
-    cm?.metadata
-        .annotations
-        .as_ref()?
-        .get(PUBLISHED_BY)
-        .map(String::as_str)
-}
-
-/// Writes `data` (our keys only) into `target`, signed [`PUBLISHED_BY`] `by`: at the version
-/// `existing` was read at (server-side apply with its resourceVersion, so a write sent on an
-/// older version is refused with a 409, however late it arrives), or as a new object when it
-/// was absent (a create: refused if one was made since).
+/// Writes `data` (our keys only) into `target`, signed [`PUBLISHED_BY`] `by`, as `send`
+/// decided from the read just before: at the version read (server-side apply with it, so a
+/// write sent on an older version is refused with a 409, however late it arrives), or as a new
+/// object when it was absent (a create: refused if one was made since).
 async fn apply_data(
     ctx: &Context,
     target: &ConfigMapRef,
     data: serde_json::Value,
-    existing: Option<&ConfigMap>,
+    send: Send,
     by: &str,
 ) -> Result<(), String> {
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &target.namespace);
-    let mut body = json!({
+    let body = json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": { "name": target.name, "namespace": target.namespace,
@@ -337,21 +314,21 @@ async fn apply_data(
                       "annotations": { PUBLISHED_BY: by } },
         "data": data,
     });
-    ctx.limiter.acquire().await;
-    let version = existing.and_then(|c| c.metadata.resource_version.clone());
-    let written = match version {
-        Some(version) => {
-            body["metadata"]["resourceVersion"] = json!(version);
+    let written = match send {
+        Send::Skip => return Ok(()),
+        Send::At { resource_version } => {
+            ctx.limiter.acquire().await;
             ctx.write(api.patch(
                 &target.name,
                 &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(&body),
+                &Patch::Apply(&with_version(&body, resource_version)),
             ))
             .await
         }
-        None => {
+        Send::Create => {
             let cm: ConfigMap =
                 serde_json::from_value(body).map_err(|e| format!("writing {target}: {e}"))?;
+            ctx.limiter.acquire().await;
             ctx.write(api.create(&PostParams::default(), &cm)).await
         }
     };
