@@ -41,8 +41,8 @@ impl std::fmt::Display for WentBack {
             f,
             "the API's storage went back in time (etcd restored from an older backup?): a \
              relist of {} returned {} (uid {}) at resourceVersion {}, but it was seen at {} \
-             before; allocation is stopped until the controller restarts (see the runbook \
-             'Storage went back in time')",
+             before; allocation is stopped until the controller restarts (docs/runbooks.md, \
+             NodeIPAMStorageWentBack)",
             self.stream, self.name, self.uid, self.listed, self.seen
         )
     }

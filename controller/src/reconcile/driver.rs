@@ -314,9 +314,11 @@ fn record(metrics: &Metrics, metric: Metric) {
                 uid = %found.uid,
                 seen = found.seen,
                 listed = found.listed,
-                "{found}. What to do: stop the controller, make sure etcd was restored with \
-                 `etcdutl snapshot restore --bump-revision <N> --mark-compacted`, check every \
-                 Node's podCIDRs against what its host uses, then restart the controller"
+                "{found}. What to do: scale the controller to 0 replicas first (a restarted process \
+                 remembers nothing and would hand out the lost blocks), restore etcd again with \
+                 `etcdutl snapshot restore --bump-revision N --mark-compacted`, make every \
+                 Node's podCIDRs match what its host uses, run `kubectl nodeipam check`, then \
+                 scale it up again"
             );
         }
     }
