@@ -2,7 +2,8 @@
 //! item 6). The nodes that got blocks after the backup lose them in etcd while their hosts
 //! still use them; a controller that went on allocating would hand those blocks out again.
 //! It must find, at its next relist, that storage went back in time, stop allocating, and
-//! say so (the metric, a Warning event), as docs/runbooks.md describes.
+//! say so (the metric, a Warning event, `kubectl nodeipam status`), as docs/runbooks.md
+//! describes.
 
 mod support;
 
@@ -117,5 +118,15 @@ async fn a_restored_etcd_older_than_what_the_controller_saw_stops_allocation() {
         found.into_iter().next()
     })
     .await;
+    // `kubectl nodeipam status` says it first.
+    let status = support::process::plugin(&cp, &["status"]).await;
+    assert!(
+        status
+            .out
+            .starts_with("ALLOCATION STOPPED: the API's storage went back in time"),
+        "kubectl nodeipam status:\n{}\n{}",
+        status.out,
+        status.err
+    );
     assert_invariant(&c, &[]).await;
 }
