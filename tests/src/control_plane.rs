@@ -906,6 +906,54 @@ impl ControlPlane {
         self.start_etcd_and_apiserver(step).await
     }
 
+    /// Restores etcd from a backup taken by [`backup_etcd`](Self::backup_etcd) the way an
+    /// operator restores a snapshot: `etcdutl snapshot restore` of the backup's database
+    /// into a fresh data folder, with `extra` arguments (e.g. `--bump-revision 1000000
+    /// --mark-compacted`), then starts etcd and kube-apiserver on the same ports. `etcdutl`
+    /// is the binary to run.
+    pub async fn restore_etcd_with(
+        &mut self,
+        from: &Path,
+        etcdutl: &Path,
+        extra: &[&str],
+    ) -> Result<(), HarnessError> {
+        let step = Step::RestoreEtcd;
+        self.stop_etcd(step).await?;
+        let data = self.etcd_command.data_dir.clone();
+        std::fs::remove_dir_all(&data)
+            .map_err(|e| HarnessError::io(step, format!("remove {}", data.display()), e))?;
+        let peer = self
+            .etcd_command
+            .args
+            .iter()
+            .find_map(|a| a.strip_prefix("--initial-advertise-peer-urls="))
+            .unwrap_or_default()
+            .to_string();
+        let out = Command::new(etcdutl)
+            .arg("snapshot")
+            .arg("restore")
+            .arg(from.join("member/snap/db"))
+            .arg("--skip-hash-check")
+            .arg(format!("--data-dir={}", data.display()))
+            .arg("--name=default")
+            .arg(format!("--initial-cluster=default={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .args(extra)
+            .output()
+            .map_err(|e| HarnessError::io(step, format!("run {}", etcdutl.display()), e))?;
+        if !out.status.success() {
+            return Err(HarnessError::other(
+                step,
+                format!(
+                    "etcdutl snapshot restore failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            ));
+        }
+        self.start_etcd_and_apiserver(step).await
+    }
+
     /// Stops kube-apiserver, then etcd (SIGTERM, so that its data folder is consistent).
     async fn stop_etcd(&mut self, step: Step) -> Result<(), HarnessError> {
         self.stop_apiserver().await;
