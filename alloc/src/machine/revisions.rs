@@ -17,6 +17,9 @@
 //! - A restore loses the objects created after the backup: those are not in the relist and
 //!   prove nothing. What it shows is any surviving object that was written after the backup
 //!   (a kubelet's status update, our own status writes on configs) at its older version.
+//!   That holds for `etcdutl snapshot restore --bump-revision --mark-compacted` too: only the
+//!   store's revision is bumped, every key keeps the revision of its last write in the
+//!   backup, and the compaction makes every watch relist at once.
 //!   A backup newer than every write of every surviving object is not detected here; the
 //!   runbook says what the operator must do then.
 
