@@ -315,8 +315,9 @@ fn record(metrics: &Metrics, metric: Metric) {
                 seen = found.seen,
                 listed = found.listed,
                 "{found}. What to do: scale the controller to 0 replicas first (a restarted process \
-                 remembers nothing and would hand out the lost blocks), restore etcd again with \
-                 `etcdutl snapshot restore --bump-revision N --mark-compacted`, make every \
+                 remembers nothing and would hand out the lost blocks), make sure etcd was restored \
+                 with `etcdutl snapshot restore --bump-revision N --mark-compacted` (again, if \
+                 it was not), make every \
                  Node's podCIDRs match what its host uses, run `kubectl nodeipam check`, then \
                  scale it up again"
             );
