@@ -18,6 +18,8 @@ export NODEIPAM_ASSETS="${NODEIPAM_ASSETS:-$NODEIPAM_BIN_DIR/k8s-$K8S_VERSION-et
 # version hack/helm/go.mod requires (hack/helm.sh checks).
 HELM_VERSION="v3.22.0"
 export NODEIPAM_HELM="${NODEIPAM_HELM:-$NODEIPAM_BIN_DIR/helm-$HELM_VERSION/helm}"
+# etcdutl at the etcd version, for the test that restores etcd from a snapshot (hack/etcdutl.sh).
+export NODEIPAM_ETCDUTL="${NODEIPAM_ETCDUTL:-$NODEIPAM_BIN_DIR/etcdutl-$ETCD_VERSION/etcdutl}"
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }

@@ -10,6 +10,8 @@ claim_target
 timed "control-plane binaries" "$NODEIPAM_ROOT/hack/control-plane.sh" build
 # Helm v3 for the chart tests (tests/tests/helm.rs); cached and stamped like the above.
 timed "helm" "$NODEIPAM_ROOT/hack/helm.sh" build
+# etcdutl for restoring etcd from a snapshot (tests/tests/etcd_restore.rs); cached and stamped too.
+timed "etcdutl" "$NODEIPAM_ROOT/hack/etcdutl.sh" build
 timed "cargo fmt --check" cargo fmt --all -- --check
 timed "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 # The end-to-end tests run the real `nodeipam` binary as a process (failover, RBAC).

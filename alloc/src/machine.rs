@@ -11,6 +11,8 @@
 //! state, reading another part only through its methods:
 //! - `core`: the allocation state, the time, whether every watch has listed, the effects;
 //! - `lists`: the watches' (re)lists;
+//! - `revisions`: the versions objects were seen at, and a relist that shows storage went
+//!   back in time (then nothing more is allocated);
 //! - `nodes`: the nodes waiting for a block and every attempt to give them one;
 //! - `writes`: what becomes of a podCIDR write, and the re-reads of nodes a relist lacks;
 //! - `configs`: the config objects, our finalizer on them, and their gates;
@@ -26,10 +28,14 @@ use kube_core::ResourceExt;
 use nodeipam_crd::NodeIPAMConfig;
 use tracing::info;
 
-use crate::effects::{ConfigJob, DeleteOutcome};
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::effects::{ConfigJob, DeleteOutcome, Note};
 use crate::ipam::Ipam;
 use crate::node::IpamNode;
 use crate::podnetwork::PodNetwork;
+use crate::pool::PoolInput;
 use configs::Configs;
 use core::Core;
 use lists::{Lists, Source};
@@ -41,6 +47,7 @@ use writes::Writes;
 
 pub use configs::config_input;
 pub use io::{Effect, Input, Metric, Now, Options, Watch};
+pub use revisions::{Revisions, WentBack};
 pub use services::SERVICE_FLAG_SOURCE;
 
 mod carves;
@@ -51,6 +58,7 @@ mod lists;
 mod nodes;
 mod pools;
 mod publication;
+mod revisions;
 mod services;
 mod statuses;
 mod writes;
@@ -73,6 +81,7 @@ pub const STATUS_COUNTS_EVERY: Duration = Duration::from_secs(1);
 pub struct Machine {
     core: Core,
     lists: Lists,
+    revisions: Revisions,
     nodes: Nodes,
     writes: Writes,
     configs: Configs,
@@ -93,6 +102,7 @@ impl Machine {
         Machine {
             core: Core::new(ipam),
             lists,
+            revisions: options.revisions,
             nodes: Nodes::new(options.panic_on_node),
             writes: Writes::new(options.write_attempts, options.retry_rejected_after),
             configs: Configs::default(),
@@ -105,6 +115,11 @@ impl Machine {
     /// Takes one fact at `now`; returns what to do about it.
     pub fn handle(&mut self, now: Now, input: Input) -> Vec<Effect> {
         self.core.begin(now);
+        if self.revisions.went_back().is_some() {
+            // Storage went back in time: what the API says now may lack blocks that nodes
+            // hold. Nothing is decided any more, in this term or a later one.
+            return Vec::new();
+        }
         match input {
             Input::Node(w) => self.on_watch(Source::Nodes, w, name, Self::on_node, Self::node_gone),
             Input::Config(w) => {
@@ -162,6 +177,10 @@ impl Machine {
             Input::Tick => self.tick(),
             Input::Resync => self.retry_pending(),
         }
+        if self.revisions.went_back().is_some() {
+            // Found by this input: only its warning and metric go out.
+            return self.core.take();
+        }
         // What consumers must learn goes out now, not at the next tick: a new range (a carve
         // above all) hands out nothing before it is published. Only content changes are sent.
         if self.publication.is_dirty() {
@@ -177,6 +196,18 @@ impl Machine {
     /// Whether everything has been read once: only then is anything allocated.
     pub fn synced(&self) -> bool {
         self.core.synced()
+    }
+
+    /// Whether (and where) a relist showed that storage went back in time: then the machine
+    /// allocates nothing, and handles no more inputs.
+    pub fn went_back(&self) -> Option<&WentBack> {
+        self.revisions.went_back()
+    }
+
+    /// The versions seen, handed over at the end of a term so that the next term's machine
+    /// (`Options::revisions`) compares its relists with them.
+    pub fn take_revisions(&mut self) -> Revisions {
+        std::mem::take(&mut self.revisions)
     }
 
     /// The allocation state, for the simulator's checks and for logs.
@@ -247,7 +278,7 @@ impl Machine {
 
     /// One event of a watched resource: the list bookkeeping is the same for every kind,
     /// what an object's arrival and departure mean is the kind's own.
-    fn on_watch<T>(
+    fn on_watch<T: Versioned>(
         &mut self,
         source: Source,
         w: Watch<T>,
@@ -255,16 +286,64 @@ impl Machine {
         apply: fn(&mut Self, T),
         gone: fn(&mut Self, T),
     ) {
+        let stream = source.resource();
         match w {
-            Watch::ListStart => self.lists.started(source, self.core.step()),
+            Watch::ListStart => {
+                self.lists.started(source, self.core.step());
+                self.revisions.list_started(stream);
+            }
             Watch::Listed(obj) => {
-                self.lists.saw(source, name(&obj));
+                let (uid, rv) = obj.version();
+                let n = name(&obj);
+                if let Some(found) = self.revisions.listed(stream, &n, uid, rv) {
+                    // Checked before the object is applied: what it would allocate is
+                    // exactly what must not be.
+                    self.storage_went_back(found);
+                    return;
+                }
+                self.lists.saw(source, n);
                 apply(self, obj);
             }
-            Watch::Applied(obj) => apply(self, obj),
-            Watch::Deleted(obj) => gone(self, obj),
-            Watch::ListDone => self.list_done(source),
+            Watch::Applied(obj) => {
+                let (uid, rv) = obj.version();
+                self.revisions.applied(stream, uid, rv);
+                apply(self, obj);
+            }
+            Watch::Deleted(obj) => {
+                self.revisions.deleted(stream, obj.version().0);
+                gone(self, obj);
+            }
+            Watch::ListDone => {
+                self.revisions.list_done(stream);
+                self.list_done(source);
+            }
         }
+    }
+
+    /// A relist showed storage went back in time: allocation stops for good (the effects of
+    /// this input are only the warning and the metric).
+    fn storage_went_back(&mut self, found: WentBack) {
+        let note = match found.stream {
+            "nodes" => Some(Note::node(
+                &found.name,
+                Some(&found.uid),
+                true,
+                STORAGE_WENT_BACK,
+                found.to_string(),
+            )),
+            "nodeipamconfigs" => Some(Note::config(
+                &found.name,
+                Some(&found.uid),
+                true,
+                STORAGE_WENT_BACK,
+                found.to_string(),
+            )),
+            _ => None,
+        };
+        if let Some(note) = note {
+            self.core.note(note);
+        }
+        self.core.metric(Metric::StorageWentBack(found));
     }
 
     fn on_output_seen(&mut self, index: usize, seen: OutputSeen) {
@@ -516,6 +595,43 @@ impl Machine {
                 self.with_nodes(|nodes, cx| nodes.retry_pending_of_pool(&name, cx));
             }
         }
+    }
+}
+
+/// The reason of the Warning event about an object a relist showed older than it was seen.
+pub const STORAGE_WENT_BACK: &str = "StorageWentBack";
+
+/// A watched object's UID and resourceVersion, as far as its kind carries them.
+trait Versioned {
+    fn version(&self) -> (Option<&str>, Option<&str>);
+}
+
+fn meta_version(meta: &ObjectMeta) -> (Option<&str>, Option<&str>) {
+    (meta.uid.as_deref(), meta.resource_version.as_deref())
+}
+
+impl Versioned for IpamNode {
+    fn version(&self) -> (Option<&str>, Option<&str>) {
+        meta_version(&self.metadata)
+    }
+}
+
+impl Versioned for NodeIPAMConfig {
+    fn version(&self) -> (Option<&str>, Option<&str>) {
+        meta_version(&self.metadata)
+    }
+}
+
+impl Versioned for ServiceCIDR {
+    fn version(&self) -> (Option<&str>, Option<&str>) {
+        meta_version(&self.metadata)
+    }
+}
+
+impl Versioned for PoolInput {
+    /// The decision's view of a pool carries no resourceVersion: pools are never evidence.
+    fn version(&self) -> (Option<&str>, Option<&str>) {
+        (self.uid.as_deref(), None)
     }
 }
 

@@ -34,6 +34,10 @@ pub struct Read {
     /// `namespace/name` of the Lease.
     pub lease_ref: String,
     pub extra_non_masquerade: Vec<IpNet>,
+    /// What the `StorageWentBack` Warning events say (a replica found that the API's storage
+    /// went back in time and stopped allocating), newest first. Best effort: events expire
+    /// (an hour by default) and RBAC may not let the reader list them.
+    pub went_back: Vec<String>,
 }
 
 impl Read {
@@ -101,7 +105,25 @@ pub async fn read(client: &Client, global: &Global) -> anyhow::Result<Read> {
         lease,
         lease_ref: format!("{}/{}", global.namespace, global.lease_name),
         extra_non_masquerade: global.extra_non_masquerade_cidrs.clone(),
+        went_back: went_back(client).await,
     })
+}
+
+/// The messages of the `StorageWentBack` events, newest first; none when they cannot be read.
+async fn went_back(client: &Client) -> Vec<String> {
+    use k8s_openapi::api::core::v1::Event;
+    let reason = nodeipam_alloc::machine::STORAGE_WENT_BACK;
+    let params = ListParams::default().fields(&format!("reason={reason}"));
+    let Ok(list) = Api::<Event>::all(client.clone()).list(&params).await else {
+        return Vec::new();
+    };
+    let mut events: Vec<Event> = list
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect();
+    events.sort_by_key(|e| std::cmp::Reverse(e.metadata.creation_timestamp.clone()));
+    events.into_iter().filter_map(|e| e.message).collect()
 }
 
 /// Every object of a cluster-wide kind; `None` when the API does not serve the kind.

@@ -27,6 +27,10 @@ pub struct Report {
     pub pools: Vec<PoolRow>,
     pub pending: Vec<Pending>,
     pub outputs: Vec<OutputState>,
+    /// A replica found that the API's storage went back in time and allocates nothing:
+    /// what its `StorageWentBack` events say.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub storage_went_back: Vec<String>,
 }
 
 /// The Lease as written: by the holder's clock, so the age is only a hint.
@@ -104,6 +108,7 @@ pub fn report(read: &Read, now: i64) -> Report {
         pools,
         pending: pending(&cluster, &r),
         outputs: outputs(&cluster, &network),
+        storage_went_back: read.went_back.clone(),
     }
 }
 
@@ -162,6 +167,7 @@ fn pool_row(p: &NodeIPAMPool) -> PoolRow {
 /// The human report: one table per part, a blank line between them.
 pub fn table(r: &Report, wide: bool) -> String {
     [
+        went_back(&r.storage_went_back),
         leader_table(&r.leader, wide),
         config_table(&r.configs, wide),
         pool_table(&r.pools),
@@ -172,6 +178,15 @@ pub fn table(r: &Report, wide: bool) -> String {
     .flatten()
     .collect::<Vec<_>>()
     .join("\n")
+}
+
+/// First of all, when a replica stopped allocating because storage went back in time.
+fn went_back(messages: &[String]) -> Option<String> {
+    let newest = messages.first()?;
+    Some(format!(
+        "ALLOCATION STOPPED: {newest}\nSee docs/runbooks.md#nodeipamstoragewentback before \
+         restarting the controller.\n"
+    ))
 }
 
 fn dash(v: Option<impl ToString>) -> String {
@@ -396,6 +411,7 @@ mod tests {
                 missing: None,
                 current: false,
             }],
+            storage_went_back: Vec::new(),
         }
     }
 
@@ -459,6 +475,22 @@ mod tests {
             table(&none, false).starts_with("No Lease nodeipam-system/nodeipam-controller"),
             "{}",
             table(&none, false)
+        );
+    }
+
+    #[test]
+    fn storage_that_went_back_in_time_comes_first_and_only_when_found() {
+        assert!(!table(&report(), false).contains("ALLOCATION STOPPED"));
+        let json = serde_json::to_string(&report()).expect("json");
+        assert!(!json.contains("storageWentBack"), "{json}");
+        let mut stopped = report();
+        stopped.storage_went_back = vec!["newest".into(), "older".into()];
+        let t = table(&stopped, false);
+        assert!(
+            t.starts_with("ALLOCATION STOPPED: newest\n")
+                && t.contains("nodeipamstoragewentback")
+                && !t.contains("older"),
+            "{t}"
         );
     }
 }

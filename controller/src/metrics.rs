@@ -104,6 +104,9 @@ pub struct Metrics {
     pub unmanaged_pod_cidrs: Gauge,
     pub pod_network_bytes: Gauge,
     pub leaked_blocks: Gauge,
+    /// 1 once a relist showed the API's storage went back in time: allocation is stopped
+    /// until the process restarts.
+    pub storage_went_back: Gauge,
     pub assignment_failures: Counter,
     pub reconcile_errors: Family<Kind, Counter>,
     pub reconcile_duration: Histogram,
@@ -171,6 +174,7 @@ impl Metrics {
             unmanaged_pod_cidrs: Gauge::default(),
             pod_network_bytes: Gauge::default(),
             leaked_blocks: Gauge::default(),
+            storage_went_back: Gauge::default(),
             assignment_failures: Counter::default(),
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.0001, 4.0, 10)),
@@ -270,6 +274,11 @@ impl Metrics {
             "leaked_blocks",
             "Blocks kept occupied now after an ambiguous write, until the write can no longer land",
             m.leaked_blocks.clone(),
+        );
+        own.register(
+            "storage_went_back",
+            "1 once a relist returned an object older than it was seen (etcd restored from an older backup): allocation is stopped until the controller restarts",
+            m.storage_went_back.clone(),
         );
         own.register(
             "cidr_assignment_failures",

@@ -56,6 +56,18 @@ pub fn default_helm_path() -> Result<PathBuf, String> {
         .join("helm"))
 }
 
+/// Where `hack/etcdutl.sh build` puts etcdutl: `$NODEIPAM_ETCDUTL`, else
+/// `<cache>/bin/etcdutl-<ETCD_VERSION>/etcdutl`. Whether the file exists is the caller's check.
+pub fn default_etcdutl_path() -> PathBuf {
+    if let Some(path) = non_empty_env("NODEIPAM_ETCDUTL") {
+        return PathBuf::from(path);
+    }
+    cache_dir()
+        .join("bin")
+        .join(format!("etcdutl-{ETCD_VERSION}"))
+        .join("etcdutl")
+}
+
 fn non_empty_env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }

@@ -214,6 +214,7 @@ impl ControlPlaneBuilder {
             admin_config: running.admin_config,
             admin: running.admin,
             etcd: Some(running.etcd),
+            etcd_command: running.etcd_command,
             apiserver: Some(running.apiserver),
             garbage_collector: None,
             apiserver_command: running.apiserver_command,
@@ -277,17 +278,17 @@ impl ControlPlaneBuilder {
             "--initial-cluster-state=new".to_string(),
             "--unsafe-no-fsync=true".to_string(),
         ];
-        let etcd_log = log_dir.join("etcd.log");
+        let etcd_command = EtcdCommand {
+            binary: binaries.etcd.clone(),
+            args: etcd_args,
+            port: etcd_port,
+            log: log_dir.join("etcd.log"),
+            cwd: root.to_path_buf(),
+            data_dir,
+            timeout: self.start_timeout,
+        };
         let etcd_began = Instant::now();
-        let mut etcd = Process::spawn(
-            "etcd",
-            &binaries.etcd,
-            &etcd_args,
-            &etcd_log,
-            root,
-            Step::StartEtcd,
-        )?;
-        wait_etcd(&mut etcd, etcd_port, self.start_timeout).await?;
+        let etcd = etcd_command.start(Step::StartEtcd).await?;
         let etcd_time = etcd_began.elapsed();
 
         let server_url = format!("https://127.0.0.1:{api_port}");
@@ -320,6 +321,7 @@ impl ControlPlaneBuilder {
 
         Ok(Running {
             etcd,
+            etcd_command,
             apiserver: process,
             apiserver_command: apiserver,
             etcd_url,
@@ -336,6 +338,7 @@ impl ControlPlaneBuilder {
 /// The processes and identity of one successful start attempt.
 struct Running {
     etcd: Process,
+    etcd_command: EtcdCommand,
     apiserver: Process,
     apiserver_command: ApiserverCommand,
     etcd_url: String,
@@ -387,6 +390,44 @@ fn apiserver_args(f: &ApiserverFlags<'_>) -> Vec<String> {
     ];
     args.extend(f.extra.iter().cloned());
     args
+}
+
+/// How etcd is started, kept so that it can start again on the same ports, data folder and
+/// log (after its data folder was copied or replaced).
+#[derive(Debug, Clone)]
+struct EtcdCommand {
+    binary: PathBuf,
+    args: Vec<String>,
+    port: u16,
+    log: PathBuf,
+    cwd: PathBuf,
+    data_dir: PathBuf,
+    timeout: Duration,
+}
+
+impl EtcdCommand {
+    /// Spawns etcd (`step` names a failure to spawn) and waits until `/health` answers.
+    async fn start(&self, step: Step) -> Result<Process, StartFailure> {
+        let mut etcd =
+            Process::spawn("etcd", &self.binary, &self.args, &self.log, &self.cwd, step)?;
+        wait_etcd(&mut etcd, self.port, self.timeout).await?;
+        Ok(etcd)
+    }
+}
+
+/// Copies the folder `from` (files and folders only, as etcd's data folder has) to `to`.
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
 }
 
 /// How kube-apiserver is started, kept so that a restart uses the same binary, flags (port,
@@ -608,6 +649,8 @@ pub struct ControlPlane {
     garbage_collector: Option<Process>,
     /// How kube-apiserver was started, so that `restart_apiserver` starts it the same way.
     apiserver_command: ApiserverCommand,
+    /// How etcd was started, so that `backup_etcd` and `restore_etcd` start it the same way.
+    etcd_command: EtcdCommand,
     timings: StartupTimings,
 }
 
@@ -820,6 +863,130 @@ impl ControlPlane {
                 Err(StartFailure::Fatal(err)) => return Err(err),
             }
         }
+    }
+
+    /// Takes a backup of etcd: stops kube-apiserver and etcd, copies etcd's data folder to
+    /// `to` (which must not exist), and starts both again on the same ports. A cold copy of
+    /// the data folder holds exactly what a snapshot taken at that moment holds.
+    pub async fn backup_etcd(&mut self, to: &Path) -> Result<(), HarnessError> {
+        let step = Step::BackupEtcd;
+        self.stop_etcd(step).await?;
+        copy_dir(&self.etcd_command.data_dir, to).map_err(|e| {
+            HarnessError::io(
+                step,
+                format!(
+                    "copy {} to {}",
+                    self.etcd_command.data_dir.display(),
+                    to.display()
+                ),
+                e,
+            )
+        })?;
+        self.start_etcd_and_apiserver(step).await
+    }
+
+    /// Restores etcd from a backup taken by [`backup_etcd`](Self::backup_etcd): stops
+    /// kube-apiserver and etcd, replaces etcd's data folder with the copy in `from`, and
+    /// starts both again on the same ports. The revisions go back to the backup's, as with
+    /// `etcdutl snapshot restore` without `--bump-revision`: whatever was written after the
+    /// backup is gone, and resourceVersions clients saw since are in the future.
+    pub async fn restore_etcd(&mut self, from: &Path) -> Result<(), HarnessError> {
+        let step = Step::RestoreEtcd;
+        self.stop_etcd(step).await?;
+        let data = self.etcd_command.data_dir.clone();
+        std::fs::remove_dir_all(&data)
+            .map_err(|e| HarnessError::io(step, format!("remove {}", data.display()), e))?;
+        copy_dir(from, &data).map_err(|e| {
+            HarnessError::io(
+                step,
+                format!("copy {} to {}", from.display(), data.display()),
+                e,
+            )
+        })?;
+        self.start_etcd_and_apiserver(step).await
+    }
+
+    /// Restores etcd from a backup taken by [`backup_etcd`](Self::backup_etcd) the way an
+    /// operator restores a snapshot: `etcdutl snapshot restore` of the backup's database
+    /// into a fresh data folder, with `extra` arguments (e.g. `--bump-revision 1000000
+    /// --mark-compacted`), then starts etcd and kube-apiserver on the same ports. `etcdutl`
+    /// is the binary to run.
+    pub async fn restore_etcd_with(
+        &mut self,
+        from: &Path,
+        etcdutl: &Path,
+        extra: &[&str],
+    ) -> Result<(), HarnessError> {
+        let step = Step::RestoreEtcd;
+        self.stop_etcd(step).await?;
+        let data = self.etcd_command.data_dir.clone();
+        std::fs::remove_dir_all(&data)
+            .map_err(|e| HarnessError::io(step, format!("remove {}", data.display()), e))?;
+        let peer = self
+            .etcd_command
+            .args
+            .iter()
+            .find_map(|a| a.strip_prefix("--initial-advertise-peer-urls="))
+            .unwrap_or_default()
+            .to_string();
+        let out = Command::new(etcdutl)
+            .arg("snapshot")
+            .arg("restore")
+            .arg(from.join("member/snap/db"))
+            .arg("--skip-hash-check")
+            .arg(format!("--data-dir={}", data.display()))
+            .arg("--name=default")
+            .arg(format!("--initial-cluster=default={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .args(extra)
+            .output()
+            .map_err(|e| HarnessError::io(step, format!("run {}", etcdutl.display()), e))?;
+        if !out.status.success() {
+            return Err(HarnessError::other(
+                step,
+                format!(
+                    "etcdutl snapshot restore failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            ));
+        }
+        self.start_etcd_and_apiserver(step).await
+    }
+
+    /// Stops kube-apiserver, then etcd (SIGTERM, so that its data folder is consistent).
+    async fn stop_etcd(&mut self, step: Step) -> Result<(), HarnessError> {
+        self.stop_apiserver().await;
+        match self.etcd.take() {
+            Some(mut etcd) => {
+                etcd.stop(Duration::from_secs(10)).await;
+                Ok(())
+            }
+            None => Err(HarnessError::other(step, "etcd is not running")),
+        }
+    }
+
+    /// Starts etcd as before, then kube-apiserver ([`restart_apiserver`](Self::restart_apiserver)).
+    async fn start_etcd_and_apiserver(&mut self, step: Step) -> Result<(), HarnessError> {
+        let command = self.etcd_command.clone();
+        mark_log(
+            &command.log,
+            &format!("nodeipam-testenv: {}", step.as_str()),
+        );
+        let mut attempt = 0;
+        let etcd = loop {
+            attempt += 1;
+            match command.start(step).await {
+                Ok(etcd) => break etcd,
+                // As for kube-apiserver: the old process's sockets can outlive it a moment.
+                Err(StartFailure::PortTaken(_)) if attempt < RESTART_ATTEMPTS => {
+                    tokio::time::sleep(RESTART_RETRY_DELAY).await;
+                }
+                Err(StartFailure::PortTaken(err) | StartFailure::Fatal(err)) => return Err(err),
+            }
+        };
+        self.etcd = Some(etcd);
+        self.restart_apiserver().await
     }
 
     /// Starts kube-controller-manager with only its garbage collector (as a cluster has it:

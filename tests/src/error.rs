@@ -24,6 +24,10 @@ pub enum Step {
     StartGarbageCollector,
     /// Starting the fault-injecting proxy in front of kube-apiserver.
     StartFaultProxy,
+    /// Copying etcd's data folder while etcd is stopped (`backup_etcd`).
+    BackupEtcd,
+    /// Putting a copy back into etcd's data folder and starting it again (`restore_etcd`).
+    RestoreEtcd,
 }
 
 impl Step {
@@ -44,6 +48,8 @@ impl Step {
             Step::RegisterWebhook => "register webhook",
             Step::StartGarbageCollector => "start the garbage collector",
             Step::StartFaultProxy => "start the fault proxy",
+            Step::BackupEtcd => "back up etcd's data",
+            Step::RestoreEtcd => "restore etcd's data",
         }
     }
 }

@@ -25,7 +25,9 @@ mod process;
 mod webhook;
 pub mod yaml;
 
-pub use assets::{ETCD_VERSION, K8S_VERSION, default_assets_dir, default_helm_path};
+pub use assets::{
+    ETCD_VERSION, K8S_VERSION, default_assets_dir, default_etcdutl_path, default_helm_path,
+};
 pub use control_plane::{
     ControlPlane, ControlPlaneBuilder, StartupTimings, crd_dir, workspace_root,
 };

@@ -17,6 +17,8 @@ use crate::outcome::NodeNow;
 use crate::podnetwork::{OutputRef, PodNetwork};
 use crate::pool::{PoolInput, PoolStatus};
 
+use super::revisions::{Revisions, WentBack};
+
 /// What a machine is told once, when it starts.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
@@ -37,6 +39,9 @@ pub struct Options {
     pub extra_non_masquerade: Vec<IpNet>,
     /// A test fault: the machine panics when it sees a Node of this name.
     pub panic_on_node: Option<String>,
+    /// The resourceVersions earlier terms of this process saw (`Machine::take_revisions`):
+    /// a relist older than them stops allocation (storage went back in time).
+    pub revisions: Revisions,
 }
 
 /// The time, as the driver's clocks tell it: monotonic since the machine started, and the wall
@@ -190,4 +195,7 @@ pub enum Metric {
     },
     /// A pool is gone: drop its series.
     PoolGone(String),
+    /// A relist showed an object older than it was seen: storage went back in time, and
+    /// nothing is allocated any more.
+    StorageWentBack(WentBack),
 }

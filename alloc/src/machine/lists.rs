@@ -13,6 +13,19 @@ pub(super) enum Source {
     Output(usize),
 }
 
+impl Source {
+    /// The watched resource, as logs and metrics name it.
+    pub(super) fn resource(self) -> &'static str {
+        match self {
+            Source::Nodes => "nodes",
+            Source::Configs => "nodeipamconfigs",
+            Source::Services => "servicecidrs",
+            Source::Pools => "nodeipampools",
+            Source::Output(_) => "outputs",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(super) struct Lists {
     /// How many watches must list once.

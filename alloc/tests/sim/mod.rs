@@ -511,6 +511,8 @@ impl Sim {
             outputs: (0..self.setup.outputs).map(output).collect(),
             extra_non_masquerade: Vec::new(),
             panic_on_node: None,
+            // The simulated objects carry no resourceVersions: no relist is ever evidence.
+            revisions: machine::Revisions::default(),
         }
     }
 

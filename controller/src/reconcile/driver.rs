@@ -16,7 +16,7 @@ use nodeipam_crd::NodeIPAMConfig;
 use nodeipam_crd::pool::NodeIPAMPool;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tracing::warn;
+use tracing::{error, warn};
 
 use super::pool_writer::{self, PoolJob};
 use super::{Context, Error, Fault, config_writer, events, node_writer, publisher};
@@ -75,7 +75,7 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
         ));
     }
     let mut watches = watches(&ctx.client, &options);
-    let mut machine = Machine::new(options);
+    let mut term = Term::begin(ctx.clone(), options);
     let mut effects = Effects {
         ctx: ctx.clone(),
         writes: write_tx,
@@ -117,13 +117,52 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
             _ = resync.tick() => Input::Resync,
         };
         let started = Instant::now();
-        let out = machine.handle(clock.now(), input);
+        let out = term.machine.handle(clock.now(), input);
         effects.carry_out(out);
         ctx.metrics
             .reconcile_duration
             .observe(started.elapsed().as_secs_f64());
         ctx.metrics.allocation_stepped();
     }
+}
+
+/// The machine of one leadership term. However the term ends (an error, or leadership lost
+/// and the session dropped), the resourceVersions it saw go back to the process for the next
+/// term's machine: a new term relists everything, and that relist must be compared with what
+/// earlier terms saw, or a restore between two terms would go unseen.
+struct Term {
+    machine: Machine,
+    ctx: Arc<Context>,
+}
+
+impl Term {
+    fn begin(ctx: Arc<Context>, mut options: machine::Options) -> Self {
+        options.revisions = std::mem::take(&mut *lock(&ctx.revisions));
+        let machine = Machine::new(options);
+        if let Some(found) = machine.went_back() {
+            ctx.metrics.storage_went_back.set(1);
+            error!(
+                stream = found.stream,
+                object = %found.name,
+                seen = found.seen,
+                listed = found.listed,
+                "allocation stays stopped for this term too: {found}"
+            );
+        }
+        Term { machine, ctx }
+    }
+}
+
+impl Drop for Term {
+    fn drop(&mut self) {
+        *lock(&self.ctx.revisions) = self.machine.take_revisions();
+    }
+}
+
+/// A lock whose holder panicked still holds what it held: the versions are only ever replaced
+/// whole.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The machine's settings from the controller's.
@@ -157,6 +196,8 @@ fn machine_options(ctx: &Context, service_cidr_api: bool, pools: bool) -> machin
             Some(Fault::PanicOnNode(name)) => Some(name.clone()),
             _ => None,
         },
+        // Filled in by `Term::begin` from what earlier terms saw.
+        revisions: machine::Revisions::default(),
     }
 }
 
@@ -265,6 +306,22 @@ fn record(metrics: &Metrics, metric: Metric) {
         Metric::RangeRetired { pool } => metrics.pool_retired(&pool),
         Metric::ScaleUpSeconds { pool, seconds } => metrics.pool_scaled_up(&pool, seconds),
         Metric::PoolGone(pool) => metrics.forget_pool(&pool),
+        Metric::StorageWentBack(found) => {
+            metrics.storage_went_back.set(1);
+            error!(
+                stream = found.stream,
+                object = %found.name,
+                uid = %found.uid,
+                seen = found.seen,
+                listed = found.listed,
+                "{found}. What to do: scale the controller to 0 replicas first (a restarted process \
+                 remembers nothing and would hand out the lost blocks), make sure etcd was restored \
+                 with `etcdutl snapshot restore --bump-revision N --mark-compacted` (again, if \
+                 it was not), make every \
+                 Node's podCIDRs match what its host uses, run `kubectl nodeipam check`, then \
+                 scale it up again"
+            );
+        }
     }
 }
 
@@ -281,6 +338,11 @@ fn watch<T>(event: Event<T>) -> Watch<T> {
 
 type Watches =
     std::pin::Pin<Box<dyn Stream<Item = (&'static str, Result<Input, watcher::Error>)> + Send>>;
+
+// Every watch lists with kube-runtime's default semantic, `MostRecent` (a consistent read):
+// a list served from a cache that may lag (`any_semantic`, `resourceVersion=0`) could return
+// an object older than a watch already showed, and the machine would take that for storage
+// that went back in time.
 
 /// Nodes per page of the node list. Each page costs the API server a fixed overhead on top of
 /// its Nodes, and a page is in memory while it is read. Measured with 65,000 Nodes, protobuf,

@@ -164,6 +164,9 @@ pub struct Context {
     pub limiter: RateLimiter,
     /// The current session's writes, for a settled hand-over.
     pub in_flight: handover::InFlight,
+    /// The resourceVersions earlier terms of this process saw, for the next term's machine
+    /// to compare its lists with (storage that went back in time stops allocation).
+    pub revisions: std::sync::Mutex<crate::alloc::machine::Revisions>,
 }
 
 impl Context {
@@ -175,6 +178,7 @@ impl Context {
             metrics,
             limiter,
             in_flight: handover::InFlight::default(),
+            revisions: Default::default(),
         }
     }
 }

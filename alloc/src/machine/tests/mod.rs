@@ -18,6 +18,7 @@ mod counts;
 mod found;
 mod leaks;
 mod pools;
+mod went_back;
 
 fn net(s: &str) -> IpNet {
     s.parse().expect("test CIDR")
