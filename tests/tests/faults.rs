@@ -621,6 +621,86 @@ async fn a_late_publish_never_drops_a_range_in_use() {
     finish(b, cp).await;
 }
 
+/// A successor relies on no published network before its own publish moved it (issue 45;
+/// found by the simulator, `simulator.rs a_successor_relies_on_no_output_until_its_own_publish_moved_it`):
+/// replica-a publishes config spare's range, then, spare disabled and empty, the network
+/// without it; that publish is answered 500 and reaches the API server 40 s later. replica-a
+/// is killed, spare is enabled again, and every publish of replica-b is answered 500. The
+/// ConfigMap replica-b reads still holds spare's range, but at the version the late write was
+/// sent on: until its own publish lands, replica-b must give node on-spare nothing of spare.
+/// Before, it allocated on what it read, and the late write then dropped a range in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_relies_on_no_published_network_before_its_own_publish_lands() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use nodeipam_crd::Allocation;
+    // One block, held by warm: a new node can only be served by spare.
+    let Pair {
+        cp,
+        admin,
+        _dir,
+        proxy,
+        mut a,
+        b,
+        proxy_b,
+    } = Pair::start_b_proxied("10.95.0.0/24", 24).await;
+    let proxy_b = proxy_b.expect("replica-b talks through its own proxy");
+    create_ready_config(
+        &admin,
+        "spare",
+        spec(family("10.93.0.0/16", 24), None, None),
+    )
+    .await;
+    let path = format!("/api/v1/namespaces/{NAMESPACE}/configmaps/nodeipam-pod-network");
+    let late = proxy.add(Rule::new(Some(Method::PATCH), path.clone(), LATE).times(1));
+    set_allocation(&admin, "spare", Allocation::Disabled).await;
+    wait_for(
+        "replica-a's publish of the network without spare",
+        || async { (late.matched() >= 1).then_some(()) },
+    )
+    .await;
+    a.signal(Signal::KILL);
+    a.wait_exit().await;
+    let refuse = Action::Answer {
+        status: 500,
+        then_land_after: None,
+    };
+    let refused = proxy_b.add(Rule::new(Some(Method::PATCH), path.clone(), refuse));
+    set_allocation(&admin, "spare", Allocation::Enabled).await;
+    create_node(&admin, "on-spare", &[]).await;
+    b.wait_leader_metric(1.0).await;
+    wait_for("replica-b's publish to be answered 500", || async {
+        (refused.matched() >= 1).then_some(())
+    })
+    .await;
+    let landed = landed(&proxy, &path).await;
+    assert_eq!(
+        landed.status, 200,
+        "nothing wrote the ConfigMap since replica-a read it: its late publish lands"
+    );
+    let node = get_node(&admin, "on-spare").await.expect("node on-spare");
+    assert_eq!(
+        pod_cidrs(&node),
+        Vec::<String>::new(),
+        "replica-b gave on-spare a block of spare before its own publish landed, and the late \
+         publish dropped spare's range\n{}",
+        b.log_tail()
+    );
+    refused.remove();
+    let given = wait_cidrs(&admin, "on-spare").await;
+    assert!(given[0].starts_with("10.93."), "on-spare holds {given:?}");
+    let network = Api::<ConfigMap>::namespaced(admin.clone(), NAMESPACE)
+        .get("nodeipam-pod-network")
+        .await
+        .expect("the pod network ConfigMap");
+    let ipv4 = network
+        .data
+        .and_then(|d| d.get("ipv4").cloned())
+        .unwrap_or_default();
+    assert!(ipv4.contains("10.93.0.0/16"), "{ipv4}");
+    assert_invariant(&admin, &[]).await;
+    finish(b, cp).await;
+}
+
 /// A leak is counted while it lasts, not forever: replica-a's write for node leaky is
 /// answered 500 and every retry is refused (422) until it gives the write up (eight refusals,
 /// about 51 s of backoff), keeping the block occupied (a leak: the first write may still

@@ -789,7 +789,32 @@ impl Sim {
         }
         self.broadcast();
         self.note_pools();
-        self.check()
+        self.check()?;
+        self.check_if_stuck_writes_land()
+    }
+
+    /// A stuck write (`Sent`) may land at any step, this one too: each is landed now in a copy
+    /// of the world and the invariants its kind could break are checked there. So a missing
+    /// precondition is found at the first moment it matters, not only when the schedule
+    /// happens to land the write then.
+    fn check_if_stuck_writes_land(&mut self) -> Result<(), Violation> {
+        let stuck: Vec<Sent> = self.procs.iter().flat_map(|p| p.sent.clone()).collect();
+        for write in stuck {
+            let what = format!("{write:?}");
+            let saved = self.world.clone();
+            self.land(write);
+            let checked = self.check_published().and_then(|()| self.check_drained());
+            self.world = saved;
+            checked.map_err(|v| Violation {
+                rule: v.rule,
+                detail: format!(
+                    "{} if this stuck write landed now: {}",
+                    v.detail,
+                    brief(&what)
+                ),
+            })?;
+        }
+        Ok(())
     }
 
     /// What the pool checks need of the history: when each child last held a block, the

@@ -97,7 +97,7 @@ pub enum Patched {
     Refused(String),
 }
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct World {
     uids: u64,
     /// The last resourceVersion given out: output objects carry one, and move it at each write.
