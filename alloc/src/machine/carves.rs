@@ -84,11 +84,20 @@ impl Carves {
             .insert(carve.name.clone(), (pool.to_string(), now));
     }
 
-    /// The carves of `pool` whose child is not among `children`: they count as the child.
-    pub(super) fn in_flight(&self, pool: &str, children: &[String]) -> Vec<Carve> {
+    /// The carves of `pool` that count as a range beside its children: those whose child is
+    /// not among `children`, and those whose child is `leaving` (being deleted) while a create
+    /// of it is still on its way: it may land after the delete and bring the child back.
+    pub(super) fn in_flight(
+        &self,
+        pool: &str,
+        children: &[String],
+        leaving: &[String],
+    ) -> Vec<Carve> {
         self.carves
             .iter()
-            .filter(|(n, c)| c.pool == pool && !children.contains(n))
+            .filter(|(n, c)| {
+                c.pool == pool && (!children.contains(n) || (c.sent > 0 && leaving.contains(n)))
+            })
             .map(|(_, c)| c.carve.clone())
             .collect()
     }
@@ -365,10 +374,39 @@ mod tests {
         carves.recheck(CARVE_RECHECK);
         carves.retry_failed("p", &input, &[], |_| false, &mut core);
         assert_eq!(creates(&mut core), 1, "the same range under the same name");
-        assert_eq!(carves.in_flight("p", &[]), vec![carve.clone()]);
+        assert_eq!(carves.in_flight("p", &[], &[]), vec![carve.clone()]);
         assert!(
-            carves.in_flight("p", &["p-1".to_string()]).is_empty(),
+            carves.in_flight("p", &["p-1".to_string()], &[]).is_empty(),
             "the child counts"
+        );
+    }
+
+    /// Found by the simulator (a pool with 4 active children, max 3): a create answered with a
+    /// timeout is sent again; the child shows, a user deletes it, and the pool carved three
+    /// more as if it had none; then the create still on its way landed and brought it back.
+    #[test]
+    fn a_create_on_its_way_counts_while_its_child_is_being_deleted() {
+        let (input, carve, mut carves) = one_carve();
+        let mut core = Core::new(Ipam::new());
+        let child = child_config("p", &input, &carve);
+        carves.on_config_created(&child, CreateOutcome::Failed("no answer".into()), &mut core);
+        core.begin(at(1));
+        carves.retry_failed("p", &input, &[], |_| false, &mut core);
+        assert_eq!(creates(&mut core), 1, "asked again");
+        let children = ["p-1".to_string()];
+        assert!(
+            carves.in_flight("p", &children, &[]).is_empty(),
+            "the child is there and counts itself"
+        );
+        assert_eq!(
+            carves.in_flight("p", &children, &children),
+            vec![carve.clone()],
+            "being deleted, while a create of it may still land"
+        );
+        carves.on_config_created(&child, CreateOutcome::AlreadyExists, &mut core);
+        assert!(
+            carves.in_flight("p", &children, &children).is_empty(),
+            "answered: nothing more can land"
         );
     }
 }

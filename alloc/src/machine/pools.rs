@@ -370,8 +370,14 @@ impl Pools {
         self.carves
             .retry_failed(name, &input, &occupied, |c| configs.contains(c), core);
         let demand = self.demand(name, now);
-        // A carve whose child is there counts as the child.
-        let in_flight = self.carves.in_flight(name, &child_names);
+        // A carve whose child is there counts as the child, unless the child is being deleted
+        // while a create of it may still land.
+        let leaving: Vec<String> = children
+            .iter()
+            .filter(|c| c.deleting || c.retiring)
+            .map(|c| c.name.clone())
+            .collect();
+        let in_flight = self.carves.in_flight(name, &child_names, &leaving);
         let previous: Vec<Condition> = self
             .pool_written
             .get(name)
