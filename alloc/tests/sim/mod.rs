@@ -53,20 +53,54 @@ pub enum WriteFault {
 /// What a user (or another controller) does.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum User {
-    CreateNode { name: u8, pool_b: bool },
-    CreateUnmanagedNode { name: u8 },
-    DeleteNode { pick: u8 },
-    RecreateNode { pick: u8 },
-    CreateConfig { menu: u8 },
-    DeleteConfig { pick: u8 },
-    ToggleConfig { pick: u8 },
-    SetService { name: u8, menu: u8 },
-    DeleteService { name: u8 },
-    EditOutput { index: u8, delete: bool },
-    EditStatus { pick: u8 },
-    CreatePool { menu: u8 },
-    EditPool { pick: u8, menu: u8 },
-    DeletePool { pick: u8 },
+    CreateNode {
+        name: u8,
+        pool_b: bool,
+    },
+    CreateUnmanagedNode {
+        name: u8,
+    },
+    DeleteNode {
+        pick: u8,
+    },
+    RecreateNode {
+        pick: u8,
+    },
+    CreateConfig {
+        menu: u8,
+    },
+    DeleteConfig {
+        pick: u8,
+    },
+    ToggleConfig {
+        pick: u8,
+    },
+    /// Toggles the config created last.
+    ToggleNewest,
+    SetService {
+        name: u8,
+        menu: u8,
+    },
+    DeleteService {
+        name: u8,
+    },
+    EditOutput {
+        index: u8,
+        delete: bool,
+    },
+    EditStatus {
+        pick: u8,
+    },
+    CreatePool {
+        menu: u8,
+    },
+    EditPool {
+        pick: u8,
+        menu: u8,
+    },
+    DeletePool {
+        pick: u8,
+    },
 }
 
 /// How a pool job (a child's create or delete, a pool's status) fares.
@@ -1232,8 +1266,13 @@ impl Sim {
                     self.world.delete_config(&name, self.wall);
                 }
             }
-            User::ToggleConfig { pick: i } => {
-                if let Some(i) = pick(self.world.configs.len(), *i) {
+            User::ToggleConfig { .. } | User::ToggleNewest => {
+                let chosen = match u {
+                    User::ToggleConfig { pick: i } => pick(self.world.configs.len(), *i),
+                    _ => (0..self.world.configs.len())
+                        .max_by_key(|&i| self.world.configs.values().nth(i).map(order)),
+                };
+                if let Some(i) = chosen {
                     let mut c = self.world.configs.values().nth(i).cloned().expect("picked");
                     if let Some(pool) = c.metadata.labels.as_ref().and_then(|l| l.get(POOL_LABEL)) {
                         self.max_tampered.insert(pool.clone());
@@ -2250,9 +2289,82 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
             },
             _ => Action::User(user(&mut rng)),
         };
+        let created = matches!(action, Action::User(User::CreateConfig { .. }));
         actions.push(action);
+        if created && rng.chance(25) {
+            actions.extend(deposed_mid_toggle(&mut rng, &all_streams));
+        }
     }
+    actions.truncate(steps);
     (setup, actions)
+}
+
+/// The sequence the fences of issue 45 are about, which uniform steps reach too rarely: the
+/// leader publishes a config just created, it is disabled, a write about it (a publish or a
+/// status) is left stuck, the leader is deposed, the successor starts, the config is enabled
+/// again and a node arrives, and the successor works on; the stuck write may land at any step
+/// after (each step checks what it would do).
+fn deposed_mid_toggle(rng: &mut Rng, streams: &[Stream]) -> Vec<Action> {
+    let mut out = Vec::new();
+    let work = |rng: &mut Rng, out: &mut Vec<Action>, rounds: usize| {
+        for _ in 0..rounds {
+            for stream in streams {
+                out.push(Action::Deliver {
+                    proc: 0,
+                    stream: *stream,
+                });
+            }
+            let pick = rng.byte();
+            out.push(Action::Answer { proc: 0, pick });
+            out.push(Action::Write {
+                proc: 0,
+                pick,
+                fault: WriteFault::None,
+            });
+            out.push(Action::ConfigJob {
+                proc: 0,
+                pick,
+                fail: false,
+                late: false,
+            });
+            out.push(Action::Tick {
+                proc: 0,
+                advance_ms: 1_100,
+            });
+        }
+    };
+    let publish = |late: Option<u8>| Action::Publish {
+        proc: 0,
+        fail_first: false,
+        fail_second: false,
+        fail_pools: None,
+        late,
+    };
+    work(rng, &mut out, 3);
+    out.push(publish(None));
+    work(rng, &mut out, 2);
+    out.push(Action::User(User::ToggleNewest));
+    work(rng, &mut out, 3);
+    out.push(if rng.chance(50) {
+        publish(Some(rng.byte() % 4))
+    } else {
+        Action::ConfigJob {
+            proc: 0,
+            pick: rng.byte(),
+            fail: false,
+            late: true,
+        }
+    });
+    out.push(Action::Failover);
+    out.push(Action::StartLeader);
+    out.push(Action::User(User::ToggleNewest));
+    out.push(Action::User(User::CreateNode {
+        name: rng.byte(),
+        pool_b: rng.chance(30),
+    }));
+    // A list delivers one object a step: enough rounds for the successor's lists.
+    work(rng, &mut out, 14);
+    out
 }
 
 fn user(rng: &mut Rng) -> User {
