@@ -125,6 +125,26 @@ async fn landed(proxy: &FaultProxy, suffix: &str) -> nodeipam_testenv::fault_pro
     .await
 }
 
+/// Disables `config` with replica-a leading, lets replica-a's first PATCH to `path` after that
+/// be answered 500 and land 40 s later ([`LATE`]), and kills replica-a once it was sent.
+async fn disable_with_a_stuck_write(
+    admin: &Client,
+    proxy: &FaultProxy,
+    a: &mut Replica,
+    config: &str,
+    path: &str,
+) {
+    let late = proxy.add(Rule::new(Some(Method::PATCH), path, LATE).times(1));
+    set_allocation(admin, config, nodeipam_crd::Allocation::Disabled).await;
+    wait_for(
+        &format!("replica-a's write to {path} after disabling {config}"),
+        || async { (late.matched() >= 1).then_some(()) },
+    )
+    .await;
+    a.signal(Signal::KILL);
+    a.wait_exit().await;
+}
+
 /// Stops the surviving replica (it must exit cleanly) and the control plane.
 async fn finish(mut b: Replica, cp: ControlPlane) {
     b.signal(Signal::TERM);
@@ -519,16 +539,8 @@ async fn a_late_drained_status_for_an_older_generation_is_refused() {
         spec(family("10.91.0.0/16", 24), None, None),
     )
     .await;
-    let late =
-        proxy.add(Rule::new(Some(Method::PATCH), "/nodeipamconfigs/spare/status", LATE).times(1));
-    set_allocation(&admin, "spare", nodeipam_crd::Allocation::Disabled).await;
-    wait_for(
-        "replica-a's status write for the disabled spare",
-        || async { (late.matched() >= 1).then_some(()) },
-    )
-    .await;
-    a.signal(Signal::KILL);
-    a.wait_exit().await;
+    let status = "/nodeipamconfigs/spare/status";
+    disable_with_a_stuck_write(&admin, &proxy, &mut a, "spare", status).await;
     set_allocation(&admin, "spare", nodeipam_crd::Allocation::Enabled).await;
     create_node(&admin, "on-spare", &[]).await;
     b.wait_leader_metric(1.0).await;
@@ -651,15 +663,7 @@ async fn a_successor_relies_on_no_published_network_before_its_own_publish_lands
     )
     .await;
     let path = format!("/api/v1/namespaces/{NAMESPACE}/configmaps/nodeipam-pod-network");
-    let late = proxy.add(Rule::new(Some(Method::PATCH), path.clone(), LATE).times(1));
-    set_allocation(&admin, "spare", Allocation::Disabled).await;
-    wait_for(
-        "replica-a's publish of the network without spare",
-        || async { (late.matched() >= 1).then_some(()) },
-    )
-    .await;
-    a.signal(Signal::KILL);
-    a.wait_exit().await;
+    disable_with_a_stuck_write(&admin, &proxy, &mut a, "spare", &path).await;
     let refuse = Action::Answer {
         status: 500,
         then_land_after: None,
