@@ -55,3 +55,15 @@ claim_target() {
   echo "$NODEIPAM_ROOT" > "$last"
   export NODEIPAM_TARGET_CLAIMED="$NODEIPAM_ROOT"
 }
+
+# ensure_libfaketime: Debian's libfaketime, which the soak (tests/tests/chaos) preloads into
+# each replica to step its wall clock; installed with apt-get when missing (as root).
+ensure_libfaketime() {
+  local lib
+  lib="/usr/lib/$(uname -m)-linux-gnu/faketime/libfaketimeMT.so.1"
+  [[ -f "$lib" ]] && return 0
+  command -v apt-get >/dev/null || die "step=libfaketime: $lib is missing and there is no apt-get"
+  [[ $EUID -eq 0 ]] || die "step=libfaketime: $lib is missing; run 'apt-get install libfaketime' as root"
+  timed "apt-get install libfaketime" env DEBIAN_FRONTEND=noninteractive \
+    sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends libfaketime >/dev/null'
+}

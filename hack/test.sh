@@ -12,6 +12,8 @@ timed "control-plane binaries" "$NODEIPAM_ROOT/hack/control-plane.sh" build
 timed "helm" "$NODEIPAM_ROOT/hack/helm.sh" build
 # etcdutl for restoring etcd from a snapshot (tests/tests/etcd_restore.rs); cached and stamped too.
 timed "etcdutl" "$NODEIPAM_ROOT/hack/etcdutl.sh" build
+# libfaketime steps a replica's wall clock in the soak (tests/tests/chaos); from Debian.
+ensure_libfaketime
 timed "cargo fmt --check" cargo fmt --all -- --check
 timed "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 # The end-to-end tests run the real `nodeipam` binary as a process (failover, RBAC).

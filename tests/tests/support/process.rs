@@ -271,6 +271,17 @@ impl Replica {
         Self::launch(dir, name, kubeconfig, Listeners::Shared, extra, &[]).await
     }
 
+    /// [`Replica::start_plain`] with these environment variables (and no others).
+    pub async fn start_plain_with_env(
+        dir: &Path,
+        kubeconfig: &Path,
+        name: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Replica {
+        Self::launch(dir, name, kubeconfig, Listeners::Shared, extra, env).await
+    }
+
     /// Starts `nodeipam run` with leader election and the webhook on (managed TLS, certificate
     /// for 127.0.0.1) unless `extra` turns them off, and waits until /healthz answers. `env`
     /// is the whole environment.
@@ -361,6 +372,14 @@ impl Replica {
             || async { (self.gauge("nodeipam_leader", &[]).await == Some(want)).then_some(()) },
         )
         .await;
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<Pid> {
+        self.child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .and_then(Pid::from_raw)
     }
 
     pub fn signal(&self, signal: Signal) {

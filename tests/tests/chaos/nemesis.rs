@@ -1,0 +1,360 @@
+//! The nemesis: three replicas, each behind a fault proxy of its own, and faults drawn from the
+//! seed — freeze a replica (SIGSTOP) for up to twice the lease, kill it and start it again,
+//! step its wall clock (libfaketime, the monotonic clock untouched as NTP leaves it), answer
+//! its writes 500 and land them up to a minute later, throttle it (429), hold its writes up to
+//! a minute, delete the Lease, restart the API server. Faults aim at the leader more often than
+//! not: a deposed leader's late write is what the fences are for.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use http::Method;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::{Api, DeleteParams};
+use nodeipam_testenv::fault_proxy::{Action, Rule, RuleHandle};
+use nodeipam_testenv::{ControlPlane, FaultProxy};
+use rustix::process::{Signal, kill_process};
+
+use super::Rng;
+use crate::support::process::{NAMESPACE, Replica, SA_GROUPS, SA_USER};
+
+/// A 15 s lease renewed 5 s before it runs out, as in faults.rs.
+pub const FLAGS: &[&str] = &[
+    "--lease-duration=15",
+    "--lease-grace=5",
+    "--kube-api-qps=200",
+    "--kube-api-burst=200",
+];
+const LEASE: &str = "nodeipam-controller";
+const LEASE_SECS: u64 = 15;
+/// The longest a write is held or landed late.
+pub const LATEST_LANDING: Duration = Duration::from_secs(60);
+/// How long a fault rule stays before it is taken away, matched or not.
+const RULE_LIFE: Duration = Duration::from_secs(60);
+const NAMES: [&str; 3] = ["replica-a", "replica-b", "replica-c"];
+/// Where Debian's libfaketime is (the multi-threaded build, for tokio).
+const LIBFAKETIME: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+];
+
+/// One replica's slot: its proxy, its clock, the process when it runs.
+struct Slot {
+    name: &'static str,
+    proxy: FaultProxy,
+    kubeconfig: PathBuf,
+    clock: PathBuf,
+    process: Option<Replica>,
+    incarnation: u32,
+    frozen_until: Option<Instant>,
+    rules: Vec<(Instant, RuleHandle)>,
+}
+
+pub struct Nemesis {
+    pub cp: ControlPlane,
+    admin: Client,
+    dir: PathBuf,
+    libfaketime: String,
+    slots: Vec<Slot>,
+    pub log: Vec<String>,
+    began: Instant,
+}
+
+fn libfaketime() -> String {
+    std::env::var("NODEIPAM_LIBFAKETIME")
+        .ok()
+        .or_else(|| {
+            LIBFAKETIME
+                .iter()
+                .find(|p| Path::new(p).exists())
+                .map(|p| p.to_string())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "step=chaos-libfaketime: Debian's libfaketime is not installed ({}); \
+                 hack/test.sh installs it, or `apt-get install libfaketime`",
+                LIBFAKETIME.join(", ")
+            )
+        })
+}
+
+impl Nemesis {
+    /// Starts the three replicas, each behind its own fault proxy, and waits for a leader.
+    pub async fn start(cp: ControlPlane, dir: &Path, began: Instant) -> Nemesis {
+        let libfaketime = libfaketime();
+        let mut slots = Vec::new();
+        for name in NAMES {
+            let proxy = FaultProxy::for_user(&cp, SA_USER, SA_GROUPS)
+                .unwrap_or_else(|e| panic!("step=chaos-fault-proxy {name}: {e}"));
+            let kubeconfig = dir.join(format!("{name}.kubeconfig"));
+            proxy
+                .write_kubeconfig(&kubeconfig)
+                .unwrap_or_else(|e| panic!("step=chaos-kubeconfig {name}: {e}"));
+            let clock = dir.join(format!("{name}.clock"));
+            std::fs::write(&clock, "+0\n").expect("step=chaos-clock: write the clock file");
+            slots.push(Slot {
+                name,
+                proxy,
+                kubeconfig,
+                clock,
+                process: None,
+                incarnation: 0,
+                frozen_until: None,
+                rules: Vec::new(),
+            });
+        }
+        let admin = cp.client();
+        let mut n = Nemesis {
+            cp,
+            admin,
+            dir: dir.to_path_buf(),
+            libfaketime,
+            slots,
+            log: Vec::new(),
+            began,
+        };
+        for i in 0..n.slots.len() {
+            n.launch(i).await;
+        }
+        n
+    }
+
+    fn note(&mut self, what: String) {
+        let line = format!("{:7.1}s {what}", self.began.elapsed().as_secs_f64());
+        println!("nemesis: {line}");
+        self.log.push(line);
+    }
+
+    /// Starts slot `i`'s replica in a folder of its own (its log kept for each incarnation).
+    async fn launch(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        slot.incarnation += 1;
+        let dir = self.dir.join(format!("{}-{}", slot.name, slot.incarnation));
+        std::fs::create_dir_all(&dir).expect("step=chaos-launch: replica folder");
+        let clock = slot.clock.display().to_string();
+        let env = [
+            ("LD_PRELOAD", self.libfaketime.as_str()),
+            ("FAKETIME_TIMESTAMP_FILE", clock.as_str()),
+            ("FAKETIME_CACHE_DURATION", "1"),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ];
+        let replica =
+            Replica::start_plain_with_env(&dir, &slot.kubeconfig, slot.name, FLAGS, &env).await;
+        slot.process = Some(replica);
+    }
+
+    /// The replica the Lease names, if the API server answers.
+    async fn leader(&self) -> Option<usize> {
+        let api: Api<Lease> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        let lease = api.get_opt(LEASE).await.ok()??;
+        let holder = lease.spec?.holder_identity?;
+        NAMES.iter().position(|n| *n == holder)
+    }
+
+    /// The slot a fault aims at: the leader seven times in ten.
+    async fn target(&self, rng: &mut Rng) -> usize {
+        match self.leader().await {
+            Some(l) if rng.below(10) < 7 => l,
+            _ => rng.below(3) as usize,
+        }
+    }
+
+    /// Thaws replicas whose freeze is over and takes away rules that have lived their life.
+    pub fn tick(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.slots.len() {
+            if self.slots[i].frozen_until.is_some_and(|t| t <= now) {
+                self.thaw(i);
+            }
+            self.slots[i].rules.retain(|(until, rule)| {
+                let keep = *until > now;
+                if !keep {
+                    rule.remove();
+                }
+                keep
+            });
+        }
+    }
+
+    fn thaw(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        slot.frozen_until = None;
+        if let Some(pid) = slot.process.as_ref().and_then(Replica::pid) {
+            let _ = kill_process(pid, Signal::CONT);
+        }
+        let name = slot.name;
+        self.note(format!("thaw {name}"));
+    }
+
+    /// One fault, drawn from `rng`.
+    pub async fn strike(&mut self, rng: &mut Rng) {
+        let i = self.target(rng).await;
+        match rng.below(100) {
+            0..15 => self.freeze(i, rng),
+            15..25 => self.kill(i, rng).await,
+            25..33 => self.step_clock(i, rng),
+            33..53 => self.fail_and_land_later(i, rng),
+            53..65 => self.throttle(i, rng),
+            65..80 => self.hold(i, rng),
+            80..92 => self.delete_lease().await,
+            _ => self.restart_apiserver().await,
+        }
+    }
+
+    fn freeze(&mut self, i: usize, rng: &mut Rng) {
+        let slot = &mut self.slots[i];
+        let Some(pid) = slot.process.as_ref().and_then(Replica::pid) else {
+            return;
+        };
+        if slot.frozen_until.is_some() {
+            return;
+        }
+        let secs = rng.between(2, 2 * LEASE_SECS);
+        let _ = kill_process(pid, Signal::STOP);
+        slot.frozen_until = Some(Instant::now() + Duration::from_secs(secs));
+        let name = slot.name;
+        self.note(format!("freeze {name} for {secs}s"));
+    }
+
+    async fn kill(&mut self, i: usize, rng: &mut Rng) {
+        let slot = &mut self.slots[i];
+        if let Some(mut replica) = slot.process.take() {
+            if let Some(pid) = replica.pid() {
+                let _ = kill_process(pid, Signal::KILL);
+            }
+            replica.wait_exit().await;
+        }
+        slot.frozen_until = None;
+        let pause = rng.between(0, 5);
+        let name = slot.name;
+        self.note(format!("kill {name}; start it again in {pause}s"));
+        tokio::time::sleep(Duration::from_secs(pause)).await;
+        self.launch(i).await;
+    }
+
+    fn step_clock(&mut self, i: usize, rng: &mut Rng) {
+        let offset = rng.between(0, 120) as i64 - 60;
+        let slot = &self.slots[i];
+        std::fs::write(&slot.clock, format!("{offset:+}\n")).expect("write the clock file");
+        let name = slot.name;
+        self.note(format!("step {name}'s wall clock to {offset:+}s"));
+    }
+
+    fn add_rule(&mut self, i: usize, rule: Rule, what: String) {
+        let handle = self.slots[i].proxy.add(rule);
+        self.slots[i]
+            .rules
+            .push((Instant::now() + RULE_LIFE, handle));
+        let name = self.slots[i].name;
+        self.note(format!("{name}: {what}"));
+    }
+
+    fn fail_and_land_later(&mut self, i: usize, rng: &mut Rng) {
+        let (method, path) = write_target(rng);
+        let after = Duration::from_secs(rng.between(1, LATEST_LANDING.as_secs()));
+        let times = rng.between(1, 4);
+        let action = Action::Answer {
+            status: 500,
+            then_land_after: Some(after),
+        };
+        let rule = Rule::new(Some(method.clone()), path, action).times(times);
+        let what =
+            format!("the next {times} {method} '{path}' answered 500, landing {after:?} later");
+        self.add_rule(i, rule, what);
+    }
+
+    fn throttle(&mut self, i: usize, rng: &mut Rng) {
+        let path = PATHS[rng.below(PATHS.len() as u64) as usize];
+        let times = rng.between(5, 60);
+        let rule = Rule::new(
+            None,
+            path,
+            Action::Throttle {
+                retry_after_secs: 1,
+            },
+        )
+        .times(times);
+        self.add_rule(
+            i,
+            rule,
+            format!("the next {times} requests '{path}' answered 429"),
+        );
+    }
+
+    fn hold(&mut self, i: usize, rng: &mut Rng) {
+        let (method, path) = write_target(rng);
+        let delay = Duration::from_secs(rng.between(1, LATEST_LANDING.as_secs()));
+        let times = rng.between(1, 4);
+        let rule = Rule::new(Some(method.clone()), path, Action::Delay(delay)).times(times);
+        let what = format!("the next {times} {method} '{path}' held {delay:?}");
+        self.add_rule(i, rule, what);
+    }
+
+    async fn delete_lease(&mut self) {
+        let api: Api<Lease> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        let r = api.delete(LEASE, &DeleteParams::default()).await;
+        self.note(format!(
+            "delete the Lease: {}",
+            r.map_or_else(|e| e.to_string(), |_| "done".into())
+        ));
+    }
+
+    async fn restart_apiserver(&mut self) {
+        self.note("restart the API server".into());
+        self.cp
+            .restart_apiserver()
+            .await
+            .unwrap_or_else(|e| panic!("step=chaos-restart-apiserver: {e}"));
+    }
+
+    /// Ends every fault: thaws, clocks back, rules gone, every replica running.
+    pub async fn heal(&mut self) {
+        for i in 0..self.slots.len() {
+            if self.slots[i].frozen_until.is_some() {
+                self.thaw(i);
+            }
+            let slot = &mut self.slots[i];
+            for (_, rule) in slot.rules.drain(..) {
+                rule.remove();
+            }
+            slot.proxy.clear_rules();
+            std::fs::write(&slot.clock, "+0\n").expect("write the clock file");
+            if slot.process.is_none() {
+                self.launch(i).await;
+            }
+        }
+        self.note("healed: every replica running, no fault left".into());
+    }
+
+    /// Stops the replicas (SIGTERM) and the control plane.
+    pub async fn stop(mut self) {
+        for slot in &mut self.slots {
+            if let Some(mut r) = slot.process.take() {
+                r.signal(Signal::TERM);
+                r.wait_exit().await;
+            }
+        }
+        self.cp.stop().await;
+    }
+}
+
+/// The paths a fault picks from: the objects the fences guard, and everything.
+const PATHS: &[&str] = &[
+    "/api/v1/nodes",
+    "/configmaps",
+    "/nodeipamconfigs",
+    "/nodeipampools",
+    "/leases",
+    "",
+];
+
+fn write_target(rng: &mut Rng) -> (Method, &'static str) {
+    let method = match rng.below(10) {
+        0..5 => Method::PATCH,
+        5..7 => Method::PUT,
+        7..9 => Method::POST,
+        _ => Method::DELETE,
+    };
+    (method, PATHS[rng.below(PATHS.len() as u64) as usize])
+}

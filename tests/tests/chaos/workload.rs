@@ -1,0 +1,248 @@
+//! The cluster's own churn during the soak: nodes arriving and leaving (names reused, as an
+//! autoscaler does), two configs switched off and on, one of them deleted and created again
+//! over a new range, and a pool carving ranges for a third group of nodes and retiring them.
+//! Every step is drawn from the seed; a step the API server refuses (it may be restarting) is
+//! logged and skipped.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use nodeipam_crd::{
+    Allocation, NodeIPAMConfig, NodeIPAMPool, NodeIPAMPoolSpec, PoolFamilySpec, PoolHeadroom,
+    PoolRanges, PoolScaleDown,
+};
+
+use super::Rng;
+use crate::support::{family, node, spec};
+
+/// The label that says which config (or the pool) serves a node.
+pub const GROUP: &str = "chaos.nodeipam.io/group";
+/// Node names reused: at most this many nodes exist at once.
+const NAMES: usize = 36;
+/// The configs the workload switches off and on: (name, first range). /28 blocks, 16 a range.
+pub const CONFIGS: [(&str, &str); 2] = [("ca", "10.10.0.0/24"), ("cb", "10.20.0.0/24")];
+pub const POOL: &str = "cp";
+
+/// The group a node of this index belongs to: a third each.
+fn group(i: usize) -> &'static str {
+    ["ca", "cb", POOL][i % 3]
+}
+
+/// The range of the `n`th incarnation of config cb (the first is [`CONFIGS`]'s).
+fn cb_range(n: u32) -> String {
+    format!("10.{}.0.0/24", 20 + (n % 200))
+}
+
+pub fn config_spec(name: &str, cidr: &str) -> nodeipam_crd::NodeIPAMConfigSpec {
+    let selector = crate::support::selector(&[(GROUP, "In", &[name])]);
+    spec(family(cidr, 28), None, selector)
+}
+
+/// /26 ranges of /28 blocks carved from a /22: 4 nodes a range, at most 8 ranges.
+pub fn pool_spec() -> NodeIPAMPoolSpec {
+    NodeIPAMPoolSpec {
+        ipv4: Some(PoolFamilySpec {
+            cidrs: vec!["10.30.0.0/22".into()],
+            range_mask_size: 26,
+            per_node_mask_size: 28,
+        }),
+        ipv6: None,
+        node_selector: crate::support::selector(&[(GROUP, "In", &[POOL])]),
+        ranges: PoolRanges { min: 1, max: 8 },
+        headroom: PoolHeadroom { blocks: 1 },
+        scale_down: PoolScaleDown {
+            empty_for: "10s".into(),
+        },
+    }
+}
+
+/// The workload's log and what it did.
+#[derive(Default)]
+pub struct Tally {
+    pub log: Vec<String>,
+    pub created: u64,
+    pub deleted: u64,
+    pub toggles: u64,
+    pub refused: u64,
+    /// Why steps were refused, with how often.
+    pub refusals: BTreeMap<String, u64>,
+    /// How many configs named cb have been created (the range of the next).
+    pub cb_incarnations: u32,
+}
+
+pub fn start(
+    admin: Client,
+    seed: u64,
+    began: std::time::Instant,
+) -> (Arc<Mutex<Tally>>, tokio::task::JoinHandle<()>) {
+    let tally = Arc::new(Mutex::new(Tally {
+        cb_incarnations: 1,
+        ..Tally::default()
+    }));
+    let out = tally.clone();
+    let task = tokio::spawn(async move {
+        let mut rng = Rng::new(seed ^ 0x05EE_D0FC_4A05);
+        loop {
+            if let Some(line) = churn(&admin, &mut rng, &out).await {
+                let line = format!("{:7.1}s {line}", began.elapsed().as_secs_f64());
+                out.lock().expect("tally").log.push(line);
+            }
+            tokio::time::sleep(Duration::from_millis(rng.between(200, 1500))).await;
+        }
+    });
+    (tally, task)
+}
+
+/// One step of churn; what it did, if anything.
+async fn churn(admin: &Client, rng: &mut Rng, tally: &Mutex<Tally>) -> Option<String> {
+    let roll = rng.below(100);
+    let result = match roll {
+        0..45 => create_node(admin, rng).await,
+        45..85 => delete_node(admin, rng).await,
+        85..95 => toggle(admin, rng).await,
+        _ => replace_cb(admin, tally).await,
+    };
+    let mut t = tally.lock().expect("tally");
+    match &result {
+        Ok(Some(what)) if what.starts_with("created node") => t.created += 1,
+        Ok(Some(what)) if what.starts_with("deleted node") => t.deleted += 1,
+        Ok(Some(what)) if what.contains("allocation") => t.toggles += 1,
+        Err(e) => {
+            t.refused += 1;
+            *t.refusals.entry(reason(e)).or_default() += 1;
+        }
+        _ => {}
+    }
+    match result {
+        Ok(line) => line,
+        Err(e) => Some(format!("refused: {e}")),
+    }
+}
+
+/// A refusal's kind: the API server's code and reason, or the client's error without detail.
+fn reason(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} {}", s.code, s.reason),
+        other => other.to_string().chars().take(60).collect(),
+    }
+}
+
+async fn create_node(admin: &Client, rng: &mut Rng) -> Result<Option<String>, kube::Error> {
+    let i = rng.below(NAMES as u64) as usize;
+    let name = format!("n{i}");
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    if api.get_opt(&name).await?.is_some() {
+        return Ok(None);
+    }
+    api.create(
+        &PostParams::default(),
+        &node(&name, &[(GROUP, group(i))], &[]),
+    )
+    .await?;
+    Ok(Some(format!("created node {name} ({})", group(i))))
+}
+
+async fn delete_node(admin: &Client, rng: &mut Rng) -> Result<Option<String>, kube::Error> {
+    let name = format!("n{}", rng.below(NAMES as u64));
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    match api.delete(&name, &DeleteParams::default()).await {
+        Ok(_) => Ok(Some(format!("deleted node {name}"))),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+async fn toggle(admin: &Client, rng: &mut Rng) -> Result<Option<String>, kube::Error> {
+    let (name, _) = CONFIGS[rng.below(2) as usize];
+    let api: Api<NodeIPAMConfig> = Api::all(admin.clone());
+    let Some(cfg) = api.get_opt(name).await? else {
+        return Ok(None);
+    };
+    let next = match cfg.spec.allocation {
+        Allocation::Enabled => Allocation::Disabled,
+        Allocation::Disabled => Allocation::Enabled,
+    };
+    let patch = serde_json::json!({ "spec": { "allocation": next } });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(Some(format!("set {name} allocation {next:?}")))
+}
+
+/// Deletes config cb (it drains as its nodes leave, then goes), or, once it is gone, creates
+/// it again over the next range.
+async fn replace_cb(admin: &Client, tally: &Mutex<Tally>) -> Result<Option<String>, kube::Error> {
+    let api: Api<NodeIPAMConfig> = Api::all(admin.clone());
+    match api.get_opt("cb").await? {
+        Some(cfg) if cfg.metadata.deletion_timestamp.is_some() => Ok(None),
+        Some(_) => {
+            api.delete("cb", &DeleteParams::default()).await?;
+            Ok(Some("deleted config cb".into()))
+        }
+        None => {
+            let n = tally.lock().expect("tally").cb_incarnations;
+            let range = cb_range(n);
+            let obj = NodeIPAMConfig::new("cb", config_spec("cb", &range));
+            api.create(&PostParams::default(), &obj).await?;
+            tally.lock().expect("tally").cb_incarnations += 1;
+            Ok(Some(format!("created config cb over {range}")))
+        }
+    }
+}
+
+/// Creates the configs and the pool the workload starts from.
+pub async fn install(admin: &Client) {
+    for (name, cidr) in CONFIGS {
+        crate::support::create_config(admin, name, config_spec(name, cidr)).await;
+    }
+    Api::<NodeIPAMPool>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &NodeIPAMPool::new(POOL, pool_spec()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("step=chaos-install: create NodeIPAMPool {POOL}: {e}"));
+}
+
+/// Ends the churn: every config enabled again, cb there, so every node can be served.
+pub async fn enable_all(admin: &Client, tally: &Mutex<Tally>) {
+    let api: Api<NodeIPAMConfig> = Api::all(admin.clone());
+    let cb = api.get_opt("cb").await.expect("get config cb");
+    if cb.is_some_and(|c| c.metadata.deletion_timestamp.is_some()) {
+        // Its nodes hold it (that is the drain): they go, as when an operator retires a range.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+        let lp = kube::api::ListParams::default().labels(&format!("{GROUP}=cb"));
+        nodes
+            .delete_collection(&DeleteParams::default(), &lp)
+            .await
+            .expect("delete the nodes of config cb");
+    }
+    crate::support::wait_for("config cb to be deleted or present", || async {
+        match api.get_opt("cb").await.ok()? {
+            Some(c) if c.metadata.deletion_timestamp.is_some() => None,
+            Some(_) => Some(()),
+            None => replace_cb(admin, tally).await.ok().map(|_| ()),
+        }
+    })
+    .await;
+    for (name, _) in CONFIGS {
+        crate::support::set_allocation(admin, name, Allocation::Enabled).await;
+    }
+}
+
+/// Each node's group, for the final check that every node was served.
+pub async fn nodes(admin: &Client) -> BTreeMap<String, Vec<String>> {
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    api.list(&Default::default())
+        .await
+        .expect("list nodes")
+        .items
+        .into_iter()
+        .map(|n| {
+            let cidrs = n.spec.clone().and_then(|s| s.pod_cidrs).unwrap_or_default();
+            (n.name_any(), cidrs)
+        })
+        .collect()
+}
