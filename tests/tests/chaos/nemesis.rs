@@ -191,13 +191,14 @@ impl Nemesis {
     pub async fn strike(&mut self, rng: &mut Rng) {
         let i = self.target(rng).await;
         match rng.below(100) {
-            0..15 => self.freeze(i, rng),
-            15..25 => self.kill(i, rng).await,
-            25..33 => self.step_clock(i, rng),
-            33..53 => self.fail_and_land_later(i, rng),
-            53..65 => self.throttle(i, rng),
-            65..80 => self.hold(i, rng),
-            80..92 => self.delete_lease().await,
+            0..12 => self.freeze(i, rng),
+            12..20 => self.kill(i, rng).await,
+            20..27 => self.step_clock(i, rng),
+            27..42 => self.fail_and_land_later(i, rng),
+            42..52 => self.throttle(i, rng),
+            52..64 => self.hold(i, rng),
+            64..82 => self.depose_mid_write(i, rng).await,
+            82..94 => self.delete_lease().await,
             _ => self.restart_apiserver().await,
         }
     }
@@ -262,6 +263,31 @@ impl Nemesis {
         let what =
             format!("the next {times} {method} '{path}' answered 500, landing {after:?} later");
         self.add_rule(i, rule, what);
+    }
+
+    /// The storm the fences are for: every write of the replica answered 500 and landing up
+    /// to a minute later (an etcd election behind the API server), and the replica frozen or
+    /// killed a moment after, so a successor acts before those writes land.
+    async fn depose_mid_write(&mut self, i: usize, rng: &mut Rng) {
+        let after = Duration::from_secs(rng.between(5, LATEST_LANDING.as_secs()));
+        let action = Action::Answer {
+            status: 500,
+            then_land_after: Some(after),
+        };
+        for method in [Method::PATCH, Method::PUT, Method::POST, Method::DELETE] {
+            let rule = Rule::new(Some(method.clone()), "", action.clone()).times(20);
+            self.add_rule(
+                i,
+                rule,
+                format!("every {method} answered 500, landing {after:?} later"),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(rng.between(0, 3000))).await;
+        if rng.below(2) == 0 {
+            self.kill(i, rng).await;
+        } else {
+            self.freeze(i, rng);
+        }
     }
 
     fn throttle(&mut self, i: usize, rng: &mut Rng) {
