@@ -758,3 +758,45 @@ async fn a_leak_that_ends_is_no_longer_counted() {
     assert_invariant(&admin, &[]).await;
     pair.stop().await;
 }
+
+/// A replica that starts while the API server fails its Lease create (500, the third one
+/// landing a moment later anyway, and a 429) keeps asking instead of exiting, then leads and
+/// serves: a blip of the API server during a rolling update must not crash-loop the pods.
+/// Found by the soak (tests/tests/chaos): a 500 on that create ended the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_lease_create_fails_at_start_keeps_asking_and_leads() {
+    let cp = control_plane().await;
+    let admin = cp.client();
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    let proxy = FaultProxy::for_user(&cp, SA_USER, SA_GROUPS)
+        .unwrap_or_else(|e| panic!("step=start-fault-proxy: {e}"));
+    let through = dir.path().join("through-proxy.kubeconfig");
+    proxy
+        .write_kubeconfig(&through)
+        .unwrap_or_else(|e| panic!("step=fault-proxy-kubeconfig: {e}"));
+    let create = |action| Rule::new(Some(Method::POST), "/leases", action).times(1);
+    let fail = |land| Action::Answer {
+        status: 500,
+        then_land_after: land,
+    };
+    let failed = [
+        proxy.add(create(fail(None))),
+        proxy.add(create(Action::Throttle {
+            retry_after_secs: 1,
+        })),
+        proxy.add(create(fail(Some(Duration::from_millis(300))))),
+    ];
+    let mut a = Replica::start_plain(dir.path(), &through, "replica-a", FLAGS).await;
+    a.wait_leader_metric(1.0).await;
+    for rule in &failed {
+        assert_eq!(rule.matched(), 1, "every failing create was sent");
+    }
+    assert!(a.exited().is_none(), "replica-a exited:\n{}", a.log_tail());
+    create_ready_config(&admin, "pool", spec(family("10.94.0.0/16", 24), None, None)).await;
+    create_node(&admin, "n1", &[]).await;
+    wait_cidrs(&admin, "n1").await;
+    a.signal(Signal::TERM);
+    a.wait_exit().await;
+    cp.stop().await;
+}

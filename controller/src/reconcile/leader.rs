@@ -29,7 +29,9 @@ use tracing::{debug, info, warn};
 
 use super::handover::{self, LeaseRef};
 use super::lease_lock::{Lock, Took};
+use super::node_writer;
 use crate::alloc::lease;
+use crate::alloc::outcome::{Answer, classify};
 
 /// How the current leader took its Lease, shared with the allocation loop's take-over.
 pub type TookCell = Arc<std::sync::Mutex<Option<Took>>>;
@@ -192,9 +194,7 @@ async fn build_lock(
     opts: &LeaseOptions,
     retry: Duration,
 ) -> Result<Lock, kube::Error> {
-    if handover::create(client, &opts.namespace, &opts.name, None).await? {
-        info!(lease = %opts.name, "created the lease");
-    }
+    ensure_lease(client, opts).await?;
     Ok(Lock::new(
         Api::namespaced(client.clone(), &opts.namespace),
         &opts.name,
@@ -203,6 +203,31 @@ async fn build_lock(
         (opts.duration, opts.grace),
         retry,
     ))
+}
+
+/// Creates the Lease if it is missing. A failure the API server may get over (a 429, a 5xx, no
+/// answer) is asked again with backoff for as long as it lasts: a blip of the API server while
+/// a pod starts must not end the process (and crash-loop it). Only a refusal ends it (403
+/// without RBAC, 404 without the namespace, 422), saying why.
+async fn ensure_lease(client: &Client, opts: &LeaseOptions) -> Result<(), kube::Error> {
+    let mut attempt = 0u32;
+    loop {
+        attempt = attempt.saturating_add(1);
+        let result = handover::create(client, &opts.namespace, &opts.name, None).await;
+        match classify(handover::answer(&result)) {
+            Answer::Throttled | Answer::Ambiguous => {
+                let error = result.err().map(|e| e.to_string()).unwrap_or_default();
+                warn!(lease = %opts.name, attempt, %error, "creating the lease failed; asking again");
+                tokio::time::sleep(node_writer::backoff(attempt)).await;
+            }
+            _ => {
+                if result? {
+                    info!(lease = %opts.name, "created the lease");
+                }
+                return Ok(());
+            }
+        }
+    }
 }
 
 /// The field manager of `identity`'s Lease writes: one per replica, so that the Lease's

@@ -374,6 +374,11 @@ impl Replica {
         .await;
     }
 
+    /// How the process ended, if it has.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// The process id, while it runs.
     pub fn pid(&self) -> Option<Pid> {
         self.child
