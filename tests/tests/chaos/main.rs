@@ -92,6 +92,7 @@ async fn three_replicas_under_a_nemesis_never_break_the_rule() {
     let mut next = Instant::now();
     while Instant::now() < end && checker.violations().is_empty() {
         nemesis.tick();
+        nemesis.count_landings();
         if Instant::now() >= next {
             nemesis.strike(&mut rng).await;
             next = Instant::now() + Duration::from_millis(rng.between(1000, 6000));
@@ -101,6 +102,11 @@ async fn three_replicas_under_a_nemesis_never_break_the_rule() {
     churn.abort();
     nemesis.heal().await;
     settle(&admin, &tally, &checker).await;
+    nemesis.count_landings();
+    println!(
+        "chaos: late writes landed (what, status: how many): {:?}",
+        nemesis.landings
+    );
 
     let violations = report(seed, &nemesis.log, &tally, &checker);
     if !violations.is_empty() {

@@ -5,6 +5,7 @@
 //! a minute, delete the Lease, restart the API server. Faults aim at the leader more often than
 //! not: a deposed leader's late write is what the fences are for.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use http::Method;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, DeleteParams};
-use nodeipam_testenv::fault_proxy::{Action, Rule, RuleHandle};
+use nodeipam_testenv::fault_proxy::{Action, Origin, Rule, RuleHandle};
 use nodeipam_testenv::{ControlPlane, FaultProxy};
 use rustix::process::{Signal, kill_process};
 
@@ -58,6 +59,8 @@ pub struct Nemesis {
     libfaketime: String,
     slots: Vec<Slot>,
     pub log: Vec<String>,
+    /// Writes answered 500 that landed later: (what, the API server's status) → how many.
+    pub landings: BTreeMap<(String, u16), u64>,
     began: Instant,
 }
 
@@ -112,6 +115,7 @@ impl Nemesis {
             libfaketime,
             slots,
             log: Vec::new(),
+            landings: BTreeMap::new(),
             began,
         };
         for i in 0..n.slots.len() {
@@ -177,6 +181,19 @@ impl Nemesis {
         }
     }
 
+    /// Counts the late writes that landed since the last call, by kind and status: a 2xx
+    /// landed, a 409 or 422 was refused by a precondition (a fence or a UID).
+    pub fn count_landings(&mut self) {
+        for slot in &self.slots {
+            let log = slot.proxy.log();
+            slot.proxy.clear_log();
+            for x in log.iter().filter(|x| x.origin == Origin::Landed) {
+                let key = (format!("{} {}", x.method, kind(&x.path)), x.status);
+                *self.landings.entry(key).or_default() += 1;
+            }
+        }
+    }
+
     fn thaw(&mut self, i: usize) {
         let slot = &mut self.slots[i];
         slot.frozen_until = None;
@@ -191,14 +208,14 @@ impl Nemesis {
     pub async fn strike(&mut self, rng: &mut Rng) {
         let i = self.target(rng).await;
         match rng.below(100) {
-            0..12 => self.freeze(i, rng),
-            12..20 => self.kill(i, rng).await,
-            20..27 => self.step_clock(i, rng),
-            27..42 => self.fail_and_land_later(i, rng),
-            42..52 => self.throttle(i, rng),
-            52..64 => self.hold(i, rng),
-            64..82 => self.depose_mid_write(i, rng).await,
-            82..94 => self.delete_lease().await,
+            0..10 => self.freeze(i, rng),
+            10..17 => self.kill(i, rng).await,
+            17..24 => self.step_clock(i, rng),
+            24..38 => self.fail_and_land_later(i, rng),
+            38..47 => self.throttle(i, rng),
+            47..58 => self.hold(i, rng),
+            58..84 => self.depose_mid_write(i, rng).await,
+            84..94 => self.delete_lease().await,
             _ => self.restart_apiserver().await,
         }
     }
@@ -276,13 +293,22 @@ impl Nemesis {
         };
         for method in [Method::PATCH, Method::PUT, Method::POST, Method::DELETE] {
             let rule = Rule::new(Some(method.clone()), "", action.clone()).times(20);
-            self.add_rule(
-                i,
-                rule,
-                format!("every {method} answered 500, landing {after:?} later"),
-            );
+            let what = format!("every {method} answered 500, landing {after:?} later");
+            self.add_rule(i, rule, what);
         }
-        tokio::time::sleep(Duration::from_millis(rng.between(0, 3000))).await;
+        // Strike while a write is on its way: once the first is caught (or a few seconds).
+        let deadline = Instant::now() + Duration::from_secs(rng.between(1, 8));
+        let caught = |slot: &Slot| {
+            slot.rules
+                .iter()
+                .rev()
+                .take(4)
+                .any(|(_, r)| r.matched() > 0)
+        };
+        while Instant::now() < deadline && !caught(&self.slots[i]) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.between(0, 1000))).await;
         if rng.below(2) == 0 {
             self.kill(i, rng).await;
         } else {
@@ -374,6 +400,27 @@ const PATHS: &[&str] = &[
     "/leases",
     "",
 ];
+
+/// What a request's path writes, for [`Nemesis::count_landings`].
+fn kind(path: &str) -> String {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    // /api/v1/<kind>/... or /api/v1/namespaces/<ns>/<kind>/... (and /apis/<group>/<version>/).
+    let rest = match parts.first() {
+        Some(&"apis") => parts.get(3..),
+        _ => parts.get(2..),
+    }
+    .unwrap_or(&[]);
+    let rest = match rest.first() {
+        Some(&"namespaces") if rest.len() > 2 => &rest[2..],
+        _ => rest,
+    };
+    let sub = if rest.len() > 2 { rest[2] } else { "" };
+    match (rest.first(), sub) {
+        (Some(k), "") => k.to_string(),
+        (Some(k), sub) => format!("{k}/{sub}"),
+        (None, _) => path.to_string(),
+    }
+}
 
 fn write_target(rng: &mut Rng) -> (Method, &'static str) {
     let method = match rng.below(10) {

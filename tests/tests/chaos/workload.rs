@@ -100,14 +100,16 @@ pub fn start(
 async fn churn(admin: &Client, rng: &mut Rng, tally: &Mutex<Tally>) -> Option<String> {
     let roll = rng.below(100);
     let result = match roll {
-        0..45 => create_node(admin, rng).await,
+        0..45 => create_nodes(admin, rng).await,
         45..85 => delete_node(admin, rng).await,
         85..95 => toggle(admin, rng).await,
         _ => replace_cb(admin, tally).await,
     };
     let mut t = tally.lock().expect("tally");
     match &result {
-        Ok(Some(what)) if what.starts_with("created node") => t.created += 1,
+        Ok(Some(what)) if what.starts_with("created node") => {
+            t.created += what.matches("created node").count() as u64;
+        }
         Ok(Some(what)) if what.starts_with("deleted node") => t.deleted += 1,
         Ok(Some(what)) if what.contains("allocation") => t.toggles += 1,
         Err(e) => {
@@ -128,6 +130,22 @@ fn reason(e: &kube::Error) -> String {
         kube::Error::Api(s) => format!("{} {}", s.code, s.reason),
         other => other.to_string().chars().take(60).collect(),
     }
+}
+
+/// One node, or now and then a wave of up to five (an autoscaler's scale-up).
+async fn create_nodes(admin: &Client, rng: &mut Rng) -> Result<Option<String>, kube::Error> {
+    let wave = if rng.below(4) == 0 {
+        rng.between(2, 5)
+    } else {
+        1
+    };
+    let mut created = Vec::new();
+    for _ in 0..wave {
+        if let Some(line) = create_node(admin, rng).await? {
+            created.push(line);
+        }
+    }
+    Ok((!created.is_empty()).then(|| created.join("; ")))
 }
 
 async fn create_node(admin: &Client, rng: &mut Rng) -> Result<Option<String>, kube::Error> {
