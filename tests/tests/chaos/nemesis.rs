@@ -282,29 +282,30 @@ impl Nemesis {
         self.add_rule(i, rule, what);
     }
 
-    /// The storm the fences are for: every write of the replica answered 500 and landing up
-    /// to a minute later (an etcd election behind the API server), and the replica frozen or
-    /// killed a moment after, so a successor acts before those writes land.
+    /// The storm the fences are for: every write of the replica but its Lease's answered 500
+    /// and landing up to a minute later (an etcd election behind the API server), and the
+    /// replica frozen or killed once one is on its way, so a successor acts before it lands.
+    /// The Lease's writes pass, so the replica leads on unaware until it stops.
     async fn depose_mid_write(&mut self, i: usize, rng: &mut Rng) {
         let after = Duration::from_secs(rng.between(5, LATEST_LANDING.as_secs()));
         let action = Action::Answer {
             status: 500,
             then_land_after: Some(after),
         };
+        let first = self.slots[i].rules.len();
+        self.add_rule(
+            i,
+            Rule::new(None, "/leases", Action::Forward),
+            "Lease writes pass".into(),
+        );
         for method in [Method::PATCH, Method::PUT, Method::POST, Method::DELETE] {
             let rule = Rule::new(Some(method.clone()), "", action.clone()).times(20);
             let what = format!("every {method} answered 500, landing {after:?} later");
             self.add_rule(i, rule, what);
         }
-        // Strike while a write is on its way: once the first is caught (or a few seconds).
+        // Strike once a write is on its way (or after a few seconds without one).
         let deadline = Instant::now() + Duration::from_secs(rng.between(1, 8));
-        let caught = |slot: &Slot| {
-            slot.rules
-                .iter()
-                .rev()
-                .take(4)
-                .any(|(_, r)| r.matched() > 0)
-        };
+        let caught = |slot: &Slot| slot.rules[first + 1..].iter().any(|(_, r)| r.matched() > 0);
         while Instant::now() < deadline && !caught(&self.slots[i]) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
