@@ -153,7 +153,9 @@ impl Nemesis {
         let api: Api<Lease> = Api::namespaced(self.admin.clone(), NAMESPACE);
         let lease = api.get_opt(LEASE).await.ok()??;
         let holder = lease.spec?.holder_identity?;
-        NAMES.iter().position(|n| *n == holder)
+        // The identity is the name given with a random suffix (one per process).
+        let name = nodeipam_controller::alloc::lease::holder_name(&holder);
+        NAMES.iter().position(|n| *n == name)
     }
 
     /// The slot a fault aims at: the leader seven times in ten.
@@ -309,6 +311,12 @@ impl Nemesis {
         while Instant::now() < deadline && !caught(&self.slots[i]) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let held: u64 = self.slots[i].rules[first + 1..]
+            .iter()
+            .map(|(_, r)| r.matched())
+            .sum();
+        let name = self.slots[i].name;
+        self.note(format!("{name}: {held} writes on their way"));
         tokio::time::sleep(Duration::from_millis(rng.between(0, 1000))).await;
         if rng.below(2) == 0 {
             self.kill(i, rng).await;
