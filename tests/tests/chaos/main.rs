@@ -156,6 +156,7 @@ async fn settle(
     // A write answered 500 or held lands at most this long after it was sent.
     tokio::time::sleep(nemesis::LATEST_LANDING + Duration::from_secs(5)).await;
     workload::enable_all(admin, tally).await;
+    workload::trim(admin).await;
     let nodes = workload::nodes(admin).await;
     for name in nodes.keys() {
         support::wait_cidrs(admin, name).await;

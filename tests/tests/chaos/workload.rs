@@ -22,8 +22,12 @@ use crate::support::{family, node, spec};
 pub const GROUP: &str = "chaos.nodeipam.io/group";
 /// Node names reused: at most this many nodes exist at once.
 const NAMES: usize = 36;
-/// The configs the workload switches off and on: (name, first range). /28 blocks, 16 a range.
-pub const CONFIGS: [(&str, &str); 2] = [("ca", "10.10.0.0/24"), ("cb", "10.20.0.0/24")];
+/// The configs the workload switches off and on: (name, first range). /28 blocks, 4 a range,
+/// for up to 12 nodes each: nodes wait for the blocks of nodes that leave, so a new leader
+/// and its predecessor may well give the same block to different nodes.
+pub const CONFIGS: [(&str, &str); 2] = [("ca", "10.10.0.0/26"), ("cb", "10.20.0.0/26")];
+/// How many nodes of each group can hold a block at once: ca, cb, the pool.
+const CAPACITY: [usize; 3] = [4, 4, 8];
 pub const POOL: &str = "cp";
 
 /// The group a node of this index belongs to: a third each.
@@ -33,7 +37,7 @@ fn group(i: usize) -> &'static str {
 
 /// The range of the `n`th incarnation of config cb (the first is [`CONFIGS`]'s).
 fn cb_range(n: u32) -> String {
-    format!("10.{}.0.0/24", 20 + (n % 200))
+    format!("10.20.{}.0/26", n % 256)
 }
 
 pub fn config_spec(name: &str, cidr: &str) -> nodeipam_crd::NodeIPAMConfigSpec {
@@ -41,17 +45,17 @@ pub fn config_spec(name: &str, cidr: &str) -> nodeipam_crd::NodeIPAMConfigSpec {
     spec(family(cidr, 28), None, selector)
 }
 
-/// /26 ranges of /28 blocks carved from a /22: 4 nodes a range, at most 8 ranges.
+/// /26 ranges of /28 blocks carved from a /25: 4 nodes a range, at most 2 ranges.
 pub fn pool_spec() -> NodeIPAMPoolSpec {
     NodeIPAMPoolSpec {
         ipv4: Some(PoolFamilySpec {
-            cidrs: vec!["10.30.0.0/22".into()],
+            cidrs: vec!["10.30.0.0/25".into()],
             range_mask_size: 26,
             per_node_mask_size: 28,
         }),
         ipv6: None,
         node_selector: crate::support::selector(&[(GROUP, "In", &[POOL])]),
-        ranges: PoolRanges { min: 1, max: 8 },
+        ranges: PoolRanges { min: 1, max: 2 },
         headroom: PoolHeadroom { blocks: 1 },
         scale_down: PoolScaleDown {
             empty_for: "10s".into(),
@@ -250,7 +254,27 @@ pub async fn enable_all(admin: &Client, tally: &Mutex<Tally>) {
     }
 }
 
-/// Each node's group, for the final check that every node was served.
+/// Deletes nodes of each group beyond what its range can serve (those waiting first), so that
+/// every node left must be served once the faults stop.
+pub async fn trim(admin: &Client) {
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    for (g, cap) in ["ca", "cb", POOL].iter().zip(CAPACITY) {
+        let lp = kube::api::ListParams::default().labels(&format!("{GROUP}={g}"));
+        let mut nodes = api.list(&lp).await.expect("list nodes").items;
+        // Waiting ones first: false sorts before true.
+        nodes.sort_by_key(|n| n.spec.as_ref().and_then(|s| s.pod_cidrs.as_ref()).is_some());
+        let extra = nodes.len().saturating_sub(cap);
+        for n in &nodes[..extra] {
+            match api.delete(&n.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => panic!("step=chaos-trim: delete node {}: {e}", n.name_any()),
+            }
+        }
+    }
+}
+
+/// Each node's podCIDRs, for the final check that every node was served.
 pub async fn nodes(admin: &Client) -> BTreeMap<String, Vec<String>> {
     let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
     api.list(&Default::default())
