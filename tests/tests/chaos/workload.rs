@@ -20,8 +20,8 @@ use crate::support::{family, node, spec};
 
 /// The label that says which config (or the pool) serves a node.
 pub const GROUP: &str = "chaos.nodeipam.io/group";
-/// Node names reused: at most this many nodes exist at once.
-const NAMES: usize = 36;
+/// At most this many nodes of a group exist at once.
+const PER_GROUP: usize = 12;
 /// The configs the workload switches off and on: (name, first range). /28 blocks, 4 a range,
 /// for up to 12 nodes each: nodes wait for the blocks of nodes that leave, so a new leader
 /// and its predecessor may well give the same block to different nodes.
@@ -30,10 +30,8 @@ pub const CONFIGS: [(&str, &str); 2] = [("ca", "10.10.0.0/26"), ("cb", "10.20.0.
 const CAPACITY: [usize; 3] = [4, 4, 8];
 pub const POOL: &str = "cp";
 
-/// The group a node of this index belongs to: a third each.
-fn group(i: usize) -> &'static str {
-    ["ca", "cb", POOL][i % 3]
-}
+/// The groups: a node's label says which config (or the pool) serves it.
+const GROUPS: [&str; 3] = ["ca", "cb", POOL];
 
 /// The range of the `n`th incarnation of config cb (the first is [`CONFIGS`]'s).
 fn cb_range(n: u32) -> String {
@@ -73,6 +71,8 @@ pub struct Tally {
     pub refused: u64,
     /// Why steps were refused, with how often.
     pub refusals: BTreeMap<String, u64>,
+    /// Names of nodes deleted, to reuse.
+    pub gone: Vec<String>,
     /// How many configs named cb have been created (the range of the next).
     pub cb_incarnations: u32,
 }
@@ -104,8 +104,8 @@ pub fn start(
 async fn churn(admin: &Client, rng: &mut Rng, tally: &Mutex<Tally>) -> Option<String> {
     let roll = rng.below(100);
     let result = match roll {
-        0..45 => create_nodes(admin, rng).await,
-        45..85 => delete_node(admin, rng).await,
+        0..45 => create_nodes(admin, rng, tally).await,
+        45..85 => delete_node(admin, rng, tally).await,
         85..95 => toggle(admin, rng).await,
         _ => replace_cb(admin, tally).await,
     };
@@ -137,7 +137,11 @@ fn reason(e: &kube::Error) -> String {
 }
 
 /// One node, or now and then a wave of up to five (an autoscaler's scale-up).
-async fn create_nodes(admin: &Client, rng: &mut Rng) -> Result<Option<String>, kube::Error> {
+async fn create_nodes(
+    admin: &Client,
+    rng: &mut Rng,
+    tally: &Mutex<Tally>,
+) -> Result<Option<String>, kube::Error> {
     let wave = if rng.below(4) == 0 {
         rng.between(2, 5)
     } else {
@@ -145,33 +149,69 @@ async fn create_nodes(admin: &Client, rng: &mut Rng) -> Result<Option<String>, k
     };
     let mut created = Vec::new();
     for _ in 0..wave {
-        if let Some(line) = create_node(admin, rng).await? {
+        if let Some(line) = create_node(admin, rng, tally).await? {
             created.push(line);
         }
     }
     Ok((!created.is_empty()).then(|| created.join("; ")))
 }
 
-async fn create_node(admin: &Client, rng: &mut Rng) -> Result<Option<String>, kube::Error> {
-    let i = rng.below(NAMES as u64) as usize;
-    let name = format!("n{i}");
-    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    if api.get_opt(&name).await?.is_some() {
-        return Ok(None);
+/// A new node name: random letters (so a new node may sort anywhere among those waiting, as
+/// an autoscaler's do) and its group, or a name that was deleted before (names are reused).
+fn name(rng: &mut Rng, tally: &Mutex<Tally>) -> String {
+    let t = tally.lock().expect("tally");
+    if !t.gone.is_empty() && rng.below(3) == 0 {
+        return t.gone[rng.below(t.gone.len() as u64) as usize].clone();
     }
-    api.create(
-        &PostParams::default(),
-        &node(&name, &[(GROUP, group(i))], &[]),
-    )
-    .await?;
-    Ok(Some(format!("created node {name} ({})", group(i))))
+    let word: String = (0..5)
+        .map(|_| char::from(b'a' + rng.below(26) as u8))
+        .collect();
+    format!("{word}-{}", GROUPS[rng.below(3) as usize])
 }
 
-async fn delete_node(admin: &Client, rng: &mut Rng) -> Result<Option<String>, kube::Error> {
-    let name = format!("n{}", rng.below(NAMES as u64));
+/// The group a node's name ends with.
+fn group_of(name: &str) -> &str {
+    name.rsplit_once('-').map_or(name, |(_, g)| g)
+}
+
+async fn create_node(
+    admin: &Client,
+    rng: &mut Rng,
+    tally: &Mutex<Tally>,
+) -> Result<Option<String>, kube::Error> {
+    let name = name(rng, tally);
+    let g = group_of(&name);
     let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let lp = kube::api::ListParams::default().labels(&format!("{GROUP}={g}"));
+    let group = api.list_metadata(&lp).await?.items;
+    if group.len() >= PER_GROUP || group.iter().any(|n| n.name_any() == name) {
+        return Ok(None);
+    }
+    api.create(&PostParams::default(), &node(&name, &[(GROUP, g)], &[]))
+        .await?;
+    Ok(Some(format!("created node {name}")))
+}
+
+async fn delete_node(
+    admin: &Client,
+    rng: &mut Rng,
+    tally: &Mutex<Tally>,
+) -> Result<Option<String>, kube::Error> {
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let lp = kube::api::ListParams::default().labels(GROUP);
+    let nodes = api.list_metadata(&lp).await?.items;
+    if nodes.is_empty() {
+        return Ok(None);
+    }
+    let name = nodes[rng.below(nodes.len() as u64) as usize].name_any();
     match api.delete(&name, &DeleteParams::default()).await {
-        Ok(_) => Ok(Some(format!("deleted node {name}"))),
+        Ok(_) => {
+            let mut t = tally.lock().expect("tally");
+            if !t.gone.contains(&name) && t.gone.len() < 64 {
+                t.gone.push(name.clone());
+            }
+            Ok(Some(format!("deleted node {name}")))
+        }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
         Err(e) => Err(e),
     }
@@ -258,7 +298,7 @@ pub async fn enable_all(admin: &Client, tally: &Mutex<Tally>) {
 /// every node left must be served once the faults stop.
 pub async fn trim(admin: &Client) {
     let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    for (g, cap) in ["ca", "cb", POOL].iter().zip(CAPACITY) {
+    for (g, cap) in GROUPS.iter().zip(CAPACITY) {
         let lp = kube::api::ListParams::default().labels(&format!("{GROUP}={g}"));
         let mut nodes = api.list(&lp).await.expect("list nodes").items;
         // Waiting ones first: false sorts before true.
