@@ -83,7 +83,15 @@ async fn three_replicas_under_a_nemesis_never_break_the_rule() {
     install_rbac(&cp).await;
     let checker = history::Checker::start(cp.etcd_url());
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut nemesis = nemesis::Nemesis::start(cp, dir.path(), began).await;
+    // NODEIPAM_CHAOS_KEEP=1 keeps every replica's log (one folder per start) for reading.
+    let dir_path = if std::env::var_os("NODEIPAM_CHAOS_KEEP").is_some() {
+        let kept = dir.keep();
+        println!("chaos: replica logs kept in {}", kept.display());
+        kept
+    } else {
+        dir.path().to_path_buf()
+    };
+    let mut nemesis = nemesis::Nemesis::start(cp, &dir_path, began).await;
     workload::install(&admin).await;
     let (tally, churn) = workload::start(admin.clone(), seed, began);
 
