@@ -300,14 +300,18 @@ impl Nemesis {
             Rule::new(None, "/leases", Action::Forward),
             "Lease writes pass".into(),
         );
+        // A podCIDR write is the one to catch: it is what two leaders can give twice.
+        let nodes = Rule::new(Some(Method::PATCH), "/api/v1/nodes/", action.clone()).times(20);
+        let what = format!("every node PATCH answered 500, landing {after:?} later");
+        self.add_rule(i, nodes, what);
         for method in [Method::PATCH, Method::PUT, Method::POST, Method::DELETE] {
             let rule = Rule::new(Some(method.clone()), "", action.clone()).times(20);
             let what = format!("every {method} answered 500, landing {after:?} later");
             self.add_rule(i, rule, what);
         }
-        // Strike once a write is on its way (or after a few seconds without one).
-        let deadline = Instant::now() + Duration::from_secs(rng.between(1, 8));
-        let caught = |slot: &Slot| slot.rules[first + 1..].iter().any(|(_, r)| r.matched() > 0);
+        // Strike once a podCIDR write is on its way (or after some seconds without one).
+        let deadline = Instant::now() + Duration::from_secs(rng.between(1, 15));
+        let caught = |slot: &Slot| slot.rules[first + 1].1.matched() > 0;
         while Instant::now() < deadline && !caught(&self.slots[i]) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

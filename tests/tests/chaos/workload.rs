@@ -20,11 +20,11 @@ use crate::support::{family, node, spec};
 
 /// The label that says which config (or the pool) serves a node.
 pub const GROUP: &str = "chaos.nodeipam.io/group";
-/// At most this many nodes of a group exist at once.
-const PER_GROUP: usize = 12;
+/// At most this many nodes of a group exist at once: a few more than ca and cb can serve, so
+/// new nodes get a block at once when one is free and wait for one otherwise.
+const PER_GROUP: usize = 6;
 /// The configs the workload switches off and on: (name, first range). /28 blocks, 4 a range,
-/// for up to 12 nodes each: nodes wait for the blocks of nodes that leave, so a new leader
-/// and its predecessor may well give the same block to different nodes.
+/// for up to [`PER_GROUP`] nodes each.
 pub const CONFIGS: [(&str, &str); 2] = [("ca", "10.10.0.0/26"), ("cb", "10.20.0.0/26")];
 /// How many nodes of each group can hold a block at once: ca, cb, the pool.
 const CAPACITY: [usize; 3] = [4, 4, 8];
