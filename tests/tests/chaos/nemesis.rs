@@ -216,8 +216,8 @@ impl Nemesis {
             24..38 => self.fail_and_land_later(i, rng),
             38..47 => self.throttle(i, rng),
             47..58 => self.hold(i, rng),
-            58..84 => self.depose_mid_write(i, rng).await,
-            84..94 => self.delete_lease().await,
+            58..88 => self.depose_mid_write(i, rng).await,
+            88..94 => self.delete_lease().await,
             _ => self.restart_apiserver().await,
         }
     }
@@ -326,6 +326,11 @@ impl Nemesis {
             self.kill(i, rng).await;
         } else {
             self.freeze(i, rng);
+        }
+        // What was caught still lands late; what the replica sends next goes through, so
+        // that it can lead again (a replica that can write nothing stalls the whole run).
+        for (_, rule) in self.slots[i].rules.drain(first..) {
+            rule.remove();
         }
     }
 
