@@ -106,7 +106,7 @@ async fn churn(admin: &Client, rng: &mut Rng, tally: &Mutex<Tally>) -> Option<St
     let result = match roll {
         0..45 => create_nodes(admin, rng, tally).await,
         45..85 => delete_node(admin, rng, tally).await,
-        85..95 => toggle(admin, rng).await,
+        85..97 => toggle(admin, rng).await,
         _ => replace_cb(admin, tally).await,
     };
     let mut t = tally.lock().expect("tally");
@@ -223,8 +223,11 @@ async fn toggle(admin: &Client, rng: &mut Rng) -> Result<Option<String>, kube::E
     let Some(cfg) = api.get_opt(name).await? else {
         return Ok(None);
     };
+    // Off now and then, on again soon: a config switched off serves nobody, and a run whose
+    // configs are mostly off tries the writers little.
     let next = match cfg.spec.allocation {
-        Allocation::Enabled => Allocation::Disabled,
+        Allocation::Enabled if rng.below(3) == 0 => Allocation::Disabled,
+        Allocation::Enabled => return Ok(None),
         Allocation::Disabled => Allocation::Enabled,
     };
     let patch = serde_json::json!({ "spec": { "allocation": next } });
