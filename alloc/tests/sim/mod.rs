@@ -6,6 +6,7 @@
 pub mod leadership;
 pub mod world;
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
@@ -77,6 +78,10 @@ pub enum User {
     },
     /// Toggles the config created last.
     ToggleNewest,
+    /// Deletes the config created last.
+    DeleteNewest,
+    /// Creates again, as a new object, the config (not a pool's child) that went last.
+    CreateAgain,
     SetService {
         name: u8,
         menu: u8,
@@ -1409,6 +1414,17 @@ impl Sim {
                     self.world.delete_config(&name, self.wall);
                 }
             }
+            User::DeleteNewest => {
+                let newest = self
+                    .world
+                    .configs
+                    .values()
+                    .min_by_key(|c| Reverse(order(c)));
+                if let Some(name) = newest.and_then(|c| c.metadata.name.clone()) {
+                    self.world.delete_config(&name, self.wall);
+                }
+            }
+            User::CreateAgain => self.create_again(),
             User::ToggleConfig { .. } | User::ToggleNewest => {
                 let chosen = match u {
                     User::ToggleConfig { pick: i } => pick(self.world.configs.len(), *i),
@@ -1489,6 +1505,23 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// The config that went last, created again under its name: a new object (a new UID)
+    /// with the same spec.
+    fn create_again(&mut self) {
+        let Some(gone) = self.world.last_gone.clone() else {
+            return;
+        };
+        let name = gone.metadata.name.clone().unwrap_or_default();
+        if self.world.configs.contains_key(&name) || controller_uid(&gone).is_some() {
+            return;
+        }
+        let mut c = NodeIPAMConfig::new(&name, gone.spec.clone());
+        c.metadata.uid = Some(self.world.uid("config"));
+        c.metadata.generation = Some(1);
+        c.metadata.creation_timestamp = Some(world::time(self.wall));
+        self.world.put_config(c);
     }
 
     /// A hand edit of output `i`: a ConfigMap replaced by one that holds nothing of ours, or
@@ -1909,6 +1942,16 @@ impl Sim {
             .get(node)
             .map(|n| n.cidrs.clone())
             .unwrap_or_default()
+    }
+
+    /// The leader's config jobs not yet written, in the order `Action::ConfigJob` picks them.
+    pub fn config_jobs(&self) -> &[ConfigJob] {
+        &self.procs[self.leader()].config_jobs
+    }
+
+    /// The config `name` as the API server holds it.
+    pub fn config(&self, name: &str) -> Option<&NodeIPAMConfig> {
+        self.world.configs.get(name)
     }
 
     fn quiet(&self, l: usize) -> bool {
@@ -2434,9 +2477,13 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
             _ => Action::User(user(&mut rng)),
         };
         let created = matches!(action, Action::User(User::CreateConfig { .. }));
+        let deleted = matches!(action, Action::User(User::DeleteConfig { .. }));
         actions.push(action);
         if created && rng.chance(25) {
             actions.extend(deposed_mid_toggle(&mut rng, &all_streams));
+        }
+        if deleted && rng.chance(25) {
+            actions.extend(released_then_created_again(&mut rng, &all_streams));
         }
     }
     actions.truncate(steps);
@@ -2451,31 +2498,7 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
 fn deposed_mid_toggle(rng: &mut Rng, streams: &[Stream]) -> Vec<Action> {
     let mut out = Vec::new();
     let work = |rng: &mut Rng, out: &mut Vec<Action>, rounds: usize| {
-        for _ in 0..rounds {
-            for stream in streams {
-                out.push(Action::Deliver {
-                    proc: 0,
-                    stream: *stream,
-                });
-            }
-            let pick = rng.byte();
-            out.push(Action::Answer { proc: 0, pick });
-            out.push(Action::Write {
-                proc: 0,
-                pick,
-                fault: WriteFault::None,
-            });
-            out.push(Action::ConfigJob {
-                proc: 0,
-                pick,
-                fail: false,
-                late: false,
-            });
-            out.push(Action::Tick {
-                proc: 0,
-                advance_ms: 1_100,
-            });
-        }
+        work(rng, out, streams, rounds);
     };
     let publish = |late: Option<u8>| Action::Publish {
         proc: 0,
@@ -2509,6 +2532,66 @@ fn deposed_mid_toggle(rng: &mut Rng, streams: &[Stream]) -> Vec<Action> {
     // A list delivers one object a step: enough rounds for the successor's lists.
     work(rng, &mut out, 14);
     out
+}
+
+/// A config just deleted: its release (our finalizer's removal) may be left stuck, the leader
+/// may be deposed, then the config is created again under its name (a new object), a node
+/// gets a block of it and it is deleted in turn; the stuck removal may land at any step after
+/// (each step checks what it would do).
+fn released_then_created_again(rng: &mut Rng, streams: &[Stream]) -> Vec<Action> {
+    let mut out = Vec::new();
+    for _ in 0..4 {
+        work(rng, &mut out, streams, 1);
+        out.push(Action::ConfigJob {
+            proc: 0,
+            pick: rng.byte(),
+            fail: false,
+            late: true,
+        });
+    }
+    if rng.chance(50) {
+        out.extend([Action::Failover, Action::StartLeader]);
+    }
+    work(rng, &mut out, streams, 6);
+    out.push(Action::User(User::CreateAgain));
+    out.push(Action::User(User::CreateNode {
+        name: rng.byte(),
+        pool_b: rng.chance(30),
+    }));
+    work(rng, &mut out, streams, 10);
+    out.push(Action::User(User::DeleteNewest));
+    work(rng, &mut out, streams, 3);
+    out
+}
+
+/// Rounds of the leader at work: every stream delivered, an answer, a write and a config job
+/// carried out, a tick.
+fn work(rng: &mut Rng, out: &mut Vec<Action>, streams: &[Stream], rounds: usize) {
+    for _ in 0..rounds {
+        for stream in streams {
+            out.push(Action::Deliver {
+                proc: 0,
+                stream: *stream,
+            });
+        }
+        let pick = rng.byte();
+        out.push(Action::Answer { proc: 0, pick });
+        out.push(Action::Write {
+            proc: 0,
+            pick,
+            fault: WriteFault::None,
+        });
+        out.push(Action::ConfigJob {
+            proc: 0,
+            pick,
+            fail: false,
+            late: false,
+        });
+        out.push(Action::Tick {
+            proc: 0,
+            advance_ms: 1_100,
+        });
+    }
 }
 
 fn user(rng: &mut Rng) -> User {

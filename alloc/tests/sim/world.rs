@@ -117,6 +117,8 @@ pub struct World {
     pub output_tampered: Vec<bool>,
     /// A status edited by the user and not written by a controller since.
     pub status_tampered: BTreeMap<String, bool>,
+    /// The config that went last (`User::CreateAgain` makes it anew).
+    pub last_gone: Option<NodeIPAMConfig>,
 }
 
 impl World {
@@ -268,10 +270,17 @@ impl World {
                 self.put_config(c);
             }
         } else {
-            self.configs.remove(name);
-            self.config_ranges.remove(name);
-            self.changes.push(Change::Config(Watch::Deleted(c)));
+            self.remove_config(c);
         }
+    }
+
+    /// The config goes (no finalizer holds it).
+    fn remove_config(&mut self, c: NodeIPAMConfig) {
+        let name = c.metadata.name.clone().unwrap_or_default();
+        self.configs.remove(&name);
+        self.config_ranges.remove(&name);
+        self.changes.push(Change::Config(Watch::Deleted(c.clone())));
+        self.last_gone = Some(c);
     }
 
     /// A controller's JSON patch of a config's finalizers (`config_writer.rs edit_finalizers`),
@@ -303,10 +312,7 @@ impl World {
             return Ok(None);
         }
         if after.is_empty() && deleting {
-            self.configs.remove(name);
-            self.config_ranges.remove(name);
-            self.changes
-                .push(Change::Config(Watch::Deleted(patched.clone())));
+            self.remove_config(patched.clone());
             return Ok(Some(patched));
         }
         self.put_config(patched);
