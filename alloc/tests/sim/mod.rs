@@ -2478,12 +2478,16 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
         };
         let created = matches!(action, Action::User(User::CreateConfig { .. }));
         let deleted = matches!(action, Action::User(User::DeleteConfig { .. }));
+        let pooled = matches!(action, Action::User(User::CreatePool { .. }));
         actions.push(action);
         if created && rng.chance(25) {
             actions.extend(deposed_mid_toggle(&mut rng, &all_streams));
         }
         if deleted && rng.chance(25) {
             actions.extend(released_then_created_again(&mut rng, &all_streams));
+        }
+        if pooled && rng.chance(25) {
+            actions.extend(retired_then_used(&mut rng, &all_streams));
         }
     }
     actions.truncate(steps);
@@ -2561,6 +2565,52 @@ fn released_then_created_again(rng: &mut Rng, streams: &[Stream]) -> Vec<Action>
     work(rng, &mut out, streams, 10);
     out.push(Action::User(User::DeleteNewest));
     work(rng, &mut out, streams, 3);
+    out
+}
+
+/// A pool just created: its children are carved, then left empty past emptyFor; the pool's
+/// writes (a retiring child's delete among them) may be left stuck, the leader may be deposed,
+/// and nodes arrive that the children serve; the stuck writes may land at any step after (each
+/// step checks what they would do).
+fn retired_then_used(rng: &mut Rng, streams: &[Stream]) -> Vec<Action> {
+    let mut out = Vec::new();
+    let pool_job = |rng: &mut Rng, fault| Action::PoolJob {
+        proc: 0,
+        pick: rng.byte(),
+        fault,
+    };
+    for _ in 0..6 {
+        work(rng, &mut out, streams, 1);
+        out.push(pool_job(rng, PoolFault::None));
+    }
+    out.push(Action::Tick {
+        proc: 0,
+        advance_ms: 61_000,
+    });
+    for _ in 0..3 {
+        work(rng, &mut out, streams, 1);
+        out.push(pool_job(rng, PoolFault::Stuck));
+    }
+    if rng.chance(50) {
+        out.extend([Action::Failover, Action::StartLeader]);
+    }
+    for _ in 0..2 {
+        out.push(Action::User(User::CreateNode {
+            name: rng.byte(),
+            pool_b: rng.chance(50),
+        }));
+    }
+    for _ in 0..12 {
+        work(rng, &mut out, streams, 1);
+        out.push(pool_job(rng, PoolFault::None));
+        out.push(Action::Publish {
+            proc: 0,
+            fail_first: false,
+            fail_second: false,
+            fail_pools: None,
+            late: None,
+        });
+    }
     out
 }
 
