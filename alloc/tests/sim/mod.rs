@@ -6,6 +6,7 @@
 pub mod leadership;
 pub mod world;
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
@@ -77,6 +78,10 @@ pub enum User {
     },
     /// Toggles the config created last.
     ToggleNewest,
+    /// Deletes the config created last.
+    DeleteNewest,
+    /// Creates again, as a new object, the config (not a pool's child) that went last.
+    CreateAgain,
     SetService {
         name: u8,
         menu: u8,
@@ -111,6 +116,9 @@ pub enum PoolFault {
     Failed,
     /// It landed but the answer was lost.
     LandedUnanswered,
+    /// Sent and not answered: it may land at any later step (`Sent`). A create or delete is
+    /// answered as failed; a status stays queued (the writer retries it).
+    Stuck,
 }
 
 /// What a pool asked the driver for.
@@ -130,7 +138,8 @@ enum PoolJob {
 
 /// A write other than a podCIDR one, sent and not answered (500 or a timeout): it may still
 /// land at any later step (`Action::LandSent`), even after a successor started. Only the
-/// precondition it was sent with (`fence`) can stop it.
+/// precondition it was sent with (`fence`, or what the real writer tests) can stop it; each is
+/// landed through the model API server as the writer sends it, even when it is answered.
 #[derive(Clone, Debug)]
 enum Sent {
     Status {
@@ -148,6 +157,63 @@ enum Sent {
         name: String,
         at: (Option<String>, Option<String>),
     },
+    /// Our finalizer added or removed: the JSON patch `finalizer_patch` made from the read.
+    Finalizers {
+        name: String,
+        patch: serde_json::Value,
+    },
+    /// A pool's child: created by its deterministic name.
+    Create(ChildConfig),
+    /// A pool's child deleted at the UID and resourceVersion read just before.
+    ChildDelete {
+        name: String,
+        at: (Option<String>, Option<String>),
+    },
+    PoolStatus {
+        name: String,
+        uid: Option<String>,
+        status: PoolStatus,
+    },
+}
+
+/// The finalizer patch `config_writer.rs edit_finalizers` sends after its GET, or none when
+/// it sends nothing: the test of the resourceVersion it read (and of the UID, for a removal),
+/// then our finalizer added or taken off by its index.
+fn finalizer_patch(
+    world: &World,
+    name: &str,
+    add: bool,
+    uid: Option<&str>,
+) -> Option<serde_json::Value> {
+    use serde_json::json;
+    let current = world.configs.get(name)?;
+    if uid.is_some() && current.metadata.uid.as_deref() != uid {
+        return None;
+    }
+    let finalizers = current.metadata.finalizers.clone().unwrap_or_default();
+    let index = finalizers.iter().position(|f| f == nodeipam_crd::FINALIZER);
+    let rv = current
+        .metadata
+        .resource_version
+        .clone()
+        .unwrap_or_default();
+    let mut ops = vec![json!({ "op": "test", "path": "/metadata/resourceVersion", "value": rv })];
+    if let Some(uid) = uid {
+        ops.push(json!({ "op": "test", "path": "/metadata/uid", "value": uid }));
+    }
+    let deleting = current.metadata.deletion_timestamp.is_some();
+    ops.push(match (add, index) {
+        (true, Some(_)) | (false, None) => return None,
+        (true, None) if deleting => return None,
+        (true, None) if finalizers.is_empty() => {
+            json!({ "op": "add", "path": "/metadata/finalizers", "value": [nodeipam_crd::FINALIZER] })
+        }
+        (true, None) => {
+            json!({ "op": "add", "path": "/metadata/finalizers/-", "value": nodeipam_crd::FINALIZER })
+        }
+        (false, Some(i)) => json!({ "op": "remove", "path": format!("/metadata/finalizers/{i}") }),
+    });
+    Some(serde_json::Value::Array(ops))
 }
 
 /// One publish's writes, sent as the publisher sends them: each at the precondition
@@ -179,7 +245,7 @@ impl Writer {
                 send,
             } => world.send_object(index, &name, *object, &send),
             Sent::Delete { index, name, at } => world.delete_object_at(index, &name, at),
-            Sent::Status { .. } => unreachable!("a publish writes no status"),
+            _ => unreachable!("a publish writes only outputs"),
         }
     }
 
@@ -301,8 +367,8 @@ pub enum Action {
         proc: u8,
         pick: u8,
         fail: bool,
-        /// A status write is sent and left unanswered: it stays queued (the writer retries)
-        /// and may land later (`Sent`).
+        /// The write (a status, a finalizer's add or removal) is sent and left unanswered: it
+        /// stays queued (the writer retries) and may land later (`Sent`).
         #[serde(default)]
         late: bool,
     },
@@ -744,7 +810,7 @@ impl Sim {
                     if !sent.is_empty() {
                         let write = sent.remove(*pick as usize % sent.len());
                         // Nobody waits for the answer any more: its precondition decides.
-                        self.land(write);
+                        self.land(write)?;
                     }
                 }
             }
@@ -834,21 +900,72 @@ impl Sim {
     fn check_if_stuck_writes_land(&mut self) -> Result<(), Violation> {
         let stuck: Vec<Sent> = self.procs.iter().flat_map(|p| p.sent.clone()).collect();
         for write in stuck {
-            let what = format!("{write:?}");
+            if self.refused_now(&write) {
+                continue;
+            }
             let saved = self.world.clone();
-            self.land(write);
-            let checked = self.check_published().and_then(|()| self.check_drained());
+            let checked = self.land(write.clone()).and_then(|()| {
+                self.check_published()?;
+                self.check_drained()?;
+                self.check_blocks_have_a_config()?;
+                self.check_pools()
+            });
             self.world = saved;
             checked.map_err(|v| Violation {
                 rule: v.rule,
                 detail: format!(
                     "{} if this stuck write landed now: {}",
                     v.detail,
-                    brief(&what)
+                    brief(&format!("{write:?}"))
                 ),
             })?;
         }
         Ok(())
+    }
+
+    /// Whether the API server would refuse `write` now, by a precondition it carries that
+    /// no longer holds (its object gone, replaced or written since): then it changes nothing,
+    /// and no copy of the world is needed to know. Only what is sure; the rest is landed.
+    fn refused_now(&self, write: &Sent) -> bool {
+        let moved = |want: &Option<String>, have: &Option<String>| want.is_some() && want != have;
+        let configs = &self.world.configs;
+        match write {
+            Sent::Finalizers { name, patch } => configs.get(name).is_none_or(|c| {
+                let rv = c.metadata.resource_version.as_deref().unwrap_or_default();
+                patch.as_array().into_iter().flatten().any(|op| {
+                    op["op"] == "test"
+                        && op["path"] == "/metadata/resourceVersion"
+                        && op["value"] != rv
+                })
+            }),
+            Sent::ChildDelete { name, at } => configs.get(name).is_none_or(|c| {
+                moved(&at.0, &c.metadata.uid) || moved(&at.1, &c.metadata.resource_version)
+            }),
+            Sent::Create(child) => configs.contains_key(&child.name),
+            Sent::Delete { index, name, at } => {
+                self.world.outputs[*index].get(name).is_none_or(|o| {
+                    moved(&at.0, &o.metadata.uid) || moved(&at.1, &o.metadata.resource_version)
+                })
+            }
+            Sent::Object {
+                index, name, send, ..
+            } => {
+                let have = self.world.outputs[*index].get(name);
+                match send {
+                    Send::Create => have.is_some(),
+                    Send::At {
+                        resource_version: Some(v),
+                    } => have.is_none_or(|o| o.metadata.resource_version.as_ref() != Some(v)),
+                    _ => false,
+                }
+            }
+            Sent::Status { name, .. } => !configs.contains_key(name),
+            Sent::PoolStatus { name, uid, .. } => self
+                .world
+                .pools
+                .get(name)
+                .is_none_or(|p| moved(uid, &p.metadata.uid)),
+        }
     }
 
     /// What the pool checks need of the history: when each child last held a block, the
@@ -1011,102 +1128,173 @@ impl Sim {
     }
 
     fn config_job(&mut self, p: usize, pick: u8, fail: bool, late: bool) -> Result<(), Violation> {
-        let proc = &mut self.procs[p];
+        let proc = &self.procs[p];
         if proc.config_jobs.is_empty() {
             return Ok(());
         }
         let i = pick as usize % proc.config_jobs.len();
-        if late && let ConfigJob::Status { name, uid, status } = &proc.config_jobs[i] {
-            // Sent, unanswered: it stays queued, and may land later all the same.
-            let patch = fence::status_patch(uid.as_deref(), status);
-            let name = name.clone();
-            proc.sent.push(Sent::Status { name, patch });
+        if late {
+            // Sent, unanswered: it stays queued (the writer retries it), and may land later
+            // all the same.
+            if let Some(write) = self.config_write(&proc.config_jobs[i]) {
+                self.procs[p].sent.push(write);
+            }
             return Ok(());
         }
-        if fail || late {
+        if fail {
             // A failed write stays queued: the config writer retries it.
             return Ok(());
         }
-        let job = proc.config_jobs.remove(i);
-        proc.answers.push(Input::ConfigWritten(job.clone()));
-        match job {
-            // Refused when its tests fail: the writer takes that as done (the config was
-            // created again or edited since), as `config_writer::write_status` does.
-            ConfigJob::Status { name, uid, status } => {
-                let patch = fence::status_patch(uid.as_deref(), &status);
-                self.world.patch_status(&name, &patch);
-            }
-            ConfigJob::AddFinalizer { name } => self.world.add_finalizer(&name),
-            ConfigJob::RemoveFinalizer { name, uid } => {
-                if let Some(gone) = self.world.remove_finalizer(&name, uid.as_deref()) {
-                    self.check_released(&gone)?;
-                }
-            }
+        let job = self.procs[p].config_jobs.remove(i);
+        self.procs[p]
+            .answers
+            .push(Input::ConfigWritten(job.clone()));
+        // Refused when its tests fail: the writer takes that as done (the config was created
+        // again or edited since), as `config_writer.rs` does.
+        match self.config_write(&job) {
+            Some(write) => self.land(write),
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    /// The pool writer: a child's create or delete, or a pool's status.
+    /// The write the config writer sends for `job` now (after its read, for a finalizer), if
+    /// any.
+    fn config_write(&self, job: &ConfigJob) -> Option<Sent> {
+        match job {
+            ConfigJob::Status { name, uid, status } => Some(Sent::Status {
+                name: name.clone(),
+                patch: fence::status_patch(uid.as_deref(), status),
+            }),
+            ConfigJob::AddFinalizer { name } => {
+                let patch = finalizer_patch(&self.world, name, true, None)?;
+                let name = name.clone();
+                Some(Sent::Finalizers { name, patch })
+            }
+            ConfigJob::RemoveFinalizer { name, uid } => {
+                let patch = finalizer_patch(&self.world, name, false, uid.as_deref())?;
+                let name = name.clone();
+                Some(Sent::Finalizers { name, patch })
+            }
+        }
+    }
+
+    /// The pool writer: a child's create or delete, or a pool's status. A stuck one is
+    /// answered as the writer answers a timeout, and may land later (`Sent`).
     fn pool_job(&mut self, p: usize, pick: u8, fault: PoolFault) {
         let proc = &mut self.procs[p];
         if proc.pool_jobs.is_empty() {
             return;
         }
         let job = proc.pool_jobs.remove(pick as usize % proc.pool_jobs.len());
-        let lands = fault != PoolFault::Failed;
-        let lost = |fault: PoolFault| match fault {
-            PoolFault::None => None,
-            PoolFault::Failed => Some("403 Forbidden".to_string()),
-            PoolFault::LandedUnanswered => Some("no answer within 10s".to_string()),
+        let write = self.pool_write(&job);
+        let answer = match (&write, fault) {
+            (Err(gone), _) => Ok(gone.clone()),
+            (Ok(_), PoolFault::Failed) => Err("403 Forbidden".to_string()),
+            (Ok(write), PoolFault::Stuck) => {
+                self.procs[p].sent.push(write.clone());
+                Err("no answer within 10s".to_string())
+            }
+            (Ok(write), _) => {
+                let landed = self.land_pool(write.clone());
+                match fault {
+                    PoolFault::LandedUnanswered => Err("no answer within 10s".to_string()),
+                    _ => Ok(landed),
+                }
+            }
         };
+        self.answer_pool(p, job, answer);
+    }
+
+    /// The write the pool writer sends for `job` now (a delete after its read), or the answer
+    /// it gives without one (a delete of a child gone or replaced).
+    fn pool_write(&self, job: &PoolJob) -> Result<Sent, Option<String>> {
+        Ok(match job {
+            PoolJob::Create(child) => Sent::Create(child.clone()),
+            PoolJob::Delete { name, uid } => {
+                let read = self.world.configs.get(name);
+                let read = read.filter(|c| uid.is_none() || c.metadata.uid == *uid);
+                let Some(read) = read else {
+                    return Err(Some(format!("404 NotFound: {name}")));
+                };
+                let at = (
+                    read.metadata.uid.clone(),
+                    read.metadata.resource_version.clone(),
+                );
+                Sent::ChildDelete {
+                    name: name.clone(),
+                    at,
+                }
+            }
+            PoolJob::Status { name, uid, status } => Sent::PoolStatus {
+                name: name.clone(),
+                uid: uid.clone(),
+                status: status.clone(),
+            },
+        })
+    }
+
+    /// A pool write lands now, if it can: `None`, or the API server's refusal.
+    fn land_pool(&mut self, write: Sent) -> Option<String> {
+        match write {
+            Sent::Create(child) => match self.world.create_config(child.object(), self.wall) {
+                CreateOutcome::Created => None,
+                CreateOutcome::AlreadyExists => Some("409 AlreadyExists".into()),
+                CreateOutcome::Failed(why) => Some(why),
+            },
+            Sent::ChildDelete { name, at } => {
+                self.world.delete_config_at(&name, at, self.wall).err()
+            }
+            Sent::PoolStatus { name, uid, status } => self
+                .world
+                .write_pool_status(&name, uid.as_deref(), status)
+                .err(),
+            _ => unreachable!("not a pool write"),
+        }
+    }
+
+    /// The pool writer's answer: `Ok` with the API server's refusal, if any (`None` also for
+    /// a delete it did not send, the child gone); `Err` when no answer came.
+    fn answer_pool(&mut self, p: usize, job: PoolJob, answer: Result<Option<String>, String>) {
+        let proc = &mut self.procs[p];
         match job {
-            PoolJob::Create(child) => {
-                let mut outcome = CreateOutcome::Failed(String::new());
-                if lands {
-                    outcome = self.world.create_config(child.object(), self.wall);
-                }
-                if let Some(why) = lost(fault) {
-                    outcome = CreateOutcome::Failed(why);
-                }
-                self.procs[p].answers.push(Input::ConfigCreated {
-                    config: child,
-                    outcome,
-                });
+            PoolJob::Create(config) => {
+                let outcome = match answer {
+                    Ok(None) => CreateOutcome::Created,
+                    Ok(Some(why)) if why.starts_with("409 AlreadyExists") => {
+                        CreateOutcome::AlreadyExists
+                    }
+                    Ok(Some(why)) | Err(why) => CreateOutcome::Failed(why),
+                };
+                proc.answers.push(Input::ConfigCreated { config, outcome });
             }
             PoolJob::Delete { name, uid } => {
-                let mut outcome = DeleteOutcome::Failed(String::new());
-                if lands {
-                    outcome = self
-                        .world
-                        .delete_config_uid(&name, uid.as_deref(), self.wall);
-                }
-                if let Some(why) = lost(fault) {
-                    outcome = DeleteOutcome::Failed(why);
-                }
-                self.procs[p]
-                    .answers
+                let outcome = match answer {
+                    Ok(None) => DeleteOutcome::Deleted,
+                    Ok(Some(why)) if why.starts_with("404") => DeleteOutcome::Gone,
+                    Ok(Some(why)) | Err(why) => DeleteOutcome::Failed(why),
+                };
+                proc.answers
                     .push(Input::ConfigDeleted { name, uid, outcome });
             }
             PoolJob::Status { name, uid, status } => {
-                if lands {
-                    self.world.write_pool_status(&name, uid.as_deref(), status);
-                } else {
-                    // The writer retries it, unless a newer status replaced it.
-                    let proc = &mut self.procs[p];
-                    let newer = proc
-                        .pool_jobs
-                        .iter()
-                        .any(|j| matches!(j, PoolJob::Status { name: n, .. } if *n == name));
-                    if !newer {
-                        proc.pool_jobs.push(PoolJob::Status { name, uid, status });
-                    }
+                if answer.is_ok() {
+                    return;
+                }
+                // The writer retries it, unless a newer status replaced it.
+                let newer = proc
+                    .pool_jobs
+                    .iter()
+                    .any(|j| matches!(j, PoolJob::Status { name: n, .. } if *n == name));
+                if !newer {
+                    proc.pool_jobs.push(PoolJob::Status { name, uid, status });
                 }
             }
         }
     }
 
-    /// A write of `Sent` lands, if its precondition still holds.
-    fn land(&mut self, write: Sent) {
+    /// A write of `Sent` lands, if its precondition still holds. A finalizer removal that
+    /// takes the config with it is checked as the config's release.
+    fn land(&mut self, write: Sent) -> Result<(), Violation> {
         let refused = match write {
             Sent::Status { name, patch } => (!self.world.patch_status(&name, &patch))
                 .then(|| format!("status of {name}: a test failed")),
@@ -1117,10 +1305,17 @@ impl Sim {
                 send,
             } => self.world.send_object(index, &name, *object, &send).err(),
             Sent::Delete { index, name, at } => self.world.delete_object_at(index, &name, at).err(),
+            Sent::Finalizers { name, patch } => match self.world.patch_finalizers(&name, &patch) {
+                Ok(Some(gone)) => return self.check_released(&gone),
+                Ok(None) => None,
+                Err(why) => Some(why),
+            },
+            pool => self.land_pool(pool),
         };
         if verbose() {
-            eprintln!("  a late write: {}", refused.as_deref().unwrap_or("lands"));
+            eprintln!("  a write: {}", refused.as_deref().unwrap_or("lands"));
         }
+        Ok(())
     }
 
     /// The publisher: our ConfigMap first, then ip-masq-agent's, then the Calico IPPools;
@@ -1266,6 +1461,17 @@ impl Sim {
                     self.world.delete_config(&name, self.wall);
                 }
             }
+            User::DeleteNewest => {
+                let newest = self
+                    .world
+                    .configs
+                    .values()
+                    .min_by_key(|c| Reverse(order(c)));
+                if let Some(name) = newest.and_then(|c| c.metadata.name.clone()) {
+                    self.world.delete_config(&name, self.wall);
+                }
+            }
+            User::CreateAgain => self.create_again(),
             User::ToggleConfig { .. } | User::ToggleNewest => {
                 let chosen = match u {
                     User::ToggleConfig { pick: i } => pick(self.world.configs.len(), *i),
@@ -1346,6 +1552,23 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// The config that went last, created again under its name: a new object (a new UID)
+    /// with the same spec.
+    fn create_again(&mut self) {
+        let Some(gone) = self.world.last_gone.clone() else {
+            return;
+        };
+        let name = gone.metadata.name.clone().unwrap_or_default();
+        if self.world.configs.contains_key(&name) || controller_uid(&gone).is_some() {
+            return;
+        }
+        let mut c = NodeIPAMConfig::new(&name, gone.spec.clone());
+        c.metadata.uid = Some(self.world.uid("config"));
+        c.metadata.generation = Some(1);
+        c.metadata.creation_timestamp = Some(world::time(self.wall));
+        self.world.put_config(c);
     }
 
     /// A hand edit of output `i`: a ConfigMap replaced by one that holds nothing of ours, or
@@ -1766,6 +1989,16 @@ impl Sim {
             .get(node)
             .map(|n| n.cidrs.clone())
             .unwrap_or_default()
+    }
+
+    /// The leader's config jobs not yet written, in the order `Action::ConfigJob` picks them.
+    pub fn config_jobs(&self) -> &[ConfigJob] {
+        &self.procs[self.leader()].config_jobs
+    }
+
+    /// The config `name` as the API server holds it.
+    pub fn config(&self, name: &str) -> Option<&NodeIPAMConfig> {
+        self.world.configs.get(name)
     }
 
     fn quiet(&self, l: usize) -> bool {
@@ -2205,6 +2438,10 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
         write_attempts: if seed % 2 == 1 { 1 } else { 3 },
     };
     let all_streams = streams(setup.outputs, true);
+    // One seed in four follows deleted configs and new pools with the late writes of their
+    // release and retirement, drawn from a second generator: the other seeds' schedules stay
+    // as they were (the seeds the mutations are found at stay meaningful).
+    let mut side = (seed % 4 == 3).then(|| Rng::new(seed ^ 0x005E_ED0F_1A7E));
     let mut actions = Vec::with_capacity(steps);
     if rng.chance(60) {
         actions.push(Action::User(User::CreatePool { menu: rng.byte() }));
@@ -2218,6 +2455,7 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
                 fault: match rng.below(10) {
                     0 => PoolFault::Failed,
                     1 => PoolFault::LandedUnanswered,
+                    2 => PoolFault::Stuck,
                     _ => PoolFault::None,
                 },
             },
@@ -2290,9 +2528,20 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
             _ => Action::User(user(&mut rng)),
         };
         let created = matches!(action, Action::User(User::CreateConfig { .. }));
+        let deleted = matches!(action, Action::User(User::DeleteConfig { .. }));
+        let pooled = matches!(action, Action::User(User::CreatePool { .. }));
         actions.push(action);
         if created && rng.chance(25) {
             actions.extend(deposed_mid_toggle(&mut rng, &all_streams));
+        }
+        if let Some(side) = side.as_mut().filter(|_| deleted || pooled)
+            && side.chance(50)
+        {
+            actions.extend(if deleted {
+                released_then_created_again(side, &all_streams)
+            } else {
+                retired_then_used(side, &all_streams)
+            });
         }
     }
     actions.truncate(steps);
@@ -2307,31 +2556,7 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
 fn deposed_mid_toggle(rng: &mut Rng, streams: &[Stream]) -> Vec<Action> {
     let mut out = Vec::new();
     let work = |rng: &mut Rng, out: &mut Vec<Action>, rounds: usize| {
-        for _ in 0..rounds {
-            for stream in streams {
-                out.push(Action::Deliver {
-                    proc: 0,
-                    stream: *stream,
-                });
-            }
-            let pick = rng.byte();
-            out.push(Action::Answer { proc: 0, pick });
-            out.push(Action::Write {
-                proc: 0,
-                pick,
-                fault: WriteFault::None,
-            });
-            out.push(Action::ConfigJob {
-                proc: 0,
-                pick,
-                fail: false,
-                late: false,
-            });
-            out.push(Action::Tick {
-                proc: 0,
-                advance_ms: 1_100,
-            });
-        }
+        work(rng, out, streams, rounds);
     };
     let publish = |late: Option<u8>| Action::Publish {
         proc: 0,
@@ -2365,6 +2590,112 @@ fn deposed_mid_toggle(rng: &mut Rng, streams: &[Stream]) -> Vec<Action> {
     // A list delivers one object a step: enough rounds for the successor's lists.
     work(rng, &mut out, 14);
     out
+}
+
+/// A config just deleted: its release (our finalizer's removal) may be left stuck, the leader
+/// may be deposed, then the config is created again under its name (a new object), a node
+/// gets a block of it and it is deleted in turn; the stuck removal may land at any step after
+/// (each step checks what it would do).
+fn released_then_created_again(rng: &mut Rng, streams: &[Stream]) -> Vec<Action> {
+    let mut out = Vec::new();
+    for _ in 0..4 {
+        work(rng, &mut out, streams, 1);
+        out.push(Action::ConfigJob {
+            proc: 0,
+            pick: rng.byte(),
+            fail: false,
+            late: true,
+        });
+    }
+    if rng.chance(50) {
+        out.extend([Action::Failover, Action::StartLeader]);
+    }
+    work(rng, &mut out, streams, 6);
+    out.push(Action::User(User::CreateAgain));
+    out.push(Action::User(User::CreateNode {
+        name: rng.byte(),
+        pool_b: rng.chance(30),
+    }));
+    work(rng, &mut out, streams, 10);
+    out.push(Action::User(User::DeleteNewest));
+    work(rng, &mut out, streams, 3);
+    out
+}
+
+/// A pool just created: its children are carved, then left empty past emptyFor; the pool's
+/// writes (a retiring child's delete among them) may be left stuck, the leader may be deposed,
+/// and nodes arrive that the children serve; the stuck writes may land at any step after (each
+/// step checks what they would do).
+fn retired_then_used(rng: &mut Rng, streams: &[Stream]) -> Vec<Action> {
+    let mut out = Vec::new();
+    let pool_job = |rng: &mut Rng, fault| Action::PoolJob {
+        proc: 0,
+        pick: rng.byte(),
+        fault,
+    };
+    for _ in 0..6 {
+        work(rng, &mut out, streams, 1);
+        out.push(pool_job(rng, PoolFault::None));
+    }
+    out.push(Action::Tick {
+        proc: 0,
+        advance_ms: 61_000,
+    });
+    for _ in 0..3 {
+        work(rng, &mut out, streams, 1);
+        out.push(pool_job(rng, PoolFault::Stuck));
+    }
+    if rng.chance(50) {
+        out.extend([Action::Failover, Action::StartLeader]);
+    }
+    for _ in 0..2 {
+        out.push(Action::User(User::CreateNode {
+            name: rng.byte(),
+            pool_b: rng.chance(50),
+        }));
+    }
+    for _ in 0..12 {
+        work(rng, &mut out, streams, 1);
+        out.push(pool_job(rng, PoolFault::None));
+        out.push(Action::Publish {
+            proc: 0,
+            fail_first: false,
+            fail_second: false,
+            fail_pools: None,
+            late: None,
+        });
+    }
+    out
+}
+
+/// Rounds of the leader at work: every stream delivered, an answer, a write and a config job
+/// carried out, a tick.
+fn work(rng: &mut Rng, out: &mut Vec<Action>, streams: &[Stream], rounds: usize) {
+    for _ in 0..rounds {
+        for stream in streams {
+            out.push(Action::Deliver {
+                proc: 0,
+                stream: *stream,
+            });
+        }
+        let pick = rng.byte();
+        out.push(Action::Answer { proc: 0, pick });
+        out.push(Action::Write {
+            proc: 0,
+            pick,
+            fault: WriteFault::None,
+        });
+        out.push(Action::ConfigJob {
+            proc: 0,
+            pick,
+            fail: false,
+            late: false,
+        });
+        out.push(Action::Tick {
+            proc: 0,
+            advance_ms: 1_100,
+        });
+    }
 }
 
 fn user(rng: &mut Rng) -> User {

@@ -1,6 +1,7 @@
 //! The model API server: Nodes, NodeIPAMConfigs, ServiceCIDRs and the outputs (the published
-//! ConfigMaps and Calico IPPools, one object per range), with UIDs, UID preconditions, podCIDRs immutable once set, finalizers and deletion, and the
-//! status subresource. Every change becomes a watch event for each subscribed process.
+//! ConfigMaps and Calico IPPools, one object per range), with UIDs, resourceVersions,
+//! preconditions, podCIDRs immutable once set, finalizers and deletion, and the status
+//! subresource. Every change becomes a watch event for each subscribed process.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +9,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube_core::DynamicObject;
-use nodeipam_alloc::effects::{CreateOutcome, DeleteOutcome};
+use nodeipam_alloc::effects::CreateOutcome;
 use nodeipam_alloc::fence::Send;
 use nodeipam_alloc::fixtures;
 use nodeipam_alloc::machine::Input;
@@ -18,7 +19,7 @@ use nodeipam_alloc::outcome::NodeNow;
 use nodeipam_alloc::outputs::CalicoPools;
 use nodeipam_alloc::podnetwork::{ConfigMapRef, OutputKind, OutputRef};
 use nodeipam_alloc::pool::{PoolInput, PoolStatus, pool_input};
-use nodeipam_crd::{FINALIZER, NodeIPAMConfig, NodeIPAMPool};
+use nodeipam_crd::{NodeIPAMConfig, NodeIPAMPool};
 
 /// A watch stream of one process.
 #[derive(
@@ -116,6 +117,8 @@ pub struct World {
     pub output_tampered: Vec<bool>,
     /// A status edited by the user and not written by a controller since.
     pub status_tampered: BTreeMap<String, bool>,
+    /// The config that went last (`User::CreateAgain` makes it anew).
+    pub last_gone: Option<NodeIPAMConfig>,
 }
 
 impl World {
@@ -235,7 +238,11 @@ impl World {
 
     // ----- configs -----
 
-    pub fn put_config(&mut self, config: NodeIPAMConfig) {
+    /// Every write moves the config's resourceVersion (as etcd's revision does): the finalizer
+    /// patches test it.
+    pub fn put_config(&mut self, mut config: NodeIPAMConfig) {
+        self.versions += 1;
+        config.metadata.resource_version = Some(self.versions.to_string());
         let name = config.metadata.name.clone().unwrap_or_default();
         self.changes
             .push(Change::Config(Watch::Applied(config.clone())));
@@ -263,46 +270,53 @@ impl World {
                 self.put_config(c);
             }
         } else {
-            self.configs.remove(name);
-            self.config_ranges.remove(name);
-            self.changes.push(Change::Config(Watch::Deleted(c)));
+            self.remove_config(c);
         }
     }
 
-    pub fn add_finalizer(&mut self, name: &str) {
-        let Some(mut c) = self.configs.get(name).cloned() else {
-            return;
-        };
-        let finalizers = c.metadata.finalizers.get_or_insert_with(Vec::new);
-        // The API server refuses new finalizers on an object being deleted.
-        if c.metadata.deletion_timestamp.is_some() || finalizers.iter().any(|f| f == FINALIZER) {
-            return;
-        }
-        finalizers.push(FINALIZER.into());
-        self.put_config(c);
+    /// The config goes (no finalizer holds it).
+    fn remove_config(&mut self, c: NodeIPAMConfig) {
+        let name = c.metadata.name.clone().unwrap_or_default();
+        self.configs.remove(&name);
+        self.config_ranges.remove(&name);
+        self.changes.push(Change::Config(Watch::Deleted(c.clone())));
+        self.last_gone = Some(c);
     }
 
-    /// Removes our finalizer from the object `uid` only; the last finalizer of an object being
-    /// deleted takes the object with it. Returns the removed object, if it went.
-    pub fn remove_finalizer(&mut self, name: &str, uid: Option<&str>) -> Option<NodeIPAMConfig> {
-        let mut c = self.configs.get(name).cloned()?;
-        if uid.is_some() && c.metadata.uid.as_deref() != uid {
-            return None;
+    /// A controller's JSON patch of a config's finalizers (`config_writer.rs edit_finalizers`),
+    /// applied to the object as the API server would: its tests (the resourceVersion read just
+    /// before, the UID) decide whether it lands. A new finalizer on an object being deleted is
+    /// refused; the last one taken off it takes the object. `Ok(Some)`: the object went.
+    pub fn patch_finalizers(
+        &mut self,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<Option<NodeIPAMConfig>, String> {
+        let c = self
+            .configs
+            .get(name)
+            .ok_or(format!("404 NotFound: {name}"))?;
+        let mut doc = serde_json::to_value(c).expect("a config serializes");
+        let ops: json_patch::Patch = serde_json::from_value(patch.clone()).expect("our own patch");
+        json_patch::patch(&mut doc, &ops).map_err(|e| format!("422 Invalid: {name}: {e}"))?;
+        let patched: NodeIPAMConfig = serde_json::from_value(doc).expect("a patched config");
+        let before = c.metadata.finalizers.clone().unwrap_or_default();
+        let after = patched.metadata.finalizers.clone().unwrap_or_default();
+        let deleting = c.metadata.deletion_timestamp.is_some();
+        if deleting && after.iter().any(|f| !before.contains(f)) {
+            return Err(format!(
+                "403 Forbidden: {name} is being deleted: no new finalizers"
+            ));
         }
-        let finalizers = c.metadata.finalizers.get_or_insert_with(Vec::new);
-        let before = finalizers.len();
-        finalizers.retain(|f| f != FINALIZER);
-        if finalizers.len() == before {
-            return None;
+        if after == before {
+            return Ok(None);
         }
-        if finalizers.is_empty() && c.metadata.deletion_timestamp.is_some() {
-            self.configs.remove(name);
-            self.config_ranges.remove(name);
-            self.changes.push(Change::Config(Watch::Deleted(c.clone())));
-            return Some(c);
+        if after.is_empty() && deleting {
+            self.remove_config(patched.clone());
+            return Ok(Some(patched));
         }
-        self.put_config(c);
-        None
+        self.put_config(patched);
+        Ok(None)
     }
 
     /// The status subresource, written by the controller's JSON patch (`fence::status_patch`):
@@ -379,16 +393,24 @@ impl World {
         CreateOutcome::Created
     }
 
-    /// A delete with the UID precondition.
-    pub fn delete_config_uid(&mut self, name: &str, uid: Option<&str>, now: i64) -> DeleteOutcome {
-        let Some(c) = self.configs.get(name) else {
-            return DeleteOutcome::Gone;
-        };
-        if uid.is_some() && c.metadata.uid.as_deref() != uid {
-            return DeleteOutcome::Gone;
+    /// A controller's delete with the UID and resourceVersion preconditions
+    /// (`pool_writer.rs delete`, at the version it read just before).
+    pub fn delete_config_at(
+        &mut self,
+        name: &str,
+        (uid, version): (Option<String>, Option<String>),
+        now: i64,
+    ) -> Result<(), String> {
+        let c = self
+            .configs
+            .get(name)
+            .ok_or(format!("404 NotFound: {name}"))?;
+        let moved = |want: &Option<String>, have: &Option<String>| want.is_some() && want != have;
+        if moved(&uid, &c.metadata.uid) || moved(&version, &c.metadata.resource_version) {
+            return Err(format!("409 Conflict: {name}: precondition failed"));
         }
         self.delete_config(name, now);
-        DeleteOutcome::Deleted
+        Ok(())
     }
 
     // ----- pools -----
@@ -419,19 +441,26 @@ impl World {
         }
     }
 
-    /// The pool status subresource, with the UID precondition.
-    pub fn write_pool_status(&mut self, name: &str, uid: Option<&str>, status: PoolStatus) {
-        let Some(mut p) = self.pools.get(name).cloned() else {
-            return;
-        };
+    /// The pool status subresource, with the UID precondition. `Err`: the API server's refusal.
+    pub fn write_pool_status(
+        &mut self,
+        name: &str,
+        uid: Option<&str>,
+        status: PoolStatus,
+    ) -> Result<(), String> {
+        let mut p = self
+            .pools
+            .get(name)
+            .cloned()
+            .ok_or(format!("404 NotFound: {name}"))?;
         if uid.is_some() && p.metadata.uid.as_deref() != uid {
-            return;
+            return Err(format!("422 Invalid: {name}: the UID test failed"));
         }
-        if p.status.as_ref() == Some(&status) {
-            return;
+        if p.status.as_ref() != Some(&status) {
+            p.status = Some(status);
+            self.put_pool(p);
         }
-        p.status = Some(status);
-        self.put_pool(p);
+        Ok(())
     }
 
     // ----- services and outputs -----
