@@ -17,6 +17,12 @@ use std::time::{Duration, Instant};
 
 use sim::{Action, Setup, Sim, User, generate, run, run_traced, shrink};
 
+/// Takes one step of a directed test; a broken invariant fails the test, naming the step.
+fn act(sim: &mut Sim, action: Action) {
+    sim.act(&action)
+        .unwrap_or_else(|v| panic!("at {action:?}: {v}"));
+}
+
 const STEPS: usize = 400;
 /// The seeds CI runs (about five minutes on one core of a shared 2-core machine).
 const SCHEDULES: u64 = 6000;
@@ -116,10 +122,6 @@ fn a_successor_relies_on_no_output_until_its_own_publish_moved_it() {
         service_flag: false,
         write_attempts: 3,
     });
-    let act = |sim: &mut Sim, action: Action| {
-        sim.act(&action)
-            .unwrap_or_else(|v| panic!("at {action:?}: {v}"))
-    };
     act(&mut sim, Action::User(User::CreateConfig { menu: 0 }));
     sim.settle(true).unwrap();
     act(&mut sim, Action::User(User::ToggleConfig { pick: 0 }));
@@ -171,10 +173,6 @@ fn a_stuck_finalizer_removal_never_releases_a_config_created_again() {
         service_flag: false,
         write_attempts: 3,
     });
-    let act = |sim: &mut Sim, action: Action| {
-        sim.act(&action)
-            .unwrap_or_else(|v| panic!("at {action:?}: {v}"))
-    };
     act(&mut sim, Action::User(User::CreateConfig { menu: 0 }));
     sim.settle(true).unwrap();
     act(&mut sim, Action::User(User::DeleteConfig { pick: 0 }));
