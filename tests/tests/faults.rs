@@ -759,9 +759,10 @@ async fn a_leak_that_ends_is_no_longer_counted() {
     pair.stop().await;
 }
 
-/// A replica that starts while the API server fails its Lease create (500, the third one
-/// landing a moment later anyway, and a 429) keeps asking instead of exiting, then leads and
-/// serves: a blip of the API server during a rolling update must not crash-loop the pods.
+/// A replica that starts while the API server fails its Lease create (a 500, a 429, a 403 as
+/// from an API server whose RBAC cache is not yet filled, and a 500 that lands a moment later
+/// anyway) keeps asking instead of exiting, then leads and serves: a blip of the API server
+/// during a rolling update must not crash-loop the pods.
 /// Found by the soak (tests/tests/chaos): a 500 on that create ended the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_lease_create_fails_at_start_keeps_asking_and_leads() {
@@ -780,11 +781,17 @@ async fn a_replica_whose_lease_create_fails_at_start_keeps_asking_and_leads() {
         status: 500,
         then_land_after: land,
     };
+    let forbidden = Action::Answer {
+        status: 403,
+        then_land_after: None,
+    };
     let failed = [
         proxy.add(create(fail(None))),
         proxy.add(create(Action::Throttle {
             retry_after_secs: 1,
         })),
+        // As an API server that has just started answers before its RBAC cache is filled.
+        proxy.add(create(forbidden)),
         proxy.add(create(fail(Some(Duration::from_millis(300))))),
     ];
     let mut a = Replica::start_plain(dir.path(), &through, "replica-a", FLAGS).await;

@@ -31,7 +31,6 @@ use super::handover::{self, LeaseRef};
 use super::lease_lock::{Lock, Took};
 use super::node_writer;
 use crate::alloc::lease;
-use crate::alloc::outcome::{Answer, classify};
 
 /// How the current leader took its Lease, shared with the allocation loop's take-over.
 pub type TookCell = Arc<std::sync::Mutex<Option<Took>>>;
@@ -205,26 +204,34 @@ async fn build_lock(
     ))
 }
 
-/// Creates the Lease if it is missing. A failure the API server may get over (a 429, a 5xx, no
-/// answer) is asked again with backoff for as long as it lasts: a blip of the API server while
-/// a pod starts must not end the process (and crash-loop it). Only a refusal ends it (403
-/// without RBAC, 404 without the namespace, 422), saying why.
+/// Creates the Lease if it is missing, asking again with backoff after any failure but a
+/// malformed request (400, 422): a blip of the API server while a pod starts must not end the
+/// process and crash-loop it. That includes a 403 (an API server that has just started
+/// refuses until its RBAC cache is filled) and a 404 (the namespace applied a moment later).
+/// Every failure is logged; one that lasts shows as a stalled election in /healthz.
 async fn ensure_lease(client: &Client, opts: &LeaseOptions) -> Result<(), kube::Error> {
     let mut attempt = 0u32;
     loop {
         attempt = attempt.saturating_add(1);
-        let result = handover::create(client, &opts.namespace, &opts.name, None).await;
-        match classify(handover::answer(&result)) {
-            Answer::Throttled | Answer::Ambiguous => {
-                let error = result.err().map(|e| e.to_string()).unwrap_or_default();
-                warn!(lease = %opts.name, attempt, %error, "creating the lease failed; asking again");
-                tokio::time::sleep(node_writer::backoff(attempt)).await;
-            }
-            _ => {
-                if result? {
+        match handover::create(client, &opts.namespace, &opts.name, None).await {
+            Ok(created) => {
+                if created {
                     info!(lease = %opts.name, "created the lease");
                 }
                 return Ok(());
+            }
+            Err(kube::Error::Api(s)) if matches!(s.code, 400 | 422) => {
+                return Err(kube::Error::Api(s));
+            }
+            Err(error) => {
+                let forbidden = matches!(&error, kube::Error::Api(s) if s.code == 403);
+                let hint = if forbidden {
+                    " (a 403 that lasts: check the RBAC of config/rbac)"
+                } else {
+                    ""
+                };
+                warn!(lease = %opts.name, attempt, %error, "creating the lease failed; asking again{hint}");
+                tokio::time::sleep(node_writer::backoff(attempt)).await;
             }
         }
     }
