@@ -17,7 +17,7 @@ use nodeipam_testenv::fault_proxy::{Action, Origin, Rule, RuleHandle};
 use nodeipam_testenv::{ControlPlane, FaultProxy};
 use rustix::process::{Signal, kill_process};
 
-use super::Rng;
+use super::{Rng, workload};
 use crate::support::process::{NAMESPACE, Replica, SA_GROUPS, SA_USER};
 
 /// A 15 s lease renewed 5 s before it runs out, as in faults.rs.
@@ -332,6 +332,34 @@ impl Nemesis {
         for (_, rule) in self.slots[i].rules.drain(first..) {
             rule.remove();
         }
+        if let Some(caught) = self.caught_node(i) {
+            self.arrive_before(&caught, rng).await;
+        }
+    }
+
+    /// The node of a podCIDR write (or seal) slot `i`'s proxy answered itself, if any.
+    fn caught_node(&self, i: usize) -> Option<String> {
+        self.slots[i].proxy.log().iter().rev().find_map(|x| {
+            let injected = x.origin == Origin::Injected && x.method == Method::PATCH;
+            let name = x.path.strip_prefix("/api/v1/nodes/")?;
+            (injected && !name.contains('/')).then(|| name.to_string())
+        })
+    }
+
+    /// The worst moment for a node to arrive: while a deposed leader's write for `caught` is
+    /// on its way, a node of the same group whose name sorts first, so a successor serves it
+    /// before `caught` and may give it the very block that write carries.
+    async fn arrive_before(&mut self, caught: &str, rng: &mut Rng) {
+        let group = caught.rsplit_once('-').map_or("", |(_, g)| g).to_string();
+        let word: String = (0..4)
+            .map(|_| char::from(b'a' + rng.below(26) as u8))
+            .collect();
+        let name = format!("a{word}-{group}");
+        let node = crate::support::node(&name, &[(workload::GROUP, group.as_str())], &[]);
+        let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.admin.clone());
+        let r = api.create(&Default::default(), &node).await;
+        let said = r.map_or_else(|e| e.to_string(), |_| "created".into());
+        self.note(format!("node {name} arrives before {caught}: {said}"));
     }
 
     fn throttle(&mut self, i: usize, rng: &mut Rng) {
