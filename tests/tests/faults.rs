@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use http::Method;
@@ -57,21 +58,11 @@ impl Pair {
         let admin = cp.client();
         let dir = tempfile::tempdir().expect("temp dir");
         install_rbac(&cp).await;
-        let proxy = FaultProxy::for_user(&cp, SA_USER, SA_GROUPS)
-            .unwrap_or_else(|e| panic!("step=start-fault-proxy: {e}"));
-        let through = dir.path().join("through-proxy.kubeconfig");
-        proxy
-            .write_kubeconfig(&through)
-            .unwrap_or_else(|e| panic!("step=fault-proxy-kubeconfig: {e}"));
+        let (proxy, through) = sa_proxy(&cp, dir.path(), "through-proxy.kubeconfig");
         let a = Replica::start_plain(dir.path(), &through, "replica-a", FLAGS).await;
         a.wait_leader_metric(1.0).await;
         let (b_kubeconfig, proxy_b) = if b_proxied {
-            let proxy_b = FaultProxy::for_user(&cp, SA_USER, SA_GROUPS)
-                .unwrap_or_else(|e| panic!("step=start-fault-proxy-b: {e}"));
-            let path = dir.path().join("through-proxy-b.kubeconfig");
-            proxy_b
-                .write_kubeconfig(&path)
-                .unwrap_or_else(|e| panic!("step=fault-proxy-b-kubeconfig: {e}"));
+            let (proxy_b, path) = sa_proxy(&cp, dir.path(), "through-proxy-b.kubeconfig");
             (path, Some(proxy_b))
         } else {
             (sa_kubeconfig(&cp, dir.path(), "nodeipam-controller"), None)
@@ -101,6 +92,18 @@ impl Pair {
         }
         self.cp.stop().await;
     }
+}
+
+/// A fault proxy for the controller's ServiceAccount, and a kubeconfig through it written to
+/// `dir/file`.
+fn sa_proxy(cp: &ControlPlane, dir: &std::path::Path, file: &str) -> (FaultProxy, PathBuf) {
+    let proxy = FaultProxy::for_user(cp, SA_USER, SA_GROUPS)
+        .unwrap_or_else(|e| panic!("step=start-fault-proxy {file}: {e}"));
+    let path = dir.join(file);
+    proxy
+        .write_kubeconfig(&path)
+        .unwrap_or_else(|e| panic!("step=fault-proxy-kubeconfig {file}: {e}"));
+    (proxy, path)
 }
 
 /// The podCIDR writes (PATCHes) of node `name` get `action`.
@@ -770,12 +773,7 @@ async fn a_replica_whose_lease_create_fails_at_start_keeps_asking_and_leads() {
     let admin = cp.client();
     let dir = tempfile::tempdir().expect("temp dir");
     install_rbac(&cp).await;
-    let proxy = FaultProxy::for_user(&cp, SA_USER, SA_GROUPS)
-        .unwrap_or_else(|e| panic!("step=start-fault-proxy: {e}"));
-    let through = dir.path().join("through-proxy.kubeconfig");
-    proxy
-        .write_kubeconfig(&through)
-        .unwrap_or_else(|e| panic!("step=fault-proxy-kubeconfig: {e}"));
+    let (proxy, through) = sa_proxy(&cp, dir.path(), "through-proxy.kubeconfig");
     let create = |action| Rule::new(Some(Method::POST), "/leases", action).times(1);
     let fail = |land| Action::Answer {
         status: 500,
