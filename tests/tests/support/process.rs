@@ -268,7 +268,7 @@ impl Replica {
 
     /// As `kubeconfig`'s identity, with plain /metrics next to the probes.
     pub async fn start_plain(dir: &Path, kubeconfig: &Path, name: &str, extra: &[&str]) -> Replica {
-        Self::launch(dir, name, kubeconfig, Listeners::Shared, extra, &[]).await
+        Self::start_plain_with_env(dir, kubeconfig, name, extra, &[]).await
     }
 
     /// [`Replica::start_plain`] with these environment variables (and no others).
