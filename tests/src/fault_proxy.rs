@@ -79,13 +79,14 @@ pub enum Action {
     Throttle { retry_after_secs: u64 },
 }
 
-/// Which requests get an [`Action`]: an optional method, a path substring, an optional query
-/// substring, and how many requests (the first that match; unlimited by default).
+/// Which requests get an [`Action`]: an optional method, a path substring, optional query and
+/// body substrings, and how many requests (the first that match; unlimited by default).
 #[derive(Debug, Clone)]
 pub struct Rule {
     method: Option<Method>,
     path: String,
     query: Option<String>,
+    body: Option<String>,
     times: Option<u64>,
     action: Action,
 }
@@ -97,6 +98,7 @@ impl Rule {
             method,
             path: path.into(),
             query: None,
+            body: None,
             times: None,
             action,
         }
@@ -108,19 +110,30 @@ impl Rule {
         self
     }
 
+    /// Only requests whose body contains `contains` (e.g. `podCIDRs`: a podCIDR write, not
+    /// another patch of the same Node).
+    pub fn body(mut self, contains: impl Into<String>) -> Rule {
+        self.body = Some(contains.into());
+        self
+    }
+
     /// Only the first `n` requests that match; later ones go on to the next rule.
     pub fn times(mut self, n: u64) -> Rule {
         self.times = Some(n);
         self
     }
 
-    fn matches(&self, method: &Method, path: &str, query: Option<&str>) -> bool {
+    fn matches(&self, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> bool {
         self.method.as_ref().is_none_or(|m| m == method)
             && path.contains(&self.path)
             && self
                 .query
                 .as_deref()
                 .is_none_or(|want| query.is_some_and(|q| q.contains(want)))
+            && self.body.as_deref().is_none_or(|want| {
+                body.windows(want.len().max(1))
+                    .any(|w| w == want.as_bytes())
+            })
     }
 }
 
@@ -417,7 +430,13 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         headers: end_to_end(&parts.headers),
         body,
     };
-    match pick(&shared, &parts.method, &path, query.as_deref()) {
+    match pick(
+        &shared,
+        &parts.method,
+        &path,
+        query.as_deref(),
+        &outgoing.body,
+    ) {
         Action::Forward => {}
         Action::Delay(delay) => tokio::time::sleep(delay).await,
         Action::Throttle { retry_after_secs } => {
@@ -477,12 +496,12 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
 }
 
 /// The action of the first rule that matches and has requests left, counting the request.
-fn pick(shared: &Shared, method: &Method, path: &str, query: Option<&str>) -> Action {
+fn pick(shared: &Shared, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> Action {
     let rules = lock(&shared.rules);
     for active in rules.iter() {
         let matched = active.matched.load(Ordering::SeqCst);
         if active.rule.times.is_some_and(|n| matched >= n)
-            || !active.rule.matches(method, path, query)
+            || !active.rule.matches(method, path, query, body)
         {
             continue;
         }
@@ -620,13 +639,26 @@ mod tests {
     #[test]
     fn a_rule_matches_method_path_and_query() {
         let rule = Rule::new(Some(Method::GET), "/api/v1/nodes", Action::Forward).query("watch=");
-        assert!(rule.matches(&Method::GET, "/api/v1/nodes", Some("watch=true&rv=1")));
-        assert!(!rule.matches(&Method::GET, "/api/v1/nodes", Some("limit=500")));
-        assert!(!rule.matches(&Method::GET, "/api/v1/nodes", None));
-        assert!(!rule.matches(&Method::PATCH, "/api/v1/nodes", Some("watch=true")));
+        assert!(rule.matches(&Method::GET, "/api/v1/nodes", Some("watch=true&rv=1"), b""));
+        assert!(!rule.matches(&Method::GET, "/api/v1/nodes", Some("limit=500"), b""));
+        assert!(!rule.matches(&Method::GET, "/api/v1/nodes", None, b""));
+        assert!(!rule.matches(&Method::PATCH, "/api/v1/nodes", Some("watch=true"), b""));
         let any = Rule::new(None, "/nodes/n1", Action::Forward);
-        assert!(any.matches(&Method::DELETE, "/api/v1/nodes/n1", None));
-        assert!(!any.matches(&Method::DELETE, "/api/v1/nodes/n2", None));
+        assert!(any.matches(&Method::DELETE, "/api/v1/nodes/n1", None, b""));
+        assert!(!any.matches(&Method::DELETE, "/api/v1/nodes/n2", None, b""));
+    }
+
+    #[test]
+    fn a_rule_with_a_body_matches_only_bodies_that_contain_it() {
+        let rule =
+            Rule::new(Some(Method::PATCH), "/api/v1/nodes/", Action::Forward).body("podCIDRs");
+        let write = br#"[{"op":"add","path":"/spec/podCIDRs","value":["10.0.0.0/24"]}]"#;
+        let seal = br#"[{"op":"add","path":"/metadata/annotations/x","value":"y"}]"#;
+        assert!(rule.matches(&Method::PATCH, "/api/v1/nodes/n1", None, write));
+        assert!(!rule.matches(&Method::PATCH, "/api/v1/nodes/n1", None, seal));
+        assert!(!rule.matches(&Method::PATCH, "/api/v1/nodes/n1", None, b""));
+        let any = Rule::new(Some(Method::PATCH), "/api/v1/nodes/", Action::Forward);
+        assert!(any.matches(&Method::PATCH, "/api/v1/nodes/n1", None, seal));
     }
 
     #[test]

@@ -285,11 +285,12 @@ impl Nemesis {
     }
 
     /// The storm the fences are for: every write of the replica but its Lease's answered 500
-    /// and landing up to a minute later (an etcd election behind the API server), and the
-    /// replica frozen or killed once one is on its way, so a successor acts before it lands.
-    /// The Lease's writes pass, so the replica leads on unaware until it stops.
+    /// and landing 20 s to a minute later (an etcd election behind the API server: late enough
+    /// for a successor to take over first), and the replica frozen or killed once a podCIDR
+    /// write is on its way, so a successor acts before it lands. The Lease's writes and the
+    /// seal's pass, so the replica leads on unaware until it stops.
     async fn depose_mid_write(&mut self, i: usize, rng: &mut Rng) {
-        let after = Duration::from_secs(rng.between(5, LATEST_LANDING.as_secs()));
+        let after = Duration::from_secs(rng.between(20, LATEST_LANDING.as_secs()));
         let action = Action::Answer {
             status: 500,
             then_land_after: Some(after),
@@ -301,9 +302,13 @@ impl Nemesis {
             "Lease writes pass".into(),
         );
         // A podCIDR write is the one to catch: it is what two leaders can give twice.
-        let nodes = Rule::new(Some(Method::PATCH), "/api/v1/nodes/", action.clone()).times(20);
-        let what = format!("every node PATCH answered 500, landing {after:?} later");
+        let nodes = Rule::new(Some(Method::PATCH), "/api/v1/nodes/", action.clone())
+            .body("podCIDRs")
+            .times(20);
+        let what = format!("every podCIDR write answered 500, landing {after:?} later");
         self.add_rule(i, nodes, what);
+        let seals = Rule::new(Some(Method::PATCH), "/api/v1/nodes/", Action::Forward);
+        self.add_rule(i, seals, "other node PATCHes (seals) pass".into());
         for method in [Method::PATCH, Method::PUT, Method::POST, Method::DELETE] {
             let rule = Rule::new(Some(method.clone()), "", action.clone()).times(20);
             let what = format!("every {method} answered 500, landing {after:?} later");
@@ -315,10 +320,12 @@ impl Nemesis {
         while Instant::now() < deadline && !caught(&self.slots[i]) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let held: u64 = self.slots[i].rules[first + 1..]
-            .iter()
-            .map(|(_, r)| r.matched())
-            .sum();
+        let rules = &self.slots[i].rules;
+        let held: u64 = rules[first + 1].1.matched()
+            + rules[first + 3..]
+                .iter()
+                .map(|(_, r)| r.matched())
+                .sum::<u64>();
         let name = self.slots[i].name;
         self.note(format!("{name}: {held} writes on their way"));
         tokio::time::sleep(Duration::from_millis(rng.between(0, 1000))).await;
@@ -333,11 +340,12 @@ impl Nemesis {
             rule.remove();
         }
         if let Some(caught) = self.caught_node(i) {
-            self.arrive_before(&caught, rng).await;
+            self.fill_before(&caught, rng).await;
         }
     }
 
-    /// The node of a podCIDR write (or seal) slot `i`'s proxy answered itself, if any.
+    /// The node of a podCIDR write slot `i`'s proxy answered itself, if any (in
+    /// [`Self::depose_mid_write`] only podCIDR writes to nodes are answered by the proxy).
     fn caught_node(&self, i: usize) -> Option<String> {
         self.slots[i].proxy.log().iter().rev().find_map(|x| {
             let injected = x.origin == Origin::Injected && x.method == Method::PATCH;
@@ -346,20 +354,33 @@ impl Nemesis {
         })
     }
 
-    /// The worst moment for a node to arrive: while a deposed leader's write for `caught` is
-    /// on its way, a node of the same group whose name sorts first, so a successor serves it
-    /// before `caught` and may give it the very block that write carries.
-    async fn arrive_before(&mut self, caught: &str, rng: &mut Rng) {
+    /// The worst moment for nodes to arrive: while a deposed leader's write for `caught` is on
+    /// its way, as many nodes of the same group as it has free blocks, named to sort before
+    /// every other (a digit first), so a successor gives them every free block, the one that
+    /// write carries included, and `caught` waits: the late write must then be refused, or two
+    /// nodes hold that block.
+    async fn fill_before(&mut self, caught: &str, rng: &mut Rng) {
         let group = caught.rsplit_once('-').map_or("", |(_, g)| g).to_string();
-        let word: String = (0..4)
-            .map(|_| char::from(b'a' + rng.below(26) as u8))
-            .collect();
-        let name = format!("a{word}-{group}");
-        let node = crate::support::node(&name, &[(workload::GROUP, group.as_str())], &[]);
         let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.admin.clone());
-        let r = api.create(&Default::default(), &node).await;
-        let said = r.map_or_else(|e| e.to_string(), |_| "created".into());
-        self.note(format!("node {name} arrives before {caught}: {said}"));
+        let lp = kube::api::ListParams::default().labels(&format!("{}={group}", workload::GROUP));
+        let held = match api.list(&lp).await {
+            Ok(list) => list.items.iter().filter(|n| has_pod_cidrs(n)).count(),
+            Err(e) => {
+                self.note(format!("list the nodes of {group}: {e}"));
+                return;
+            }
+        };
+        let free = workload::capacity(&group).saturating_sub(held).max(1);
+        for _ in 0..free {
+            let word: String = (0..4)
+                .map(|_| char::from(b'a' + rng.below(26) as u8))
+                .collect();
+            let name = format!("0{word}-{group}");
+            let node = crate::support::node(&name, &[(workload::GROUP, group.as_str())], &[]);
+            let r = api.create(&Default::default(), &node).await;
+            let said = r.map_or_else(|e| e.to_string(), |_| "created".into());
+            self.note(format!("node {name} arrives before {caught}: {said}"));
+        }
     }
 
     fn throttle(&mut self, i: usize, rng: &mut Rng) {
@@ -446,6 +467,13 @@ const PATHS: &[&str] = &[
     "/leases",
     "",
 ];
+
+fn has_pod_cidrs(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.pod_cidrs.as_ref())
+        .is_some_and(|c| !c.is_empty())
+}
 
 /// What a request's path writes, for [`Nemesis::count_landings`].
 fn kind(path: &str) -> String {

@@ -33,6 +33,14 @@ pub const POOL: &str = "cp";
 /// The groups: a node's label says which config (or the pool) serves it.
 const GROUPS: [&str; 3] = ["ca", "cb", POOL];
 
+/// How many nodes of `group` can hold a block at once (0 for a group not ours).
+pub fn capacity(group: &str) -> usize {
+    GROUPS
+        .iter()
+        .position(|g| *g == group)
+        .map_or(0, |i| CAPACITY[i])
+}
+
 /// The range of the `n`th incarnation of config cb (the first is [`CONFIGS`]'s).
 fn cb_range(n: u32) -> String {
     format!("10.20.{}.0/26", n % 256)
