@@ -102,7 +102,7 @@ async fn three_replicas_under_a_nemesis_never_break_the_rule() {
         nemesis.tick();
         nemesis.count_landings();
         if Instant::now() >= next {
-            nemesis.strike(&mut rng).await;
+            nemesis.strike(&mut rng, &tally).await;
             next = Instant::now() + Duration::from_millis(rng.between(1000, 6000));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use http::Method;
@@ -207,7 +208,7 @@ impl Nemesis {
     }
 
     /// One fault, drawn from `rng`.
-    pub async fn strike(&mut self, rng: &mut Rng) {
+    pub async fn strike(&mut self, rng: &mut Rng, tally: &Mutex<workload::Tally>) {
         let i = self.target(rng).await;
         match rng.below(100) {
             0..10 => self.freeze(i, rng),
@@ -216,7 +217,7 @@ impl Nemesis {
             24..38 => self.fail_and_land_later(i, rng),
             38..47 => self.throttle(i, rng),
             47..58 => self.hold(i, rng),
-            58..88 => self.depose_mid_write(i, rng).await,
+            58..88 => self.depose_mid_write(i, rng, tally).await,
             88..94 => self.delete_lease().await,
             _ => self.restart_apiserver().await,
         }
@@ -289,7 +290,7 @@ impl Nemesis {
     /// for a successor to take over first), and the replica frozen or killed once a podCIDR
     /// write is on its way, so a successor acts before it lands. The Lease's writes and the
     /// seal's pass, so the replica leads on unaware until it stops.
-    async fn depose_mid_write(&mut self, i: usize, rng: &mut Rng) {
+    async fn depose_mid_write(&mut self, i: usize, rng: &mut Rng, tally: &Mutex<workload::Tally>) {
         let after = Duration::from_secs(rng.between(20, LATEST_LANDING.as_secs()));
         let action = Action::Answer {
             status: 500,
@@ -340,6 +341,9 @@ impl Nemesis {
             rule.remove();
         }
         if let Some(caught) = self.caught_node(i) {
+            let group = caught.rsplit_once('-').map_or("", |(_, g)| g).to_string();
+            let until = Instant::now() + after + Duration::from_secs(5);
+            tally.lock().expect("tally").calm.insert(group, until);
             self.fill_before(&caught, rng).await;
         }
     }

@@ -83,6 +83,18 @@ pub struct Tally {
     pub gone: Vec<String>,
     /// How many configs named cb have been created (the range of the next).
     pub cb_incarnations: u32,
+    /// Groups the nemesis has a late podCIDR write on its way for, and until when: none of
+    /// their nodes is deleted and their config is left as it is, so the blocks the nemesis
+    /// filled stay taken and the caught node still waits when that write lands.
+    pub calm: BTreeMap<String, std::time::Instant>,
+}
+
+impl Tally {
+    fn calm(&self, group: &str) -> bool {
+        self.calm
+            .get(group)
+            .is_some_and(|until| *until > std::time::Instant::now())
+    }
 }
 
 pub fn start(
@@ -114,7 +126,7 @@ async fn churn(admin: &Client, rng: &mut Rng, tally: &Mutex<Tally>) -> Option<St
     let result = match roll {
         0..45 => create_nodes(admin, rng, tally).await,
         45..85 => delete_node(admin, rng, tally).await,
-        85..97 => toggle(admin, rng).await,
+        85..97 => toggle(admin, rng, tally).await,
         _ => replace_cb(admin, tally).await,
     };
     let mut t = tally.lock().expect("tally");
@@ -207,7 +219,11 @@ async fn delete_node(
 ) -> Result<Option<String>, kube::Error> {
     let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
     let lp = kube::api::ListParams::default().labels(GROUP);
-    let nodes = api.list_metadata(&lp).await?.items;
+    let mut nodes = api.list_metadata(&lp).await?.items;
+    {
+        let t = tally.lock().expect("tally");
+        nodes.retain(|n| !t.calm(n.labels().get(GROUP).map_or("", String::as_str)));
+    }
     if nodes.is_empty() {
         return Ok(None);
     }
@@ -225,8 +241,15 @@ async fn delete_node(
     }
 }
 
-async fn toggle(admin: &Client, rng: &mut Rng) -> Result<Option<String>, kube::Error> {
+async fn toggle(
+    admin: &Client,
+    rng: &mut Rng,
+    tally: &Mutex<Tally>,
+) -> Result<Option<String>, kube::Error> {
     let (name, _) = CONFIGS[rng.below(2) as usize];
+    if tally.lock().expect("tally").calm(name) {
+        return Ok(None);
+    }
     let api: Api<NodeIPAMConfig> = Api::all(admin.clone());
     let Some(cfg) = api.get_opt(name).await? else {
         return Ok(None);
@@ -250,6 +273,7 @@ async fn replace_cb(admin: &Client, tally: &Mutex<Tally>) -> Result<Option<Strin
     let api: Api<NodeIPAMConfig> = Api::all(admin.clone());
     match api.get_opt("cb").await? {
         Some(cfg) if cfg.metadata.deletion_timestamp.is_some() => Ok(None),
+        Some(_) if tally.lock().expect("tally").calm("cb") => Ok(None),
         Some(_) => {
             api.delete("cb", &DeleteParams::default()).await?;
             Ok(Some("deleted config cb".into()))
