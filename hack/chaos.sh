@@ -29,6 +29,18 @@ if [[ -n "$mutation" ]]; then
   log "mutation $mutation put back for this run"
 fi
 timed "cargo build nodeipam" cargo build --quiet --locked -p nodeipam-controller --bin nodeipam
-export NODEIPAM_CHAOS_MINUTES="$minutes"
+timed "cargo build the soak" cargo test --quiet --locked -p nodeipam-testenv --test chaos --no-run
+exe="$(cargo test --quiet --locked -p nodeipam-testenv --test chaos --no-run --message-format=json \
+  | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)"
+[[ -x "$exe" ]] || die "step=chaos-build: no test executable found for tests/tests/chaos"
+# Private copies, so that builds during a long soak (other work, another checkout) neither
+# swap the binary a restarted replica runs nor wait for this run (claim_target's lock).
+run="$(mktemp -d "${TMPDIR:-/tmp}/nodeipam-chaos.XXXXXX")"
+trap 'rm -rf "$run"; [[ -n "$mutation" ]] && restore' EXIT
+cp "$CARGO_TARGET_DIR/debug/nodeipam" "$exe" "$run/"
+[[ -n "$mutation" ]] && restore && trap 'rm -rf "$run"' EXIT
+flock -u 9
+export NODEIPAM_BIN="$run/nodeipam" NODEIPAM_CHAOS_MINUTES="$minutes"
 [[ -n "$seed" ]] && export NODEIPAM_CHAOS_SEED="$seed"
-timed "chaos for ${minutes} minutes" cargo test --quiet --locked -p nodeipam-testenv --test chaos -- --nocapture
+# The test finds its fixtures from the crate's folder, as cargo test runs it.
+timed "chaos for ${minutes} minutes" bash -c "cd '$NODEIPAM_ROOT/tests' && '$run/$(basename "$exe")' --nocapture"
