@@ -805,3 +805,68 @@ async fn a_replica_whose_lease_create_fails_at_start_keeps_asking_and_leads() {
     a.wait_exit().await;
     cp.stop().await;
 }
+
+/// A leader sends nothing after its own term, whatever its tasks believe (issue 45; found by
+/// the soak, seed 20261208: a replica frozen past its term woke with writes due, and its
+/// publisher rewrote the pod network at the version its successor had just written before its
+/// election loop had noticed that the term was over; the successor's range was gone from the
+/// ConfigMap for 10 ms while nodes held blocks of it). Here the same late notice, made
+/// certain: replica-a's election loop hangs once it leads (the `stall-election` fault), so
+/// nothing inside the process takes leadership back, and replica-b takes over when the Lease
+/// runs out. Then a config and a node arrive: replica-a, whose allocation session still runs,
+/// must send no write at all (its proxy sees none), and replica-b serves the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_election_hangs_sends_nothing_after_its_term() {
+    let cp = control_plane().await;
+    let admin = cp.client();
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    create_config(&admin, "pool", spec(family("10.71.0.0/24", 28), None, None)).await;
+    let (proxy, through) = sa_proxy(&cp, dir.path(), "through-proxy.kubeconfig");
+    let mut flags = FLAGS.to_vec();
+    flags.push("--inject-fault=stall-election");
+    let mut a = Replica::start_plain(dir.path(), &through, "replica-a", &flags).await;
+    a.wait_leader_metric(1.0).await;
+    create_node(&admin, "warm", &[]).await;
+    wait_cidrs(&admin, "warm").await;
+    let b_kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
+    let b = Replica::start_plain(dir.path(), &b_kubeconfig, "replica-b", FLAGS).await;
+    wait_for("replica-b to hold the Lease", || async {
+        let holder = lease(&admin).await?.spec?.holder_identity?;
+        (nodeipam_controller::alloc::lease::holder_name(&holder) == "replica-b").then_some(())
+    })
+    .await;
+    assert_eq!(
+        a.gauge("nodeipam_leader", &[]).await,
+        Some(1.0),
+        "replica-a still believes it leads (its election hangs)"
+    );
+    proxy.clear_log();
+    let second = selector(&[("zone", "In", &["second"])]);
+    create_config(
+        &admin,
+        "second",
+        spec(family("10.72.0.0/24", 28), None, second),
+    )
+    .await;
+    create_node(&admin, "on-second", &[("zone", "second")]).await;
+    wait_cidrs(&admin, "on-second").await;
+    // replica-a's session sees all of it too; what it would send it sends within moments.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let sent: Vec<String> = proxy
+        .log()
+        .into_iter()
+        .filter(|x| {
+            x.method != Method::GET && !x.path.contains("/events") && !x.path.contains("/leases")
+        })
+        .map(|x| format!("{} {} -> {}", x.method, x.path, x.status))
+        .collect();
+    assert!(
+        sent.is_empty(),
+        "replica-a wrote after its term ended and replica-b took over: {sent:#?}"
+    );
+    assert_invariant(&admin, &[]).await;
+    a.signal(Signal::KILL);
+    a.wait_exit().await;
+    finish(b, cp).await;
+}

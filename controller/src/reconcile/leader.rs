@@ -50,6 +50,10 @@ pub struct SessionState {
     led: AtomicBool,
     /// The last session ended with a write in flight or unanswered (`InFlight::in_doubt`).
     doubt: AtomicBool,
+    /// When our term ends (leadership given up, on our monotonic clock) while the election
+    /// reports leadership; `None` otherwise. Every write checks it just before it starts
+    /// ([`super::Context::write`]), so no task sends after the term, whatever it believes.
+    term_end: std::sync::Mutex<Option<Instant>>,
 }
 
 impl SessionState {
@@ -82,6 +86,24 @@ impl SessionState {
 
     pub fn in_doubt(&self) -> bool {
         self.doubt.load(Ordering::SeqCst)
+    }
+
+    /// The election's count of our term: its end while leadership is reported, else `None`.
+    pub fn set_term(&self, end: Option<Instant>) {
+        *self.term() = end;
+    }
+
+    /// Whether `now` is within our term: a write that starts now was conditioned only on
+    /// what was read before, so before any successor acted (docs/single-writer.md, step 1a).
+    pub fn within_term(&self, now: Instant) -> bool {
+        self.term().is_some_and(|end| now < end)
+    }
+
+    fn term(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        // A plain value: consistent under a panic; go on with it.
+        self.term_end
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -388,6 +410,9 @@ async fn elect(
             }
             fence.valid_until = lock.valid_until();
             let held = fence.holds(Instant::now());
+            // Before leadership is reported: no write starts outside the term counted here.
+            opts.session
+                .set_term(held.then(|| fence.step_down_at()).flatten());
             leadership.send_if_modified(|current| {
                 if *current == held {
                     return false;
@@ -403,6 +428,7 @@ async fn elect(
             });
         }
     }
+    opts.session.set_term(None);
     let _ = leadership.send_replace(false);
     lock
 }
@@ -650,6 +676,28 @@ mod tests {
     use super::*;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    #[test]
+    fn a_write_may_start_only_within_the_term_the_election_last_counted() {
+        let s = SessionState::default();
+        let t0 = Instant::now();
+        assert!(
+            !s.within_term(t0),
+            "no term before the election reports one"
+        );
+        s.set_term(Some(t0 + Duration::from_secs(4)));
+        assert!(s.within_term(t0 + Duration::from_secs(3)));
+        assert!(
+            !s.within_term(t0 + Duration::from_secs(4)),
+            "the end is outside"
+        );
+        assert!(
+            !s.within_term(t0 + Duration::from_secs(60)),
+            "a wake-up after a freeze"
+        );
+        s.set_term(None);
+        assert!(!s.within_term(t0), "leadership given up");
+    }
 
     fn opts() -> LeaseOptions {
         LeaseOptions {

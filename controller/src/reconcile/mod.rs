@@ -187,10 +187,22 @@ impl Context {
     /// A mutating request: accounted for in the session's writes ([`handover::InFlight`]) and
     /// bounded by the write timeout; no answer in time is an error like any other, and one
     /// after which the write may still land.
+    ///
+    /// With leader election, a write starts only within this replica's term as its election
+    /// last counted it, checked here, after everything the request is conditioned on was
+    /// read: a task that woke late (a process frozen past its term, an election loop that
+    /// hangs) cannot condition a write on what its successor wrote.
     pub async fn write<T>(
         &self,
         request: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
+        if let Some(lease) = &self.options.lease
+            && !lease.session.within_term(std::time::Instant::now())
+        {
+            return Err(kube::Error::Service(
+                "not sent: this replica's term is over".into(),
+            ));
+        }
         self.in_flight
             .send(bounded(self.options.write_timeout, request))
             .await
