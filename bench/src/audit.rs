@@ -74,6 +74,15 @@ impl Requests {
             .sum()
     }
 
+    /// Writes of Node objects answered with something other than 2xx (409s included).
+    pub fn failed_node_writes(&self) -> u64 {
+        self.failed
+            .iter()
+            .filter(|(k, _)| k.ends_with(" patch nodes") || k.ends_with(" update nodes"))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
     /// Status writes of Nodes (a kubelet's).
     pub fn node_status_writes(&self) -> u64 {
         ["patch nodes/status", "update nodes/status"]
@@ -232,6 +241,7 @@ mod tests {
         assert_eq!(r.total, 5);
         assert_eq!(r.node_writes(), 4);
         assert_eq!(r.conflicts(), 2);
+        assert_eq!(r.failed_node_writes(), 3);
         assert_eq!(r.failed["409 patch nodes"], 1);
         assert_eq!(r.failed["422 patch nodes"], 1);
         assert_eq!(r.failed["404 get nodes"], 1);

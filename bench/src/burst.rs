@@ -186,6 +186,9 @@ pub struct BurstRun {
     /// The contender's requests answered 409 Conflict.
     #[serde(default)]
     pub conflicts: u64,
+    /// The contender's Node writes answered with anything but 2xx (409s, 422s, 5xx).
+    #[serde(default)]
+    pub failed_node_writes: u64,
     /// With `--fleet kwok`: every request KWOK made, and its CPU during the burst.
     #[serde(default)]
     pub kubelet_requests: Option<Requests>,
@@ -543,6 +546,7 @@ async fn one(
         carve_s: carves,
         node_writes: requests.node_writes(),
         conflicts: requests.conflicts(),
+        failed_node_writes: requests.failed_node_writes(),
         requests,
         kubelet_updates,
         fleet: args.fleet,
@@ -672,10 +676,10 @@ pub fn fleet_table(runs: &[&BurstRun], n: usize, settings: Option<&FleetSettings
             n + 1
         );
     }
-    out += "\n| contender | round | served | total s | p50 ms | p99 ms | node writes/node | 409s/node | kubelet status updates/node | kwok CPU s |\n|---|---|---|---|---|---|---|---|---|---|\n";
+    out += "\n| contender | round | served | total s | p50 ms | p99 ms | node writes/node | 409s/node | failed node writes/node | kubelet status updates/node | kwok CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
     for r in runs {
         out += &format!(
-            "| {} | {} | {}/{} | {:.2} | {:.0} | {:.0} | {:.3} | {:.3} | {} | {} |\n",
+            "| {} | {} | {}/{} | {:.2} | {:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} |\n",
             r.contender.name(),
             r.round,
             r.served.unwrap_or(r.latency.count),
@@ -685,6 +689,7 @@ pub fn fleet_table(runs: &[&BurstRun], n: usize, settings: Option<&FleetSettings
             r.latency.p99_ms,
             per_node(r.node_writes),
             per_node(r.conflicts),
+            per_node(r.failed_node_writes),
             r.kubelet_updates
                 .map_or("–".into(), |u| format!("{:.2}", per_node(u))),
             r.kwok_cpu_s.map_or("–".into(), |c| format!("{c:.2}")),
@@ -845,6 +850,7 @@ mod tests {
             "servers_cpu_s": {"apiserver_s": 1.0, "etcd_s": 1.0},
             "load1_before": 0.0, "load1_after": 0.0, "watch_errors": 0,
             "fleet": "kwok", "served": served, "node_writes": writes, "conflicts": conflicts,
+            "failed_node_writes": conflicts,
             "kubelet_updates": 402, "kwok_cpu_s": 0.5,
         }))
         .expect("a run")
@@ -871,9 +877,11 @@ mod tests {
             "{t}"
         );
         // 201 writes over 200 nodes and the warm-up node; 402 status updates: 2 per node.
-        assert!(t.contains("| nodeipam-default | 1 | 200/200 | 4.40 | 1000 | 2000 | 1.000 | 0.000 | 2.00 | 0.50 |"), "{t}");
+        assert!(t.contains("| nodeipam-default | 1 | 200/200 | 4.40 | 1000 | 2000 | 1.000 | 0.000 | 0.000 | 2.00 | 0.50 |"), "{t}");
         assert!(
-            t.contains("| kcm | 1 | 200/200 | 4.00 | 1000 | 2000 | 1.020 | 0.010 | 2.00 | 0.50 |"),
+            t.contains(
+                "| kcm | 1 | 200/200 | 4.00 | 1000 | 2000 | 1.020 | 0.010 | 0.010 | 2.00 | 0.50 |"
+            ),
             "{t}"
         );
         assert!(
