@@ -502,7 +502,8 @@ async fn one(
             }
         }
     }
-    if seen.len() != n {
+    // A run that gave up may stop before the observer has seen every create.
+    if seen.len() != n && gave_up.is_none() {
         bail!("the observer saw {} nodes, {n} created", seen.len());
     }
     let served = latencies.len();
