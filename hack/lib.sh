@@ -18,6 +18,10 @@ export NODEIPAM_ASSETS="${NODEIPAM_ASSETS:-$NODEIPAM_BIN_DIR/k8s-$K8S_VERSION-et
 # version hack/helm/go.mod requires (hack/helm.sh checks).
 HELM_VERSION="v3.22.0"
 export NODEIPAM_HELM="${NODEIPAM_HELM:-$NODEIPAM_BIN_DIR/helm-$HELM_VERSION/helm}"
+# KWOK for the kubelet-like fleet benchmark (hack/bench/fleet.sh), built by hack/kwok.sh; must
+# be the version hack/kwok/go.mod requires (hack/kwok.sh checks).
+KWOK_VERSION="v0.8.0"
+export NODEIPAM_KWOK="${NODEIPAM_KWOK:-$NODEIPAM_BIN_DIR/kwok-$KWOK_VERSION/kwok}"
 # etcdutl at the etcd version, for the test that restores etcd from a snapshot (hack/etcdutl.sh).
 export NODEIPAM_ETCDUTL="${NODEIPAM_ETCDUTL:-$NODEIPAM_BIN_DIR/etcdutl-$ETCD_VERSION/etcdutl}"
 

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ipnet::IpNet;
@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::audit::Requests;
 use crate::common::{self, CommonArgs, ServerCpu, dec};
 use crate::contender::{self, Kind, Settings};
+use crate::kwok::{self, Kwok};
 use crate::nodes::{self, BENCH_LABEL, LoadReport};
 use crate::observer::Observer;
 use crate::procstat::{self, Sample};
@@ -56,6 +57,26 @@ pub struct BurstArgs {
     /// Burst mode only.
     #[arg(long)]
     pub kubelets: bool,
+    /// `kwok`: the kubelet-like fleet. Every node carries KWOK's annotation and a KWOK process
+    /// (`--kwok`) plays its kubelet with the stages of `--kwok-stages`: a status update at
+    /// registration (Ready=False, the CNI not initialized), Ready 0.5-2.5 s later, then a
+    /// heartbeat every 20-25 s unless `--kwok-heartbeat=false`. Burst mode only; a run ends at
+    /// `--time-limit` with the nodes served so far.
+    #[arg(long, value_enum)]
+    pub fleet: Option<Fleet>,
+    /// The kwok binary (`hack/kwok.sh build`).
+    #[arg(long)]
+    pub kwok: Option<PathBuf>,
+    /// Folder of the stage files (default: hack/kwok/stages of this checkout).
+    #[arg(long)]
+    pub kwok_stages: Option<PathBuf>,
+    /// The heartbeat stage (a kubelet without node Leases); false: register and Ready only.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub kwok_heartbeat: bool,
+    /// With `--fleet`: seconds from the first create after which a run stops waiting and
+    /// reports how many nodes were served.
+    #[arg(long, default_value_t = 300)]
+    pub time_limit: u64,
     /// Runs of every (size, contender), interleaved.
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
@@ -70,6 +91,23 @@ pub enum Mode {
     #[default]
     Burst,
     Backlog,
+}
+
+/// Who plays the nodes' kubelets in a `--fleet` run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fleet {
+    Kwok,
+}
+
+/// How a `--fleet` run's kubelets behaved.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FleetSettings {
+    pub fleet: Fleet,
+    /// The stages, in order (`metadata.name` of each).
+    pub stages: Vec<String>,
+    pub heartbeat: bool,
+    pub time_limit_s: u64,
 }
 
 impl Mode {
@@ -91,6 +129,8 @@ pub struct BurstReport {
     pub load_qps: f64,
     #[serde(default)]
     pub existing: usize,
+    #[serde(default)]
+    pub fleet: Option<FleetSettings>,
     pub runs: Vec<BurstRun>,
 }
 
@@ -129,9 +169,31 @@ pub struct BurstRun {
     /// headroom, or a node waiting) to the range accepting allocations (published, finalized).
     #[serde(default)]
     pub carve_s: Vec<f64>,
-    /// With `--kubelets`: the status updates the nodes' kubelets made during the run.
+    /// With `--kubelets`: the status updates the nodes' kubelets made during the run; with
+    /// `--fleet kwok`: KWOK's status writes (from the audit log, the warm-up node's included).
     #[serde(default)]
     pub kubelet_updates: Option<u64>,
+    #[serde(default)]
+    pub fleet: Option<Fleet>,
+    /// With `--fleet`: the nodes that held podCIDRs when the run ended (all of them, or those
+    /// served within the time limit; then `total_s` is the time until it gave up).
+    #[serde(default)]
+    pub served: Option<usize>,
+    /// The contender's writes of Node objects (patch or update of nodes: its podCIDR writes,
+    /// answered or not), the warm-up node's included.
+    #[serde(default)]
+    pub node_writes: u64,
+    /// The contender's requests answered 409 Conflict.
+    #[serde(default)]
+    pub conflicts: u64,
+    /// The contender's Node writes answered with anything but 2xx (409s, 422s, 5xx).
+    #[serde(default)]
+    pub failed_node_writes: u64,
+    /// With `--fleet kwok`: every request KWOK made, and its CPU during the burst.
+    #[serde(default)]
+    pub kubelet_requests: Option<Requests>,
+    #[serde(default)]
+    pub kwok_cpu_s: Option<f64>,
 }
 
 /// The carve latencies nodeipam logs ("carved range accepts allocations ... seconds=S").
@@ -155,6 +217,36 @@ pub async fn run(args: BurstArgs) -> anyhow::Result<BurstReport> {
             "--kubelets goes with --mode burst: in a backlog the nodes exist before anyone serves them"
         );
     }
+    let fleet = match args.fleet {
+        None => None,
+        Some(fleet) => {
+            if args.mode == Mode::Backlog || args.kubelets || args.existing > 0 {
+                bail!("--fleet goes with --mode burst, without --kubelets and --existing");
+            }
+            let bin = args
+                .kwok
+                .as_ref()
+                .context("--fleet kwok needs --kwok (the binary)")?;
+            if !bin.is_file() {
+                bail!(
+                    "--kwok {}: no such file (hack/kwok.sh build)",
+                    bin.display()
+                );
+            }
+            let mut stages = Vec::new();
+            for f in kwok::stage_files(&stages_dir(&args), args.kwok_heartbeat) {
+                let text = std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading the stage file {}", f.display()))?;
+                stages.extend(kwok::stage_names(&text));
+            }
+            Some(FleetSettings {
+                fleet,
+                stages,
+                heartbeat: args.kwok_heartbeat,
+                time_limit_s: args.time_limit,
+            })
+        }
+    };
     let settings = args.common.settings();
     std::fs::create_dir_all(&args.common.work)?;
     let mut report = BurstReport {
@@ -165,6 +257,7 @@ pub async fn run(args: BurstArgs) -> anyhow::Result<BurstReport> {
         load_concurrency: args.load_concurrency,
         load_qps: args.load_qps,
         existing: args.existing,
+        fleet,
         runs: Vec::new(),
     };
     for round in 1..=args.rounds {
@@ -188,6 +281,14 @@ pub async fn run(args: BurstArgs) -> anyhow::Result<BurstReport> {
                     run.cpu_s,
                     run.rss_peak_mib
                 );
+                if let Some(served) = run.served {
+                    eprintln!(
+                        "burst:   served {served} of {n}; node writes {}, 409s {}, kubelet status updates {}",
+                        run.node_writes,
+                        run.conflicts,
+                        run.kubelet_updates.unwrap_or_default()
+                    );
+                }
                 report.runs.push(run);
                 std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)?;
             }
@@ -225,8 +326,10 @@ async fn one(
     // Separate clients (and connection pools) for the observer and the loader.
     let observer_client = crate::client(cp.kubeconfig_path()).await?;
     let loader_client = crate::client(cp.kubeconfig_path()).await?;
+    let fleet = args.fleet.is_some();
     let batch: Vec<_> = (0..n)
         .map(|i| nodes::node(&format!("burst-{i:06}"), "burst", i as u32, None))
+        .map(|node| if fleet { kwok_node(node) } else { node })
         .collect();
     let limiter = Arc::new(Limiter::new(args.load_qps, args.load_burst));
     let concurrency = args.load_concurrency;
@@ -234,6 +337,9 @@ async fn one(
     let timeout = Duration::from_secs(120 + (n as u64) / 10);
 
     let mut kubelet_updates = None;
+    let mut kwok_proc: Option<Kwok> = None;
+    let mut kwok_cpu_before = 0.0;
+    let mut gave_up: Option<Instant> = None;
     let (mut proc, observer, load, before, servers_before, load1_before) = if backlog {
         let observer = Observer::start(&observer_client, &format!("{BENCH_LABEL}=burst")).await?;
         let load = nodes::create_all(&loader_client, batch, concurrency, limiter).await?;
@@ -268,16 +374,37 @@ async fn one(
             &args.common.work,
             &log_name,
         )?;
+        // KWOK as its own user, so that the audit log counts its requests apart.
+        if let (Some(Fleet::Kwok), Some(bin)) = (args.fleet, &args.kwok) {
+            let dir = contender
+                .kubeconfig
+                .parent()
+                .context("the contender's kubeconfig has no folder")?;
+            let kubeconfig = dir.join("kwok.kubeconfig");
+            cp.write_kubeconfig_for(kwok::USER, &["system:masters"], &kubeconfig)
+                .context("writing kwok's kubeconfig")?;
+            let log = args
+                .common
+                .work
+                .join(format!("kwok-{n}-{}-{round}.log", kind.name()));
+            let stages = kwok::stage_files(&stages_dir(args), args.kwok_heartbeat);
+            kwok_proc = Some(Kwok::start(bin, &kubeconfig, &stages, dir, log)?);
+        }
         proc.wait_synced(Duration::from_secs(60)).await?;
         if matches!(kind, Kind::NodeipamDefault | Kind::NodeipamPool) {
             common::create_allocation_source(&admin, kind, settings.mask).await?;
         }
         // Warm-up: one node through the whole path, so every gate is open and every
-        // connection up.
+        // connection up; in a fleet run it is KWOK's too, and ready once KWOK has played it.
         let warm = Observer::start(&admin, &format!("{BENCH_LABEL}=warmup")).await?;
+        let warm_node = nodes::node("warmup-0", "warmup", 0, None);
         nodes::create_all(
             &admin,
-            vec![nodes::node("warmup-0", "warmup", 0, None)],
+            vec![if fleet {
+                kwok_node(warm_node)
+            } else {
+                warm_node
+            }],
             1,
             Arc::new(Limiter::new(0.0, 1)),
         )
@@ -286,6 +413,12 @@ async fn one(
             .await
             .context("the warm-up node")?;
         drop(warm);
+        if let Some(k) = kwok_proc.as_mut() {
+            kwok::wait_ready(&admin, "warmup-0", k, Duration::from_secs(60))
+                .await
+                .context("the warm-up node")?;
+            kwok_cpu_before = k.cpu_s()?;
+        }
         let observer = Observer::start(&observer_client, &format!("{BENCH_LABEL}=burst")).await?;
         let load1_before = procstat::load1()?;
         let before: Sample = proc.sample()?;
@@ -304,14 +437,38 @@ async fn one(
         let loader = tokio::spawn(async move {
             nodes::create_all(&loader_client, batch, concurrency, limiter).await
         });
-        observer
-            .wait_assigned(n, timeout, || proc.check_alive())
-            .await?;
+        if let Some(k) = kwok_proc.as_mut() {
+            let limit = Duration::from_secs(args.time_limit);
+            let all = observer
+                .wait_served(n, limit, || {
+                    proc.check_alive()?;
+                    k.check_alive()
+                })
+                .await?;
+            if !all {
+                gave_up = Some(Instant::now());
+                let (seen, served) = observer.counts();
+                eprintln!(
+                    "burst:   time limit: {served} of {n} nodes served after {limit:?} ({seen} seen)"
+                );
+            }
+        } else {
+            observer
+                .wait_assigned(n, timeout, || proc.check_alive())
+                .await?;
+        }
         kubelet_updates = kubelets.map(|k| k.updates());
         let load = loader.await.context("the loader task")??;
         (proc, observer, load, before, servers_before, load1_before)
     };
     proc.check_alive()?;
+    let kwok_cpu_s = match kwok_proc.as_mut() {
+        Some(k) => {
+            k.check_alive()?;
+            Some(dec(k.cpu_s()? - kwok_cpu_before, 2))
+        }
+        None => None,
+    };
     let after = proc.sample()?;
     let servers_after = common::server_cpu()?;
     let load1_after = procstat::load1()?;
@@ -329,9 +486,12 @@ async fn one(
     let mut blocks = HashSet::with_capacity(n);
     let range: IpNet = common::CLUSTER_CIDR.parse()?;
     for (name, s) in &seen {
-        let assigned = s
-            .assigned
-            .with_context(|| format!("{name} has no podCIDRs"))?;
+        let Some(assigned) = s.assigned else {
+            if gave_up.is_some() {
+                continue;
+            }
+            bail!("{name} has no podCIDRs");
+        };
         last = last.max(assigned);
         let since = if backlog { start } else { s.added };
         latencies.push(assigned.saturating_duration_since(since).as_secs_f64() * 1e3);
@@ -342,16 +502,28 @@ async fn one(
             }
         }
     }
-    if seen.len() != n {
+    // A run that gave up may stop before the observer has seen every create.
+    if seen.len() != n && gave_up.is_none() {
         bail!("the observer saw {} nodes, {n} created", seen.len());
     }
-    let total_s = last.duration_since(start).as_secs_f64();
+    let served = latencies.len();
+    let total_s = gave_up.unwrap_or(last).duration_since(start).as_secs_f64();
     let watch_errors = observer.watch_errors();
     drop(observer);
     let proc_log = proc.log.clone();
     proc.stop().await?;
+    if let Some(k) = kwok_proc {
+        k.stop().await?;
+    }
     // Counted after the contender stopped: its watches have ended and been logged.
     let requests = contender.requests()?;
+    let kubelet_requests = if fleet {
+        let r = crate::audit::count_file_user(&contender.audit_log, kwok::USER)?;
+        kubelet_updates = Some(r.node_status_writes());
+        Some(r)
+    } else {
+        None
+    };
     let carves = carve_seconds(&std::fs::read_to_string(&proc_log).unwrap_or_default());
     cp.stop().await;
     Ok(BurstRun {
@@ -360,7 +532,7 @@ async fn one(
         nodes: n,
         round,
         total_s: dec(total_s, 3),
-        assigned_per_s: dec(n as f64 / total_s, 1),
+        assigned_per_s: dec(served as f64 / total_s, 1),
         latency: rounded(stats::latency(latencies)),
         load,
         synced_s: dec(synced.as_secs_f64(), 3),
@@ -373,9 +545,31 @@ async fn one(
         watch_errors,
         requests_per_node: dec(requests.total as f64 / n as f64, 3),
         carve_s: carves,
+        node_writes: requests.node_writes(),
+        conflicts: requests.conflicts(),
+        failed_node_writes: requests.failed_node_writes(),
         requests,
         kubelet_updates,
+        fleet: args.fleet,
+        served: fleet.then_some(served),
+        kubelet_requests,
+        kwok_cpu_s,
     })
+}
+
+fn stages_dir(args: &BurstArgs) -> PathBuf {
+    args.kwok_stages
+        .clone()
+        .unwrap_or_else(|| nodeipam_testenv::workspace_root().join("hack/kwok/stages"))
+}
+
+/// Marks a node as one of KWOK's.
+fn kwok_node(mut node: k8s_openapi::api::core::v1::Node) -> k8s_openapi::api::core::v1::Node {
+    node.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(kwok::ANNOTATION.into(), kwok::ANNOTATION_VALUE.into());
+    node
 }
 
 fn rounded(l: Latency) -> Latency {
@@ -413,6 +607,9 @@ pub fn table(report: &BurstReport) -> String {
         };
         let floor = median(Kind::Floor);
         let what = match mode {
+            Mode::Burst if runs.iter().any(|r| r.fleet.is_some()) => {
+                "created while the contender runs, each played by KWOK as a kubelet (the stages of hack/kwok/stages); latency from creation"
+            }
             Mode::Burst if runs.iter().any(|r| r.kubelet_updates.is_some()) => {
                 "created while the contender runs, each updating its status as a kubelet does; latency from creation"
             }
@@ -456,6 +653,87 @@ pub fn table(report: &BurstReport) -> String {
             );
         }
         out += &summary(&runs, n);
+        if runs.iter().any(|r| r.fleet.is_some()) {
+            out += &fleet_table(&runs, n, report.fleet.as_ref());
+        }
+    }
+    out
+}
+
+/// The kubelet-like fleet's numbers: per run, the nodes served and the contender's Node writes
+/// and conflicts per node (the warm-up node counted: N + 1 nodes), KWOK's status updates per
+/// node; then per contender over its rounds the median total, its spread, and the median and
+/// spread of the per-round ratios to kcm.
+pub fn fleet_table(runs: &[&BurstRun], n: usize, settings: Option<&FleetSettings>) -> String {
+    let per_node = |x: u64| x as f64 / (n + 1) as f64;
+    let mut out = String::from("\n");
+    if let Some(s) = settings {
+        out += &format!(
+            "kubelet-like fleet: {:?} with stages {} (heartbeat {}), time limit {} s; per node = over {} nodes (the warm-up node's included)\n",
+            s.fleet,
+            s.stages.join(" → "),
+            if s.heartbeat { "on" } else { "off" },
+            s.time_limit_s,
+            n + 1
+        );
+    }
+    out += "\n| contender | round | served | total s | p50 ms | p99 ms | node writes/node | 409s/node | failed node writes/node | kubelet status updates/node | kwok CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for r in runs {
+        out += &format!(
+            "| {} | {} | {}/{} | {:.2} | {:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} |\n",
+            r.contender.name(),
+            r.round,
+            r.served.unwrap_or(r.latency.count),
+            r.nodes,
+            r.total_s,
+            r.latency.p50_ms,
+            r.latency.p99_ms,
+            per_node(r.node_writes),
+            per_node(r.conflicts),
+            per_node(r.failed_node_writes),
+            r.kubelet_updates
+                .map_or("–".into(), |u| format!("{:.2}", per_node(u))),
+            r.kwok_cpu_s.map_or("–".into(), |c| format!("{c:.2}")),
+        );
+    }
+    let mut kinds: Vec<Kind> = runs.iter().map(|r| r.contender).collect();
+    kinds.sort_by_key(|k| k.name());
+    kinds.dedup();
+    let kcm_of = |round: usize| {
+        runs.iter()
+            .find(|r| r.contender == Kind::Kcm && r.round == round)
+            .map(|r| r.total_s)
+    };
+    out += "\n| contender | rounds | served (fewest) | median total s | spread s | median × kcm | spread × kcm | node writes/node | 409s/node |\n|---|---|---|---|---|---|---|---|---|\n";
+    for kind in kinds {
+        let mine: Vec<&&BurstRun> = runs.iter().filter(|r| r.contender == kind).collect();
+        let totals: Vec<f64> = mine.iter().map(|r| r.total_s).collect();
+        let ratios: Vec<f64> = mine
+            .iter()
+            .filter_map(|r| kcm_of(r.round).map(|k| r.total_s / k))
+            .collect();
+        let served = mine
+            .iter()
+            .map(|r| r.served.unwrap_or(r.latency.count))
+            .min()
+            .unwrap_or(0);
+        out += &format!(
+            "| {} | {} | {served}/{n} | {:.2} | {} | {} | {} | {} | {} |\n",
+            kind.name(),
+            mine.len(),
+            median_of(totals.clone()).unwrap_or(f64::NAN),
+            spread(&totals),
+            median_of(ratios.clone()).map_or("–".into(), |r| format!("{r:.3}")),
+            if ratios.is_empty() {
+                "–".into()
+            } else {
+                spread(&ratios)
+            },
+            median_of(mine.iter().map(|r| per_node(r.node_writes)).collect())
+                .map_or("–".into(), |w| format!("{w:.3}")),
+            median_of(mine.iter().map(|r| per_node(r.conflicts)).collect())
+                .map_or("–".into(), |c| format!("{c:.3}")),
+        );
     }
     out
 }
@@ -554,7 +832,75 @@ fn summary(runs: &[&BurstRun], n: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::carve_seconds;
+    use super::*;
+
+    fn fleet_run(
+        kind: &str,
+        round: usize,
+        total: f64,
+        served: usize,
+        writes: u64,
+        conflicts: u64,
+    ) -> BurstRun {
+        serde_json::from_value(serde_json::json!({
+            "contender": kind, "mode": "burst", "nodes": 200, "round": round,
+            "total_s": total, "assigned_per_s": 0.0,
+            "latency": {"count": served, "p50_ms": 1000.0, "p90_ms": 0.0, "p99_ms": 2000.0, "max_ms": 0.0, "mean_ms": 0.0},
+            "load": {"created": 200, "seconds": 1.0, "per_second": 200.0, "retries": 0},
+            "synced_s": 0.1, "cpu_s": 1.0, "rss_end_mib": 1.0, "rss_peak_mib": 1.0,
+            "servers_cpu_s": {"apiserver_s": 1.0, "etcd_s": 1.0},
+            "load1_before": 0.0, "load1_after": 0.0, "watch_errors": 0,
+            "fleet": "kwok", "served": served, "node_writes": writes, "conflicts": conflicts,
+            "failed_node_writes": conflicts,
+            "kubelet_updates": 402, "kwok_cpu_s": 0.5,
+        }))
+        .expect("a run")
+    }
+
+    #[test]
+    fn the_fleet_table_gives_served_writes_and_conflicts_per_node_and_ratios_to_kcm() {
+        let runs = [
+            fleet_run("nodeipam-default", 1, 4.4, 200, 201, 0),
+            fleet_run("kcm", 1, 4.0, 200, 205, 2),
+            fleet_run("nodeipam-default", 2, 300.5, 150, 151, 0),
+            fleet_run("kcm", 2, 5.0, 200, 201, 0),
+        ];
+        let refs: Vec<&BurstRun> = runs.iter().collect();
+        let settings = FleetSettings {
+            fleet: Fleet::Kwok,
+            stages: vec!["node-register".into(), "node-ready".into()],
+            heartbeat: false,
+            time_limit_s: 300,
+        };
+        let t = fleet_table(&refs, 200, Some(&settings));
+        assert!(
+            t.contains("node-register → node-ready (heartbeat off), time limit 300 s"),
+            "{t}"
+        );
+        // 201 writes over 200 nodes and the warm-up node; 402 status updates: 2 per node.
+        assert!(t.contains("| nodeipam-default | 1 | 200/200 | 4.40 | 1000 | 2000 | 1.000 | 0.000 | 0.000 | 2.00 | 0.50 |"), "{t}");
+        assert!(
+            t.contains(
+                "| kcm | 1 | 200/200 | 4.00 | 1000 | 2000 | 1.020 | 0.010 | 0.010 | 2.00 | 0.50 |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("| nodeipam-default | 2 | 150/200 | 300.50 |"),
+            "{t}"
+        );
+        // Per-round ratios 1.1 and 60.1; the fewest served.
+        assert!(
+            t.contains(
+                "| nodeipam-default | 2 | 150/200 | 152.45 | 4.40–300.50 | 30.600 | 1.10–60.10 |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("| kcm | 2 | 200/200 | 4.50 | 4.00–5.00 | 1.000 | 1.00–1.00 |"),
+            "{t}"
+        );
+    }
 
     #[test]
     fn carve_latencies_are_read_from_the_log() {

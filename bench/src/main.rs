@@ -9,6 +9,7 @@ mod common;
 mod contender;
 mod failover;
 mod floor;
+mod kwok;
 mod nodes;
 mod observer;
 mod procstat;

@@ -114,29 +114,44 @@ impl Observer {
         &self,
         count: usize,
         timeout: Duration,
-        mut check: impl FnMut() -> anyhow::Result<()>,
+        check: impl FnMut() -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        if self.wait_served(count, timeout, check).await? {
+            return Ok(());
+        }
+        let (seen, assigned) = self.counts();
+        bail!("only {assigned} of {count} nodes had podCIDRs after {timeout:?} ({seen} seen)")
+    }
+
+    /// Like `wait_assigned`, but a time limit is an answer, not an error: whether all `count`
+    /// nodes hold podCIDRs by then.
+    pub async fn wait_served(
+        &self,
+        count: usize,
+        limit: Duration,
+        mut check: impl FnMut() -> anyhow::Result<()>,
+    ) -> anyhow::Result<bool> {
+        let deadline = tokio::time::Instant::now() + limit;
         loop {
             let notified = self.changed.notified();
-            let (seen, assigned) = {
-                let st = lock(&self.state);
-                (st.nodes.len(), st.assigned)
-            };
-            if assigned >= count {
-                return Ok(());
+            if self.counts().1 >= count {
+                return Ok(true);
             }
             check()?;
             if tokio::time::Instant::now() >= deadline {
-                bail!(
-                    "only {assigned} of {count} nodes had podCIDRs after {timeout:?} ({seen} seen)"
-                );
+                return Ok(false);
             }
             tokio::select! {
                 () = notified => {}
                 () = tokio::time::sleep(Duration::from_millis(200)) => {}
             }
         }
+    }
+
+    /// Nodes seen, and of them those seen with podCIDRs.
+    pub fn counts(&self) -> (usize, usize) {
+        let st = lock(&self.state);
+        (st.nodes.len(), st.assigned)
     }
 
     /// What was seen of each node.

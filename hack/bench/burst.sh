@@ -12,5 +12,7 @@
 #   --mode backlog          nodes created first, then the contender started (write throughput)
 #   --existing 50000        that many nodes with podCIDRs in the cluster before the contender
 #   --contenders floor-like-nodeipam   the floor writing nodeipam's patch (annotation, UID)
+#   --kubelets              every node updates its status as a kubelet (the bench's own kubelets)
+#   --fleet kwok            the same played by KWOK with hack/kwok/stages: run hack/bench/fleet.sh
 # Writes bench-results/burst-<UTC date>.json; `nodeipam-bench report FILE` prints its tables.
 exec "$(dirname "$0")/run-contenders.sh" burst "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Shared by burst.sh and startup.sh: builds the control plane and the release binaries, copies
-# them aside, and runs `nodeipam-bench KIND` with the contender logs in a fresh work folder.
+# Shared by burst.sh, fleet.sh, startup.sh and failover.sh: builds the control plane and the
+# release binaries, copies them aside (with fleet.sh's BENCH_KWOK, KWOK and its stages too), and
+# runs `nodeipam-bench KIND` with the contender logs in a fresh work folder.
 #   hack/bench/run-contenders.sh burst|startup [nodeipam-bench flags]
 # Writes bench-results/KIND-<UTC date>.json.
 set -euo pipefail
@@ -22,9 +23,16 @@ timed "cargo build --release nodeipam, nodeipam-bench" \
 # Private copies: another build in the shared target folder must not swap them mid-run.
 mkdir -p "$WORK/bin"
 cp "$CARGO_TARGET_DIR/release/nodeipam" "$CARGO_TARGET_DIR/release/nodeipam-bench" "$WORK/bin/"
+# fleet.sh: KWOK too, and the stages it plays (hack/kwok/stages), as they are now.
+EXTRA=()
+if [[ -n "${BENCH_KWOK:-}" ]]; then
+  cp "$BENCH_KWOK" "$WORK/bin/kwok"
+  cp -r "$NODEIPAM_ROOT/hack/kwok/stages" "$WORK/kwok-stages"
+  EXTRA+=(--kwok "$WORK/bin/kwok" --kwok-stages "$WORK/kwok-stages")
+fi
 # The run itself needs no build folder: other builds may go on meanwhile (claim_target's lock).
 flock -u 9
 log "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores; contender logs in $WORK"
 "$WORK/bin/nodeipam-bench" "$KIND" \
-  --nodeipam "$WORK/bin/nodeipam" --work "$WORK" --out "$OUT" "$@"
+  --nodeipam "$WORK/bin/nodeipam" --work "$WORK" --out "$OUT" "${EXTRA[@]}" "$@"
 log "load average after: $(cut -d' ' -f1-3 /proc/loadavg); results: $OUT"
