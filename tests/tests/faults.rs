@@ -870,3 +870,103 @@ async fn a_leader_whose_election_hangs_sends_nothing_after_its_term() {
     a.wait_exit().await;
     finish(b, cp).await;
 }
+
+/// The IPPools nodeipam publishes for Calico whose `spec.cidr` is `cidr`.
+async fn ip_pools_of(admin: &Client, cidr: &str) -> Vec<kube::api::DynamicObject> {
+    let r = kube::discovery::ApiResource {
+        group: "projectcalico.org".into(),
+        version: "v3".into(),
+        api_version: "projectcalico.org/v3".into(),
+        kind: "IPPool".into(),
+        plural: "ippools".into(),
+    };
+    Api::<kube::api::DynamicObject>::all_with(admin.clone(), &r)
+        .list(&Default::default())
+        .await
+        .expect("list IPPools")
+        .items
+        .into_iter()
+        .filter(|p| p.data["spec"]["cidr"] == cidr)
+        .collect()
+}
+
+/// Issue 45's fourth sequence, end to end with two replicas and Calico's CRDs: replica-a
+/// deletes the IPPool of config spare once spare is disabled and drained; that delete is
+/// answered 500 and reaches the API server 40 s later. replica-a is killed, spare is enabled
+/// again and a node gets a block of it from replica-b, whose first session rewrote the
+/// IPPool it agreed with (moving its version). The late delete, sent at the version
+/// replica-a listed, must be refused: the IPPool of a range in use stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_ip_pool_delete_never_removes_a_range_in_use() {
+    let cp = control_plane().await;
+    let crds = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/consumer-crds");
+    cp.install_crds(&crds)
+        .await
+        .expect("step=install-consumer-crds");
+    let admin = cp.client();
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    support::process::kubectl_ok(
+        &cp,
+        &[
+            "apply",
+            "-f",
+            &support::process::config_path("calico/rbac.yaml"),
+        ],
+    )
+    .await;
+    let mut flags = FLAGS.to_vec();
+    flags.push("--calico-ip-pools");
+    let (proxy, through) = sa_proxy(&cp, dir.path(), "through-proxy.kubeconfig");
+    let mut a = Replica::start_plain(dir.path(), &through, "replica-a", &flags).await;
+    a.wait_leader_metric(1.0).await;
+    let b_kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
+    let b = Replica::start_plain(dir.path(), &b_kubeconfig, "replica-b", &flags).await;
+    let spare = selector(&[("zone", "In", &["spare"])]);
+    create_ready_config(
+        &admin,
+        "spare",
+        spec(family("10.74.0.0/24", 28), None, spare),
+    )
+    .await;
+    create_node(&admin, "on-spare", &[("zone", "spare")]).await;
+    wait_cidrs(&admin, "on-spare").await;
+    wait_for("replica-a's IPPool for spare", || async {
+        (!ip_pools_of(&admin, "10.74.0.0/24").await.is_empty()).then_some(())
+    })
+    .await;
+    let late = proxy.add(Rule::new(Some(Method::DELETE), "/ippools/", LATE).times(1));
+    set_allocation(&admin, "spare", nodeipam_crd::Allocation::Disabled).await;
+    delete_node(&admin, "on-spare").await;
+    wait_for("replica-a's delete of spare's IPPool", || async {
+        (late.matched() >= 1).then_some(())
+    })
+    .await;
+    a.signal(Signal::KILL);
+    a.wait_exit().await;
+    set_allocation(&admin, "spare", nodeipam_crd::Allocation::Enabled).await;
+    create_node(&admin, "again-on-spare", &[("zone", "spare")]).await;
+    b.wait_leader_metric(1.0).await;
+    let given = wait_cidrs(&admin, "again-on-spare").await;
+    assert!(
+        given.iter().all(|c| c.starts_with("10.74.")),
+        "again-on-spare got {given:?}, not a block of spare"
+    );
+    let landed = wait_for("the held IPPool delete to arrive", || async {
+        proxy.log().into_iter().find(|e| {
+            e.path.contains("/ippools/")
+                && e.origin == nodeipam_testenv::fault_proxy::Origin::Landed
+        })
+    })
+    .await;
+    assert!(
+        !ip_pools_of(&admin, "10.74.0.0/24").await.is_empty(),
+        "spare's IPPool is gone while again-on-spare holds a block of it (the late delete: {landed:?})"
+    );
+    assert_eq!(
+        landed.status, 409,
+        "the late delete was not refused by its precondition: {landed:?}"
+    );
+    assert_invariant(&admin, &[]).await;
+    finish(b, cp).await;
+}
