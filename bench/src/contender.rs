@@ -325,16 +325,21 @@ impl Running {
     /// SIGTERM, then SIGKILL after 10 s. An exit before this is an error (the run is invalid).
     pub async fn stop(mut self) -> anyhow::Result<()> {
         self.check_alive()?;
-        if let Some(pid) = Pid::from_raw(self.pid as i32) {
-            let _ = kill_process(pid, Signal::TERM);
-        }
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
+        terminate(&mut self.child, self.pid).await;
         Ok(())
+    }
+}
+
+/// SIGTERM to the process `pid` (`child`), then SIGKILL if it has not exited after 10 s.
+pub async fn terminate(child: &mut Child, pid: u32) {
+    if let Some(pid) = Pid::from_raw(pid as i32) {
+        let _ = kill_process(pid, Signal::TERM);
+    }
+    if tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
     }
 }
 

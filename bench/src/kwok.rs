@@ -11,7 +11,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use rustix::process::{Pid, Signal, kill_process};
 use tokio::process::{Child, Command};
 
 /// The annotation KWOK is told to manage Nodes by (`manageNodesWithAnnotationSelector`).
@@ -148,15 +147,7 @@ impl Kwok {
     /// SIGTERM, then SIGKILL after 10 s.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         self.check_alive()?;
-        if let Some(pid) = Pid::from_raw(self.pid as i32) {
-            let _ = kill_process(pid, Signal::TERM);
-        }
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
+        crate::contender::terminate(&mut self.child, self.pid).await;
         Ok(())
     }
 }
