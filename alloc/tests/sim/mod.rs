@@ -14,7 +14,8 @@ use std::time::Duration;
 use ipnet::IpNet;
 use kube_core::DynamicObject;
 use nodeipam_alloc::effects::{
-    ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, WriteJob, WriteResult,
+    ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, EnableChild, EnableOutcome, WriteJob,
+    WriteResult,
 };
 use nodeipam_alloc::fence::{self, PUBLISHED_BY, Send};
 use nodeipam_alloc::fixtures;
@@ -23,7 +24,7 @@ use nodeipam_alloc::machine::{self, Effect, Input, Machine, Now};
 use nodeipam_alloc::outcome::{NodeNow, WriteOutcome};
 use nodeipam_alloc::outputs::{MANAGED_BY, holds_spec, stale};
 use nodeipam_alloc::podnetwork::{PodNetwork, covered, ip_masq_agent_config};
-use nodeipam_alloc::pool::{POOL_LABEL, PoolStatus};
+use nodeipam_alloc::pool::{AWAITING_ENABLE, POOL_LABEL, PoolStatus};
 use nodeipam_crd::pool::{
     NodeIPAMPool, NodeIPAMPoolSpec, PoolFamilySpec, PoolHeadroom, PoolRanges, PoolScaleDown,
 };
@@ -108,7 +109,7 @@ pub enum User {
     },
 }
 
-/// How a pool job (a child's create or delete, a pool's status) fares.
+/// How a pool job (a child's create, enable or delete, a pool's status) fares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PoolFault {
     None,
@@ -125,6 +126,8 @@ pub enum PoolFault {
 #[derive(Clone, Debug)]
 enum PoolJob {
     Create(ChildConfig),
+    /// A child created disabled, enabled at the version the decision saw.
+    Enable(EnableChild),
     Delete {
         name: String,
         uid: Option<String>,
@@ -164,6 +167,12 @@ enum Sent {
     },
     /// A pool's child: created by its deterministic name.
     Create(ChildConfig),
+    /// A pool's child enabled: the JSON patch `fence::enable_patch` makes (the version and
+    /// UID the decision saw tested, the marker removed, allocation Enabled).
+    Enable {
+        name: String,
+        patch: serde_json::Value,
+    },
     /// A pool's child deleted at the UID and resourceVersion read just before.
     ChildDelete {
         name: String,
@@ -733,6 +742,7 @@ impl Sim {
             Effect::Reread { node, uid } => proc.rereads.push((node, uid)),
             Effect::Note(_) | Effect::Metric(_) => {}
             Effect::CreateConfig(child) => proc.pool_jobs.push(PoolJob::Create(child)),
+            Effect::EnableConfig(child) => proc.pool_jobs.push(PoolJob::Enable(child)),
             Effect::DeleteConfig { name, uid } => {
                 proc.pool_jobs.push(PoolJob::Delete { name, uid });
             }
@@ -942,6 +952,14 @@ impl Sim {
                 moved(&at.0, &c.metadata.uid) || moved(&at.1, &c.metadata.resource_version)
             }),
             Sent::Create(child) => configs.contains_key(&child.name),
+            Sent::Enable { name, patch } => configs.get(name).is_none_or(|c| {
+                let rv = c.metadata.resource_version.as_deref().unwrap_or_default();
+                patch.as_array().into_iter().flatten().any(|op| {
+                    op["op"] == "test"
+                        && op["path"] == "/metadata/resourceVersion"
+                        && op["value"] != rv
+                })
+            }),
             Sent::Delete { index, name, at } => {
                 self.world.outputs[*index].get(name).is_none_or(|o| {
                     moved(&at.0, &o.metadata.uid) || moved(&at.1, &o.metadata.resource_version)
@@ -1020,6 +1038,11 @@ impl Sim {
                 rule: "a pool retires only empty children",
                 detail: format!("retiring {name} while {node} holds {block}"),
             });
+        }
+        // A child that never served (created disabled, awaiting its enable) may be retired at
+        // once: its pool has more than max children that count (a create landed late).
+        if awaiting(c) {
+            return Ok(());
         }
         let pool = c
             .metadata
@@ -1210,6 +1233,15 @@ impl Sim {
     fn pool_write(&self, job: &PoolJob) -> Result<Sent, Option<String>> {
         Ok(match job {
             PoolJob::Create(child) => Sent::Create(child.clone()),
+            PoolJob::Enable(child) => {
+                let Some(rv) = child.resource_version.as_deref() else {
+                    return Err(Some("409 no resourceVersion to enable it at".into()));
+                };
+                Sent::Enable {
+                    name: child.name.clone(),
+                    patch: fence::enable_patch(child.uid.as_deref(), rv),
+                }
+            }
             PoolJob::Delete { name, uid } => {
                 let read = self.world.configs.get(name);
                 let read = read.filter(|c| uid.is_none() || c.metadata.uid == *uid);
@@ -1241,6 +1273,7 @@ impl Sim {
                 CreateOutcome::AlreadyExists => Some("409 AlreadyExists".into()),
                 CreateOutcome::Failed(why) => Some(why),
             },
+            Sent::Enable { name, patch } => self.world.patch_config(&name, &patch).err(),
             Sent::ChildDelete { name, at } => {
                 self.world.delete_config_at(&name, at, self.wall).err()
             }
@@ -1266,6 +1299,20 @@ impl Sim {
                     Ok(Some(why)) | Err(why) => CreateOutcome::Failed(why),
                 };
                 proc.answers.push(Input::ConfigCreated { config, outcome });
+            }
+            PoolJob::Enable(child) => {
+                let outcome = match answer {
+                    Ok(None) => EnableOutcome::Enabled,
+                    Ok(Some(why))
+                        if why.starts_with("404")
+                            || why.starts_with("409")
+                            || why.starts_with("422") =>
+                    {
+                        EnableOutcome::Moved(why)
+                    }
+                    Ok(Some(why)) | Err(why) => EnableOutcome::Failed(why),
+                };
+                proc.answers.push(Input::ConfigEnabled { child, outcome });
             }
             PoolJob::Delete { name, uid } => {
                 let outcome = match answer {
@@ -2224,6 +2271,15 @@ impl Sim {
                         ),
                     });
                 }
+                Effect::EnableConfig(child) => {
+                    return Err(Violation {
+                        rule: "a pool's children within its max are enabled",
+                        detail: format!(
+                            "at rest, a fresh start enables {} of pool {}",
+                            child.name, child.pool
+                        ),
+                    });
+                }
                 Effect::DeleteConfig { name, .. } if !leaky(name) => {
                     return Err(Violation {
                         rule: "empty children beyond min retire after emptyFor",
@@ -2322,6 +2378,15 @@ fn deliverable(answers: &[Input]) -> Vec<usize> {
         })
         .map(|(i, _)| i)
         .collect()
+}
+
+/// A pool's child created disabled and not enabled since (it carries the marker).
+fn awaiting(c: &NodeIPAMConfig) -> bool {
+    c.spec.allocation == Allocation::Disabled
+        && c.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(AWAITING_ENABLE))
 }
 
 /// `NODEIPAM_SIM_VERBOSE=1` prints every action, input and effect of a replay.

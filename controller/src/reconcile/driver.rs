@@ -238,6 +238,7 @@ impl Effects {
                 }
                 Effect::Metric(m) => record(&self.ctx.metrics, m),
                 Effect::CreateConfig(child) => drop(self.pool_jobs.send(PoolJob::Create(child))),
+                Effect::EnableConfig(child) => drop(self.pool_jobs.send(PoolJob::Enable(child))),
                 Effect::DeleteConfig { name, uid } => {
                     drop(self.pool_jobs.send(PoolJob::Delete { name, uid }));
                 }

@@ -1,8 +1,9 @@
 //! Carries out the NodeIPAMPools' decisions on the allocation loop's behalf: creates a child
 //! NodeIPAMConfig (AlreadyExists is an answer, not an error: the name is deterministic, so a
-//! retry or another leader's create finds it), deletes an empty child with its UID and the
-//! version read just before as preconditions, and writes pool statuses with a test of the UID. Creates and deletes are
-//! answered once (the allocation loop decides what to ask again); statuses coalesce per pool
+//! retry or another leader's create finds it; created disabled and awaiting its enable),
+//! enables a child at the version the decision saw it at, deletes an empty child with its UID
+//! and the version read just before as preconditions, and writes pool statuses with a test of
+//! the UID. Creates, enables and deletes are answered once (the allocation loop decides what to ask again); statuses coalesce per pool
 //! and are retried.
 
 use std::collections::BTreeMap;
@@ -18,13 +19,16 @@ use tracing::{debug, info, warn};
 
 use super::node_writer::backoff;
 use super::{Context, MANAGER};
-use crate::alloc::effects::{ChildConfig, CreateOutcome, DeleteOutcome};
+use crate::alloc::effects::{
+    ChildConfig, CreateOutcome, DeleteOutcome, EnableChild, EnableOutcome,
+};
 use crate::alloc::machine::Input;
 
 /// One thing a pool asked for.
 #[derive(Clone, Debug)]
 pub enum PoolJob {
     Create(ChildConfig),
+    Enable(EnableChild),
     Delete {
         name: String,
         uid: Option<String>,
@@ -77,6 +81,10 @@ pub async fn run(
                         outcome,
                     });
                 }
+                PoolJob::Enable(child) => {
+                    let outcome = enable(&ctx, &child).await;
+                    let _ = answers.send(Input::ConfigEnabled { child, outcome });
+                }
                 PoolJob::Delete { name, uid } => {
                     let outcome = delete(&ctx, &name, uid.as_deref()).await;
                     let _ = answers.send(Input::ConfigDeleted { name, uid, outcome });
@@ -117,6 +125,45 @@ async fn create(ctx: &Context, child: &ChildConfig) -> CreateOutcome {
         Err(e) => {
             ctx.metrics.reconcile_error("config_create");
             CreateOutcome::Failed(e.to_string())
+        }
+    }
+}
+
+/// Enables the child created disabled, only the object and version the decision saw
+/// (`fence::enable_patch`: a JSON patch testing the resourceVersion and UID, as the config
+/// writer's finalizer edits do), so that a deposed leader's enable, however late, lands only
+/// on a child its successor read as it was and counted toward the pool's max
+/// (docs/single-writer.md, "Every write"). A 409 or 422 (a failed test) or a 404 means the
+/// child moved: the allocation loop decides again from the watch.
+async fn enable(ctx: &Context, child: &EnableChild) -> EnableOutcome {
+    let api: Api<NodeIPAMConfig> = Api::all(ctx.client.clone());
+    let Some(rv) = child.resource_version.as_deref() else {
+        return EnableOutcome::Moved("no resourceVersion to enable it at".into());
+    };
+    let ops = crate::alloc::fence::enable_patch(child.uid.as_deref(), rv);
+    let patch: json_patch::Patch = match serde_json::from_value(ops) {
+        Ok(p) => p,
+        Err(e) => return EnableOutcome::Failed(e.to_string()),
+    };
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    ctx.limiter.acquire().await;
+    match ctx
+        .write(api.patch(&child.name, &params, &Patch::Json::<()>(patch)))
+        .await
+    {
+        Ok(_) => {
+            info!(pool = %child.pool, config = %child.name, "enabled a child NodeIPAMConfig");
+            EnableOutcome::Enabled
+        }
+        Err(KubeError::Api(s)) if matches!(s.code, 404 | 409 | 422) => {
+            EnableOutcome::Moved(format!("{} {}: {}", s.code, s.reason, s.message))
+        }
+        Err(e) => {
+            ctx.metrics.reconcile_error("config_enable");
+            EnableOutcome::Failed(e.to_string())
         }
     }
 }
