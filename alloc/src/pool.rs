@@ -180,6 +180,17 @@ pub fn pool_input(obj: &NodeIPAMPool) -> PoolInput {
     }
 }
 
+/// Whether a child config object awaits its enable: [`AWAITING_ENABLE`] on it and its
+/// allocation Disabled. The one test the machine, the pool writer and the simulator share.
+pub fn awaits_enable(obj: &nodeipam_crd::NodeIPAMConfig) -> bool {
+    obj.spec.allocation != nodeipam_crd::Allocation::Enabled
+        && obj
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(AWAITING_ENABLE))
+}
+
 /// A child config of a pool, as the allocation state sees it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChildView {

@@ -320,8 +320,7 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
         ipv6: family(claimed.ipv6),
         selector: spec.node_selector.clone(),
         enabled: spec.allocation == AllocationSwitch::Enabled,
-        awaiting: spec.allocation != AllocationSwitch::Enabled
-            && obj.annotations().contains_key(crate::pool::AWAITING_ENABLE),
+        awaiting: crate::pool::awaits_enable(obj),
         deleting: obj.meta().deletion_timestamp.is_some(),
         invalid,
         gate: None,

@@ -142,6 +142,9 @@ pub enum Effect {
     DeleteConfig {
         name: String,
         uid: Option<String>,
+        /// Retired because its pool is over max: deleted only while it still awaits its
+        /// enable as read just before (never a child enabled since, by us or by hand).
+        only_awaiting: bool,
     },
     /// Write a pool's status, only to the object `uid`.
     PoolStatus {

@@ -527,6 +527,7 @@ impl Pools {
             core.push(Effect::DeleteConfig {
                 name: retire.name.clone(),
                 uid: retire.uid.clone(),
+                only_awaiting: retire.over_max,
             });
             // It hands out nothing from now on.
             retired.push(retire.name.clone());

@@ -24,7 +24,7 @@ use nodeipam_alloc::machine::{self, Effect, Input, Machine, Now};
 use nodeipam_alloc::outcome::{NodeNow, WriteOutcome};
 use nodeipam_alloc::outputs::{MANAGED_BY, holds_spec, stale};
 use nodeipam_alloc::podnetwork::{PodNetwork, covered, ip_masq_agent_config};
-use nodeipam_alloc::pool::{AWAITING_ENABLE, POOL_LABEL, PoolStatus};
+use nodeipam_alloc::pool::{POOL_LABEL, PoolStatus, awaits_enable};
 use nodeipam_crd::pool::{
     NodeIPAMPool, NodeIPAMPoolSpec, PoolFamilySpec, PoolHeadroom, PoolRanges, PoolScaleDown,
 };
@@ -131,6 +131,7 @@ enum PoolJob {
     Delete {
         name: String,
         uid: Option<String>,
+        only_awaiting: bool,
     },
     Status {
         name: String,
@@ -743,8 +744,16 @@ impl Sim {
             Effect::Note(_) | Effect::Metric(_) => {}
             Effect::CreateConfig(child) => proc.pool_jobs.push(PoolJob::Create(child)),
             Effect::EnableConfig(child) => proc.pool_jobs.push(PoolJob::Enable(child)),
-            Effect::DeleteConfig { name, uid } => {
-                proc.pool_jobs.push(PoolJob::Delete { name, uid });
+            Effect::DeleteConfig {
+                name,
+                uid,
+                only_awaiting,
+            } => {
+                proc.pool_jobs.push(PoolJob::Delete {
+                    name,
+                    uid,
+                    only_awaiting,
+                });
             }
             Effect::PoolStatus { name, uid, status } => {
                 // One pending status per pool, the newest, as the writer keeps.
@@ -1041,7 +1050,7 @@ impl Sim {
         }
         // A child that never served (created disabled, awaiting its enable) may be retired at
         // once: its pool has more than max children that count (a create landed late).
-        if awaiting(c) {
+        if awaits_enable(c) {
             return Ok(());
         }
         let pool = c
@@ -1242,12 +1251,19 @@ impl Sim {
                     patch: fence::enable_patch(child.uid.as_deref(), rv),
                 }
             }
-            PoolJob::Delete { name, uid } => {
+            PoolJob::Delete {
+                name,
+                uid,
+                only_awaiting,
+            } => {
                 let read = self.world.configs.get(name);
                 let read = read.filter(|c| uid.is_none() || c.metadata.uid == *uid);
                 let Some(read) = read else {
                     return Err(Some(format!("404 NotFound: {name}")));
                 };
+                if *only_awaiting && !awaits_enable(read) {
+                    return Err(Some("it was enabled since it was decided on".into()));
+                }
                 let at = (
                     read.metadata.uid.clone(),
                     read.metadata.resource_version.clone(),
@@ -1314,7 +1330,7 @@ impl Sim {
                 };
                 proc.answers.push(Input::ConfigEnabled { child, outcome });
             }
-            PoolJob::Delete { name, uid } => {
+            PoolJob::Delete { name, uid, .. } => {
                 let outcome = match answer {
                     Ok(None) => DeleteOutcome::Deleted,
                     Ok(Some(why)) if why.starts_with("404") => DeleteOutcome::Gone,
@@ -2378,15 +2394,6 @@ fn deliverable(answers: &[Input]) -> Vec<usize> {
         })
         .map(|(i, _)| i)
         .collect()
-}
-
-/// A pool's child created disabled and not enabled since (it carries the marker).
-fn awaiting(c: &NodeIPAMConfig) -> bool {
-    c.spec.allocation == Allocation::Disabled
-        && c.metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(AWAITING_ENABLE))
 }
 
 /// `NODEIPAM_SIM_VERBOSE=1` prints every action, input and effect of a replay.

@@ -34,7 +34,7 @@ pub(super) fn deletes(effects: &[Effect]) -> Vec<(&str, Option<&str>)> {
     effects
         .iter()
         .filter_map(|e| match e {
-            Effect::DeleteConfig { name, uid } => Some((name.as_str(), uid.as_deref())),
+            Effect::DeleteConfig { name, uid, .. } => Some((name.as_str(), uid.as_deref())),
             _ => None,
         })
         .collect()
