@@ -713,7 +713,14 @@ impl Sim {
 
     /// Queues an effect as the driver would, checking what can be checked when it is asked.
     fn take(&mut self, p: usize, effect: Effect) -> Result<(), Violation> {
-        if let Effect::DeleteConfig { name, .. } = &effect {
+        // An over-max retire of a child awaiting its enable is sent only if, as read just
+        // before, it still awaits (the writer's check): it is checked when sent (`pool_job`).
+        if let Effect::DeleteConfig {
+            name,
+            only_awaiting: false,
+            ..
+        } = &effect
+        {
             self.check_retire(name)?;
         }
         let proc = &mut self.procs[p];
@@ -835,7 +842,7 @@ impl Sim {
             }
             Action::PoolJob { proc, pick, fault } => {
                 if let Some(p) = self.proc(*proc) {
-                    self.pool_job(p, *pick, *fault);
+                    self.pool_job(p, *pick, *fault)?;
                 }
             }
             Action::Publish {
@@ -1212,13 +1219,24 @@ impl Sim {
 
     /// The pool writer: a child's create or delete, or a pool's status. A stuck one is
     /// answered as the writer answers a timeout, and may land later (`Sent`).
-    fn pool_job(&mut self, p: usize, pick: u8, fault: PoolFault) {
+    fn pool_job(&mut self, p: usize, pick: u8, fault: PoolFault) -> Result<(), Violation> {
         let proc = &mut self.procs[p];
         if proc.pool_jobs.is_empty() {
-            return;
+            return Ok(());
         }
         let job = proc.pool_jobs.remove(pick as usize % proc.pool_jobs.len());
         let write = self.pool_write(&job);
+        if let (
+            PoolJob::Delete {
+                name,
+                only_awaiting: true,
+                ..
+            },
+            Ok(_),
+        ) = (&job, &write)
+        {
+            self.check_retire(name)?;
+        }
         let answer = match (&write, fault) {
             (Err(gone), _) => Ok(gone.clone()),
             (Ok(_), PoolFault::Failed) => Err("403 Forbidden".to_string()),
@@ -1235,6 +1253,7 @@ impl Sim {
             }
         };
         self.answer_pool(p, job, answer);
+        Ok(())
     }
 
     /// The write the pool writer sends for `job` now (a delete after its read), or the answer
