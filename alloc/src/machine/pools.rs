@@ -576,7 +576,11 @@ impl Pools {
             self.pool_written
                 .insert(name.to_string(), decision.status.clone());
         }
-        let growing = decision.room || !in_flight.is_empty() || !decision.carves.is_empty();
+        // A child awaiting its enable within max is a carve not done yet: the pool grows.
+        let growing = decision.room
+            || !in_flight.is_empty()
+            || !decision.carves.is_empty()
+            || !decision.enables.is_empty();
         let was = self.pools.get(name).is_some_and(|p| p.room);
         if let Some(p) = self.pools.get_mut(name) {
             p.room = growing;
