@@ -415,7 +415,13 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
     let mut retires = Vec::new();
     let mut over_max = Vec::new();
     if workable && count > max {
-        for c in counted.iter().rev().filter(|c| c.waits() && !c.held) {
+        // As for any retire, never one that is held or unusable (overlapped by an older
+        // config, whose blocks in its range are not its own to judge).
+        for c in counted
+            .iter()
+            .rev()
+            .filter(|c| c.waits() && !c.held && c.usable)
+        {
             if count <= max {
                 break;
             }
