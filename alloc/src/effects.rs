@@ -10,7 +10,7 @@ use nodeipam_crd::{
     Allocation, FamilySpec, NodeIPAMConfig, NodeIPAMConfigSpec, NodeIPAMConfigStatus,
 };
 
-use crate::pool::POOL_LABEL;
+use crate::pool::{AWAITING_ENABLE, POOL_LABEL};
 
 use super::outcome::WriteOutcome;
 use crate::seal::Fence;
@@ -113,6 +113,10 @@ pub struct ChildConfig {
 impl ChildConfig {
     /// The NodeIPAMConfig to create: the pool's label, and the pool as its controller owner
     /// (so deleting the pool deletes its children, which then drain behind our finalizer).
+    /// Created `Disabled` and marked [`AWAITING_ENABLE`]: a create cannot carry a
+    /// precondition, so one that lands late (after the pool carved elsewhere, or after a
+    /// successor carved up to max) must serve nothing until a leader that counts it enables
+    /// it ([`EnableChild`]; docs/single-writer.md, "Every write").
     pub fn object(&self) -> NodeIPAMConfig {
         let family = |f: Option<(IpNet, u8)>| {
             f.map(|(cidr, mask)| FamilySpec {
@@ -124,7 +128,7 @@ impl ChildConfig {
             ipv4: family(self.ipv4),
             ipv6: family(self.ipv6),
             node_selector: self.selector.clone(),
-            allocation: Allocation::Enabled,
+            allocation: Allocation::Disabled,
         };
         let mut obj = NodeIPAMConfig::new(&self.name, spec);
         obj.metadata = ObjectMeta {
@@ -132,6 +136,10 @@ impl ChildConfig {
             labels: Some(BTreeMap::from([(
                 POOL_LABEL.to_string(),
                 self.pool.clone(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                AWAITING_ENABLE.to_string(),
+                "true".to_string(),
             )])),
             owner_references: self.pool_uid.as_ref().map(|uid| {
                 vec![OwnerReference {
@@ -151,6 +159,29 @@ impl ChildConfig {
         };
         obj
     }
+}
+
+/// A pool's child created disabled and awaiting its enabling ([`AWAITING_ENABLE`]), to be
+/// enabled: only the object `uid`, and only at `resource_version`, the version the decision
+/// saw it at (`fence::enable_patch`). Answered with `Input::ConfigEnabled`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnableChild {
+    pub pool: String,
+    pub name: String,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
+/// How an enable of a child config went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnableOutcome {
+    Enabled,
+    /// Refused by its precondition (409/422) or gone (404): someone moved it since it was
+    /// read; the pool decides again from the watch.
+    Moved(String),
+    /// Refused otherwise, or unanswered (it may still land: the child counts toward the
+    /// pool's max while it awaits, so that changes nothing); decided again.
+    Failed(String),
 }
 
 /// How a create of a child config went.

@@ -66,6 +66,38 @@ pub fn status_patch(uid: Option<&str>, status: &NodeIPAMConfigStatus) -> Value {
     Value::Array(ops)
 }
 
+/// The tests that keep a JSON patch on the object as it was read: its resourceVersion (any
+/// write since, by anyone, fails it: 422) and, when given, its UID (not an object created
+/// again under the name). The config writer's finalizer edits and a pool child's enable carry
+/// them.
+pub fn at_version(uid: Option<&str>, resource_version: &str) -> Vec<Value> {
+    let mut ops = vec![
+        json!({ "op": "test", "path": "/metadata/resourceVersion", "value": resource_version }),
+    ];
+    if let Some(uid) = uid {
+        ops.push(json!({ "op": "test", "path": "/metadata/uid", "value": uid }));
+    }
+    ops
+}
+
+/// A pool child's enable as a JSON patch: at the version read ([`at_version`]), the marker
+/// [`nodeipam_crd::AWAITING_ENABLE`] tested and removed, and `spec.allocation` set `Enabled`.
+/// A deposed leader's enable can therefore only land on the child exactly as it read it,
+/// awaiting: a successor that read the same version counted it toward the pool's max, and
+/// any write since (its retire, a successor's enable) refuses it.
+pub fn enable_patch(uid: Option<&str>, resource_version: &str) -> Value {
+    let marker = format!(
+        "/metadata/annotations/{}",
+        nodeipam_crd::AWAITING_ENABLE
+            .replace('~', "~0")
+            .replace('/', "~1")
+    );
+    let mut ops = at_version(uid, resource_version);
+    ops.push(json!({ "op": "remove", "path": marker }));
+    ops.push(json!({ "op": "replace", "path": "/spec/allocation", "value": "Enabled" }));
+    Value::Array(ops)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,6 +123,22 @@ mod tests {
         assert_eq!(send(Some(&meta("7", None)), true, "s2"), at("7"));
         assert_eq!(send(Some(&meta("8", Some("s2"))), false, "s2"), at("8"));
         assert_eq!(send(Some(&meta("8", Some("s2"))), true, "s2"), Send::Skip);
+    }
+
+    #[test]
+    fn an_enable_tests_the_version_read_and_takes_the_marker_off() {
+        let ops = enable_patch(Some("u1"), "7");
+        assert_eq!(
+            ops[0],
+            json!({ "op": "test", "path": "/metadata/resourceVersion", "value": "7" })
+        );
+        assert_eq!(ops[1]["path"], "/metadata/uid");
+        assert_eq!(ops[2]["op"], "remove");
+        assert_eq!(
+            ops[2]["path"],
+            "/metadata/annotations/nodeipam.io~1awaiting-enable"
+        );
+        assert_eq!(ops[3]["value"], "Enabled");
     }
 
     #[test]

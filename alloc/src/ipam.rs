@@ -44,6 +44,10 @@ pub struct ConfigInput {
     pub ipv6: Option<(IpNet, u8)>,
     pub selector: Option<NodeSelector>,
     pub enabled: bool,
+    /// A pool's child created disabled, awaiting its enable by its pool (it carries
+    /// [`crate::pool::AWAITING_ENABLE`] and is Disabled): it serves nothing yet, but it is no
+    /// stopped config either: not Drained, and its ranges are published ahead, like a carve's.
+    pub awaiting: bool,
     pub deleting: bool,
     /// Why the spec is unusable, when it is (it bypassed or predates the CRD's rules).
     pub invalid: Option<String>,
@@ -229,6 +233,8 @@ pub struct ConfigFacts {
     pub sample_leaked: Vec<String>,
     pub accepting: bool,
     pub enabled: bool,
+    /// See [`ConfigInput::awaiting`].
+    pub awaiting: bool,
     pub deleting: bool,
     pub invalid: Option<String>,
     pub overlap: Option<String>,
@@ -242,6 +248,12 @@ impl ConfigFacts {
     /// wait on this, and only on this.
     pub fn held(&self) -> bool {
         self.nodes > 0 || self.writing > 0 || self.leaked > 0
+    }
+
+    /// It hands out no block and is not about to: being deleted, or disabled (but for a
+    /// pool's child awaiting its enable, which is about to). Drained once nothing is held.
+    pub fn stopped(&self) -> bool {
+        self.deleting || (!self.enabled && !self.awaiting)
     }
 }
 
@@ -879,7 +891,7 @@ impl Ipam {
                     })
                 })
                 .collect();
-                let stopped = facts.deleting || !facts.enabled;
+                let stopped = facts.stopped();
                 Some(ConfigRanges {
                     name: name.clone(),
                     families,
@@ -908,6 +920,7 @@ impl Ipam {
         let mut facts = ConfigFacts {
             accepting: state.accepting(),
             enabled: state.input.enabled,
+            awaiting: state.input.awaiting,
             deleting: state.input.deleting,
             invalid: state.input.invalid.clone(),
             overlap: state.overlap.clone(),

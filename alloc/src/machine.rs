@@ -145,6 +145,10 @@ impl Machine {
                 self.pools
                     .on_config_created(&config, outcome, &mut self.core);
             }
+            Input::ConfigEnabled { child, outcome } => {
+                self.pools
+                    .on_config_enabled(&child, outcome, &mut self.core);
+            }
             Input::ConfigDeleted { name, uid, outcome } => {
                 self.on_config_deleted(&name, uid.as_deref(), outcome);
             }

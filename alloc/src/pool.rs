@@ -15,10 +15,12 @@ use nodeipam_crd::range::{bounds, overlaps};
 use nodeipam_crd::{CONDITION_EXHAUSTED, CONDITION_READY};
 
 pub use nodeipam_crd::pool::{
-    CONDITION_SCALING, NodeIPAMPoolStatus as PoolStatus, POOL_LABEL, PoolFamilyStatus,
-    PoolRangeStatus, child_name,
+    AWAITING_ENABLE, CONDITION_SCALING, NodeIPAMPoolStatus as PoolStatus, POOL_LABEL,
+    PoolFamilyStatus, PoolRangeStatus, child_name,
 };
-use nodeipam_crd::pool::{NodeIPAMPool, RANGE_ACTIVE, RANGE_DRAINING, RANGE_RETIRING};
+use nodeipam_crd::pool::{
+    NodeIPAMPool, RANGE_ACTIVE, RANGE_DRAINING, RANGE_ENABLING, RANGE_RETIRING,
+};
 
 /// Condition reasons of a pool.
 pub const REASON_ACCEPTING: &str = "Accepting";
@@ -178,6 +180,17 @@ pub fn pool_input(obj: &NodeIPAMPool) -> PoolInput {
     }
 }
 
+/// Whether a child config object awaits its enable: [`AWAITING_ENABLE`] on it and its
+/// allocation Disabled. The one test the machine, the pool writer and the simulator share.
+pub fn awaits_enable(obj: &nodeipam_crd::NodeIPAMConfig) -> bool {
+    obj.spec.allocation != nodeipam_crd::Allocation::Enabled
+        && obj
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(AWAITING_ENABLE))
+}
+
 /// A child config of a pool, as the allocation state sees it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChildView {
@@ -187,6 +200,12 @@ pub struct ChildView {
     pub ipv6: Option<IpNet>,
     /// `spec.allocation` is Enabled.
     pub enabled: bool,
+    /// Created by us disabled and not enabled yet: it carries [`AWAITING_ENABLE`] and
+    /// `spec.allocation` is Disabled. It serves nothing, but counts toward max, as a
+    /// predecessor's enable of it may still land.
+    pub awaiting: bool,
+    /// The resourceVersion the watch shows it at: an enable is sent at it.
+    pub resource_version: Option<String>,
     pub deleting: bool,
     /// Valid and overlapping nothing older: it can hand out blocks once its gates open.
     pub usable: bool,
@@ -207,6 +226,17 @@ impl ChildView {
     /// Counts as one of the pool's ranges: serving, or about to once its gates open.
     pub fn active(&self) -> bool {
         self.enabled && !self.deleting && !self.retiring
+    }
+
+    /// Counts toward the pool's max: active, or awaiting its enable (which may still come
+    /// from a predecessor) and not on its way out.
+    pub fn counts(&self) -> bool {
+        (self.enabled || self.awaiting) && !self.deleting && !self.retiring
+    }
+
+    /// Awaiting its enable and not on its way out.
+    fn waits(&self) -> bool {
+        self.awaiting && !self.enabled && !self.deleting && !self.retiring
     }
 
     fn first_cidr(&self) -> Option<IpNet> {
@@ -237,6 +267,18 @@ impl Carve {
 pub struct Retire {
     pub name: String,
     pub uid: Option<String>,
+    /// A child awaiting its enable, retired because the pool has more than max children
+    /// that count (a create landed late), not because it stayed empty.
+    pub over_max: bool,
+}
+
+/// A child created disabled, to enable now: only the object `uid` at `resource_version`,
+/// the version the decision saw it at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Enable {
+    pub name: String,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
 }
 
 /// How far back a pool's demand is counted: about the time a carve takes to be published,
@@ -276,6 +318,9 @@ pub fn says(status: &PoolStatus, type_: &str) -> bool {
 pub struct Decision {
     pub carves: Vec<Carve>,
     pub retires: Vec<Retire>,
+    /// Children awaiting their enable, to enable now: only ever while the children that
+    /// count toward max (enabled or awaiting, and the carves in flight) are within max.
+    pub enables: Vec<Enable>,
     pub status: PoolStatus,
     /// Conditions that turned True with this status: `(type, message)`.
     pub turned_true: Vec<(&'static str, String)>,
@@ -359,15 +404,44 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
     let workable = pool.invalid.is_none() && !pool.deleting && per_range > 0;
 
     let active: Vec<&ChildView> = children.iter().copied().filter(|c| c.active()).collect();
-    let mut count = active.len() as u64 + w.in_flight.len() as u64;
-    let mut supply: u64 = active
+    // Every child that is or may become enabled counts toward max: the enabled ones, those
+    // awaiting their enable (a predecessor's enable of one may still land), and the carves
+    // in flight (each lands awaiting).
+    let counted: Vec<&ChildView> = children.iter().copied().filter(|c| c.counts()).collect();
+    let mut count = counted.len() as u64 + w.in_flight.len() as u64;
+    let (min, max) = (u64::from(pool.min), u64::from(pool.max));
+    // Over max (a create that landed late): retire awaiting children beyond it, highest
+    // range first, never an enabled one; enable nothing while over.
+    let mut retires = Vec::new();
+    let mut over_max = Vec::new();
+    if workable && count > max {
+        // As for any retire, never one that is held or unusable (overlapped by an older
+        // config, whose blocks in its range are not its own to judge).
+        for c in counted
+            .iter()
+            .rev()
+            .filter(|c| c.waits() && !c.held && c.usable)
+        {
+            if count <= max {
+                break;
+            }
+            over_max.push(c.name.clone());
+            retires.push(Retire {
+                name: c.name.clone(),
+                uid: c.uid.clone(),
+                over_max: true,
+            });
+            count -= 1;
+        }
+    }
+    // An awaiting child's blocks are supply that will come, like a carve in flight's.
+    let mut supply: u64 = counted
         .iter()
-        .filter(|c| c.usable)
+        .filter(|c| c.usable && !over_max.contains(&c.name))
         .map(|c| c.free)
         .sum::<u64>()
         + w.in_flight.len() as u64 * per_range;
     let want = w.pending.saturating_add(pool.headroom.max(w.demand));
-    let (min, max) = (u64::from(pool.min), u64::from(pool.max));
 
     // Carve: the lowest free range of each family, in lockstep.
     let mut taken: Vec<IpNet> = w.occupied.to_vec();
@@ -390,7 +464,7 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
         carve.name = child_name(&pool.name, &first);
         Some(carve)
     };
-    if workable {
+    if workable && over_max.is_empty() {
         while count < max && (count < min || supply < want) {
             let Some(carve) = next(&taken) else {
                 break;
@@ -403,10 +477,32 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
     }
     let room = workable && count < max && next(&taken).is_some();
 
+    // Enable: only while every child that counts is within max (so no enable, however late
+    // it lands, makes more than max enabled).
+    let enables: Vec<Enable> = if workable && count <= max && over_max.is_empty() {
+        counted
+            .iter()
+            .filter(|c| c.waits())
+            .map(|c| Enable {
+                name: c.name.clone(),
+                uid: c.uid.clone(),
+                resource_version: c.resource_version.clone(),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+
     // Retire: empty long enough, youngest (highest) first, never below min, never while a
-    // node waits or a carve is under way, never below the headroom.
-    let mut retires = Vec::new();
-    if workable && w.pending == 0 && w.in_flight.is_empty() && carves.is_empty() {
+    // node waits or a carve is under way (a child awaiting its enable is one), never below
+    // the headroom.
+    if workable
+        && over_max.is_empty()
+        && enables.is_empty()
+        && w.pending == 0
+        && w.in_flight.is_empty()
+        && carves.is_empty()
+    {
         for c in active.iter().rev() {
             let empty_long = c
                 .empty_since
@@ -427,6 +523,7 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
             retires.push(Retire {
                 name: c.name.clone(),
                 uid: c.uid.clone(),
+                over_max: false,
             });
             count -= 1;
             supply -= free;
@@ -439,6 +536,8 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
             RANGE_RETIRING
         } else if c.active() {
             RANGE_ACTIVE
+        } else if c.waits() {
+            RANGE_ENABLING
         } else if c.deleting && !c.held {
             RANGE_RETIRING
         } else {
@@ -489,7 +588,11 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
             REASON_ACCEPTING,
             "a range accepts allocations".into(),
         )
-    } else if !carves.is_empty() || !w.in_flight.is_empty() || !active.is_empty() {
+    } else if !carves.is_empty()
+        || !w.in_flight.is_empty()
+        || !active.is_empty()
+        || !enables.is_empty()
+    {
         (
             "False",
             REASON_PENDING,
@@ -525,11 +628,18 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
         ("False", REASON_ROOM, "the budget has room".to_string())
     };
     let retiring = children.iter().any(|c| c.retiring) || !retires.is_empty();
-    let scaling = if !carves.is_empty() || !w.in_flight.is_empty() {
+    let awaiting = counted
+        .iter()
+        .filter(|c| c.waits() && !over_max.contains(&c.name))
+        .count();
+    let scaling = if !carves.is_empty() || !w.in_flight.is_empty() || awaiting > 0 {
         (
             "True",
             REASON_CARVING,
-            format!("carving {} range(s)", carves.len() + w.in_flight.len()),
+            format!(
+                "carving {} range(s)",
+                carves.len() + w.in_flight.len() + awaiting
+            ),
         )
     } else if retiring {
         ("True", REASON_RETIRING, "retiring empty ranges".to_string())
@@ -574,6 +684,7 @@ pub fn decide(w: &PoolWorld<'_>, previous: &[Condition], wall: &Time) -> Decisio
     Decision {
         carves,
         retires,
+        enables,
         status,
         turned_true,
         room,

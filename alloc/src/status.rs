@@ -130,6 +130,12 @@ fn ready(f: &ConfigFacts) -> Cond {
         )
     } else if let Some(why) = &f.invalid {
         (REASON_INVALID, why.clone())
+    } else if f.awaiting && !f.enabled {
+        (
+            REASON_PENDING,
+            "created Disabled by its NodeIPAMPool: enabled once the pool is within ranges.max"
+                .to_string(),
+        )
     } else if !f.enabled {
         (
             REASON_DISABLED,
@@ -179,7 +185,7 @@ fn exhausted(f: &ConfigFacts) -> Cond {
 }
 
 fn drained(f: &ConfigFacts) -> Cond {
-    let stopped = f.deleting || !f.enabled;
+    let stopped = f.stopped();
     if !stopped {
         return (
             CONDITION_DRAINED,
@@ -254,6 +260,7 @@ mod tests {
             sample_leaked: Vec::new(),
             accepting: true,
             enabled: true,
+            awaiting: false,
             deleting: false,
             invalid: None,
             overlap: None,

@@ -23,6 +23,14 @@ use crate::types::NodeIPAMConfig;
 /// Label on every child `NodeIPAMConfig`: the name of the pool that carved it.
 pub const POOL_LABEL: &str = "nodeipam.io/pool";
 
+/// Annotation on a child `NodeIPAMConfig` the controller created and has not enabled yet: every
+/// child is created with `allocation: Disabled` and this marker, and the leader enables it
+/// (sets `Enabled` and removes the marker, at the resourceVersion it read) only while the
+/// pool's enabled and awaiting children together are within `ranges.max`. A create that lands
+/// late therefore lands as a child that serves nothing (docs/single-writer.md, "Every write").
+/// A disabled child without it was disabled by a user.
+pub const AWAITING_ENABLE: &str = "nodeipam.io/awaiting-enable";
+
 /// Condition type: the pool is carving or retiring a child (the number of ranges is changing).
 /// `Ready` and `Exhausted` reuse [`crate::CONDITION_READY`] and [`crate::CONDITION_EXHAUSTED`].
 pub const CONDITION_SCALING: &str = "Scaling";
@@ -34,6 +42,9 @@ pub const RANGE_ACTIVE: &str = "Active";
 pub const RANGE_DRAINING: &str = "Draining";
 /// `PoolRangeStatus::state`: the child is empty and being deleted.
 pub const RANGE_RETIRING: &str = "Retiring";
+/// `PoolRangeStatus::state`: the child was created disabled and awaits its enabling by the
+/// controller ([`AWAITING_ENABLE`]).
+pub const RANGE_ENABLING: &str = "Enabling";
 
 /// NodeIPAMPool is a budget of pod address space. The nodeipam controller carves ordinary
 /// NodeIPAMConfigs ("children", labelled `nodeipam.io/pool` and owned by the pool) out of it
@@ -314,7 +325,7 @@ pub struct PoolRangeStatus {
     /// The child's IPv6 range.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<String>,
-    /// `Active`, `Draining` or `Retiring`.
+    /// `Active`, `Enabling` (carved, not yet enabled), `Draining` or `Retiring`.
     pub state: String,
 }
 

@@ -743,3 +743,103 @@ async fn the_webhook_admits_the_children_the_controller_carves_and_no_one_elses(
     assert_no_duplicate_or_orphan(&c).await;
     hook.abort();
 }
+
+/// Every child is created `Disabled` and marked awaiting its enable, and the controller then
+/// enables it (at the version it read) and it serves. A create that lands late (here the
+/// controller's own child object for the next range, landing while the pool has its max: what
+/// an answer of 500 whose create commits later leaves behind) is never enabled: the pool
+/// counts it, finds itself over max and retires it, and at no revision are more than max
+/// children enabled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_is_created_disabled_then_enabled_and_a_late_create_is_never_enabled_past_max() {
+    use nodeipam_controller::alloc::effects::ChildConfig;
+    use nodeipam_crd::Allocation;
+    use nodeipam_crd::pool::{AWAITING_ENABLE, child_name};
+
+    let cp = control_plane().await;
+    let c = cp.client();
+    namespace(&c, NS).await;
+    let (configs, _configs_recorder) = record(Api::<NodeIPAMConfig>::all(c.clone()));
+    let _ctl = start_controller(c.clone(), publishing(None, &[]));
+    // At most one range of 4 blocks.
+    let spec = pool_spec(
+        pool_family(&["10.74.0.0/24"], 26, 28),
+        None,
+        (1, 1, 0),
+        "30m",
+    );
+    let pool = create_pool(&c, "one", spec).await;
+    create_node(&c, "a0", &[]).await;
+    wait_cidrs(&c, "a0").await;
+    let kids = children(&c, &pool).await;
+    assert_eq!(kids.len(), 1, "{kids:?}");
+    let first = kids[0].name_any();
+    let awaiting = |o: &NodeIPAMConfig| o.annotations().contains_key(AWAITING_ENABLE);
+    assert_eq!(kids[0].spec.allocation, Allocation::Enabled);
+    assert!(!awaiting(&kids[0]), "the marker is removed by the enable");
+    let created = configs
+        .lock()
+        .expect("lock")
+        .iter()
+        .find(|(_, _, o)| o.name_any() == first)
+        .map(|(_, _, o)| o.clone())
+        .expect("the child's first version");
+    assert_eq!(created.spec.allocation, Allocation::Disabled);
+    assert!(awaiting(&created), "created with the marker: {created:?}");
+
+    // A late create of the next range lands.
+    let range: IpNet = "10.74.0.64/26".parse().expect("range");
+    let late = ChildConfig {
+        pool: "one".into(),
+        pool_uid: pool.uid(),
+        name: child_name("one", &range),
+        ipv4: Some((range, 28)),
+        ipv6: None,
+        selector: None,
+    };
+    let api = Api::<NodeIPAMConfig>::all(c.clone());
+    api.create(&PostParams::default(), &late.object())
+        .await
+        .expect("the late create lands");
+    wait_for("the late child to be retired", || async {
+        match api.get_opt(&late.name).await {
+            Ok(None) => Some(()),
+            Ok(Some(o)) => o.metadata.deletion_timestamp.map(|_| ()),
+            Err(_) => None,
+        }
+    })
+    .await;
+    wait_event(&c, "one", "RangeRetired").await;
+    // Replay every recorded version in revision order: never two children enabled at once,
+    // and the late one never enabled.
+    let mut log = configs.lock().expect("lock").clone();
+    log.sort_by_key(|(rv, _, _)| *rv);
+    let mut now: BTreeMap<String, NodeIPAMConfig> = BTreeMap::new();
+    for (rv, deleted, o) in log {
+        if deleted {
+            now.remove(&o.name_any());
+        } else {
+            now.insert(o.name_any(), o);
+        }
+        let enabled: Vec<&String> = now
+            .iter()
+            .filter(|(_, o)| {
+                is_child_of(o, &pool)
+                    && o.spec.allocation == Allocation::Enabled
+                    && o.metadata.deletion_timestamp.is_none()
+            })
+            .map(|(n, _)| n)
+            .collect();
+        assert!(
+            enabled.len() <= 1,
+            "at revision {rv}: {enabled:?} enabled, max 1"
+        );
+        assert!(
+            !enabled.contains(&&late.name),
+            "at revision {rv}: the late child was enabled"
+        );
+    }
+    // The node is still served by the first child, and the pool still has its one range.
+    assert_eq!(children(&c, &pool).await.len(), 1);
+    assert_no_duplicate_or_orphan(&c).await;
+}

@@ -17,6 +17,7 @@ fn config(name: &str, created: i64, v4: Option<(&str, u8)>, v6: Option<(&str, u8
         ipv6: v6.map(|(c, m)| (net(c), m)),
         selector: None,
         enabled: true,
+        awaiting: false,
         deleting: false,
         invalid: None,
         gate: None,

@@ -36,6 +36,7 @@ pub(super) struct ConfigSeen {
     finalizer_requested: bool,
     /// The uid of the NodeIPAMPool named by its controller ownerReference, if any.
     owner_uid: Option<String>,
+    resource_version: Option<String>,
 }
 
 impl ConfigSeen {
@@ -68,6 +69,16 @@ impl ConfigSeen {
     /// The uid of the NodeIPAMPool named by its controller ownerReference, if any.
     pub(super) fn owner_uid(&self) -> Option<&String> {
         self.owner_uid.as_ref()
+    }
+
+    pub(super) fn resource_version(&self) -> Option<&String> {
+        self.resource_version.as_ref()
+    }
+
+    /// A pool's child created disabled and awaiting its enable: it carries the marker and
+    /// its allocation is Disabled.
+    pub(super) fn awaiting(&self) -> bool {
+        self.base.awaiting
     }
 }
 
@@ -147,6 +158,7 @@ impl Configs {
             status: obj.status.clone(),
             finalizer_requested,
             owner_uid,
+            resource_version: obj.resource_version(),
         };
         if !has_finalizer && !deleting && !seen.finalizer_requested {
             seen.finalizer_requested = true;
@@ -308,6 +320,7 @@ pub fn config_input(obj: &NodeIPAMConfig) -> ConfigInput {
         ipv6: family(claimed.ipv6),
         selector: spec.node_selector.clone(),
         enabled: spec.allocation == AllocationSwitch::Enabled,
+        awaiting: crate::pool::awaits_enable(obj),
         deleting: obj.meta().deletion_timestamp.is_some(),
         invalid,
         gate: None,

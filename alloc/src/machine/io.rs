@@ -10,7 +10,8 @@ use kube_core::DynamicObject;
 use nodeipam_crd::{NodeIPAMConfig, NodeIPAMConfigStatus};
 
 use crate::effects::{
-    ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, Note, WriteJob, WriteResult,
+    ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, EnableChild, EnableOutcome, Note,
+    WriteJob, WriteResult,
 };
 use crate::node::IpamNode;
 use crate::outcome::NodeNow;
@@ -77,6 +78,11 @@ pub enum Input {
         config: ChildConfig,
         outcome: CreateOutcome,
     },
+    /// The answer to `Effect::EnableConfig`.
+    ConfigEnabled {
+        child: EnableChild,
+        outcome: EnableOutcome,
+    },
     /// The answer to `Effect::DeleteConfig`.
     ConfigDeleted {
         name: String,
@@ -128,11 +134,17 @@ pub enum Effect {
     Metric(Metric),
     /// Create a pool's child config; answer with `Input::ConfigCreated`.
     CreateConfig(ChildConfig),
+    /// Enable a pool's child created disabled (only the object `uid`, at the version the
+    /// decision saw); answer with `Input::ConfigEnabled`.
+    EnableConfig(EnableChild),
     /// Delete a pool's empty child config, only the object `uid`; answer with
     /// `Input::ConfigDeleted`.
     DeleteConfig {
         name: String,
         uid: Option<String>,
+        /// Retired because its pool is over max: deleted only while it still awaits its
+        /// enable as read just before (never a child enabled since, by us or by hand).
+        only_awaiting: bool,
     },
     /// Write a pool's status, only to the object `uid`.
     PoolStatus {

@@ -14,7 +14,9 @@ use super::configs::{ConfigSeen, Configs};
 use super::core::Core;
 use super::statuses::Statuses;
 use super::{Effect, Metric};
-use crate::effects::{self, ChildConfig, CreateOutcome, DeleteOutcome, Note};
+use crate::effects::{
+    self, ChildConfig, CreateOutcome, DeleteOutcome, EnableChild, EnableOutcome, Note,
+};
 use crate::ipam::ConfigFacts;
 use crate::pool::{
     self as scaling, Carve, ChildView, DEMAND_WINDOW, PoolInput, PoolStatus, PoolWorld,
@@ -44,6 +46,9 @@ pub(super) struct Pools {
     carves: Carves,
     /// Children whose delete we asked for, by name, with the uid: they hand out nothing more.
     retiring: BTreeMap<String, Option<String>>,
+    /// Children whose enable we asked for, by name, with the resourceVersion it was sent at:
+    /// not asked again until the watch shows the child moved or the answer says it failed.
+    enabling: BTreeMap<String, Option<String>>,
     /// When each pool child's node count last became 0.
     empty_since: HashMap<String, Duration>,
     /// The status we last wrote per pool.
@@ -112,6 +117,13 @@ impl Pools {
             return;
         };
         self.carves.config_seen(name, seen);
+        if self
+            .enabling
+            .get(name)
+            .is_some_and(|rv| rv.as_ref() != seen.resource_version())
+        {
+            self.enabling.remove(name);
+        }
         if seen.deleting()
             || self
                 .retiring
@@ -129,6 +141,7 @@ impl Pools {
 
     pub(super) fn config_gone(&mut self, name: &str) {
         self.retiring.remove(name);
+        self.enabling.remove(name);
         self.empty_since.remove(name);
         self.carves.config_gone(name);
     }
@@ -140,6 +153,32 @@ impl Pools {
         core: &mut Core,
     ) {
         self.carves.on_config_created(config, outcome, core);
+    }
+
+    /// The answer to an enable. Landed: the watch shows it soon (until then it is not asked
+    /// again). Refused by its precondition, or failed: decided again at the next decision,
+    /// from what the watch shows then (an unanswered one that lands later changes nothing
+    /// the decision relies on: the child counted toward max while it awaited).
+    pub(super) fn on_config_enabled(
+        &mut self,
+        child: &EnableChild,
+        outcome: EnableOutcome,
+        core: &mut Core,
+    ) {
+        if self.enabling.get(&child.name) != Some(&child.resource_version) {
+            return;
+        }
+        match outcome {
+            EnableOutcome::Enabled => return,
+            EnableOutcome::Moved(why) => {
+                debug!(pool = %child.pool, config = %child.name, reason = %why, "a child changed since it was read; deciding again");
+            }
+            EnableOutcome::Failed(why) => {
+                warn!(pool = %child.pool, config = %child.name, reason = %why, "enabling a pool's child config failed; deciding again");
+                core.metric(Metric::Error("config_enable"));
+            }
+        }
+        self.enabling.remove(&child.name);
     }
 
     /// The answer to a retire: whether the child is handed back (its delete failed or found
@@ -308,6 +347,8 @@ impl Pools {
             ipv4: seen.input().ipv4.map(|(r, _)| r),
             ipv6: seen.input().ipv6.map(|(r, _)| r),
             enabled: seen.input().enabled,
+            awaiting: seen.awaiting(),
+            resource_version: seen.resource_version().cloned(),
             deleting: seen.deleting(),
             usable: facts.invalid.is_none() && facts.overlap.is_none(),
             accepting: facts.accepting,
@@ -454,13 +495,23 @@ impl Pools {
                 .flat_map(|c| c.ipv4.into_iter().chain(c.ipv6))
                 .map(|r| r.to_string())
                 .collect();
-            info!(pool = %name, config = %retire.name, ?ranges, "retiring an empty range");
-            let message = format!(
-                "retiring NodeIPAMConfig {} ({}): empty for {}s",
-                retire.name,
-                ranges.join(" and "),
-                input.empty_for.as_secs()
-            );
+            let message = if retire.over_max {
+                info!(pool = %name, config = %retire.name, ?ranges, max = input.max, "retiring a range never enabled: the pool has more than its max");
+                format!(
+                    "retiring NodeIPAMConfig {} ({}): never enabled, and the pool has more than its maximum of {} ranges (a create landed late)",
+                    retire.name,
+                    ranges.join(" and "),
+                    input.max
+                )
+            } else {
+                info!(pool = %name, config = %retire.name, ?ranges, "retiring an empty range");
+                format!(
+                    "retiring NodeIPAMConfig {} ({}): empty for {}s",
+                    retire.name,
+                    ranges.join(" and "),
+                    input.empty_for.as_secs()
+                )
+            };
             core.note(Note::pool(
                 name,
                 uid.as_deref(),
@@ -476,9 +527,25 @@ impl Pools {
             core.push(Effect::DeleteConfig {
                 name: retire.name.clone(),
                 uid: retire.uid.clone(),
+                only_awaiting: retire.over_max,
             });
             // It hands out nothing from now on.
             retired.push(retire.name.clone());
+        }
+        for enable in &decision.enables {
+            if self.enabling.get(&enable.name) == Some(&enable.resource_version) {
+                // Asked for at this version already.
+                continue;
+            }
+            info!(pool = %name, config = %enable.name, "enabling a carved range");
+            self.enabling
+                .insert(enable.name.clone(), enable.resource_version.clone());
+            core.push(Effect::EnableConfig(EnableChild {
+                pool: name.to_string(),
+                name: enable.name.clone(),
+                uid: enable.uid.clone(),
+                resource_version: enable.resource_version.clone(),
+            }));
         }
         for (type_, message) in &decision.turned_true {
             if *type_ == nodeipam_crd::CONDITION_EXHAUSTED {
@@ -492,8 +559,9 @@ impl Pools {
                 ));
             }
         }
-        let ranges = children.iter().filter(|c| c.active()).count() + decision.carves.len()
-            - decision.retires.len();
+        // Every retire is of a child that counts (enabled, or awaiting its enable).
+        let ranges = (children.iter().filter(|c| c.counts()).count() + decision.carves.len())
+            .saturating_sub(decision.retires.len());
         core.metric(Metric::PoolRanges {
             pool: name.to_string(),
             ranges: ranges as u64,
@@ -508,7 +576,11 @@ impl Pools {
             self.pool_written
                 .insert(name.to_string(), decision.status.clone());
         }
-        let growing = decision.room || !in_flight.is_empty() || !decision.carves.is_empty();
+        // A child awaiting its enable within max is a carve not done yet: the pool grows.
+        let growing = decision.room
+            || !in_flight.is_empty()
+            || !decision.carves.is_empty()
+            || !decision.enables.is_empty();
         let was = self.pools.get(name).is_some_and(|p| p.room);
         if let Some(p) = self.pools.get_mut(name) {
             p.room = growing;

@@ -43,6 +43,8 @@ fn child(range: &str, allocated: u64, free: u64) -> ChildView {
         ipv4: Some(r),
         ipv6: None,
         enabled: true,
+        awaiting: false,
+        resource_version: Some(format!("rv-{range}")),
         deleting: false,
         usable: true,
         accepting: true,
@@ -51,6 +53,16 @@ fn child(range: &str, allocated: u64, free: u64) -> ChildView {
         held: allocated > 0,
         empty_since: (allocated == 0).then_some(Duration::ZERO),
         retiring: false,
+    }
+}
+
+/// A child created disabled and awaiting its enable: it serves nothing yet.
+fn awaiting(range: &str, free: u64) -> ChildView {
+    ChildView {
+        enabled: false,
+        awaiting: true,
+        accepting: false,
+        ..child(range, 0, free)
     }
 }
 
@@ -460,4 +472,102 @@ fn the_api_object_maps_to_the_decisions_input() {
     );
     let d = decide_now(&p, &[], &[], 3, &[], Duration::ZERO);
     assert!(d.carves.is_empty());
+}
+
+/// Within max (the enabled and the awaiting children, and the carves in flight, together),
+/// every awaiting child is enabled, at the version the decision saw it at; its blocks count as
+/// supply that will come, so nothing more is carved for them.
+#[test]
+fn within_max_every_awaiting_child_is_enabled_at_the_version_seen() {
+    let mut p = pool(&["10.0.0.0/22"], 24, 26);
+    p.max = 3;
+    let children = [
+        child("10.0.0.0/24", 4, 0),
+        awaiting("10.0.1.0/24", 4),
+        awaiting("10.0.2.0/24", 4),
+    ];
+    let d = decide_now(&p, &children, &[], 0, &[], Duration::ZERO);
+    let enabled: Vec<(&str, Option<&str>)> = d
+        .enables
+        .iter()
+        .map(|e| (e.name.as_str(), e.resource_version.as_deref()))
+        .collect();
+    assert_eq!(
+        enabled,
+        vec![
+            ("pods-10-0-1-0-24", Some("rv-10.0.1.0/24")),
+            ("pods-10-0-2-0-24", Some("rv-10.0.2.0/24")),
+        ]
+    );
+    assert!(d.retires.is_empty());
+    assert!(d.carves.is_empty(), "the awaiting blocks are supply: {d:?}");
+    let states: Vec<&str> = d.status.ranges.iter().map(|r| r.state.as_str()).collect();
+    assert_eq!(states, vec!["Active", "Enabling", "Enabling"]);
+    assert!(says(&d.status, CONDITION_SCALING));
+}
+
+/// Over max (a create landed late): awaiting children beyond max are retired, highest range
+/// first, never an enabled one, and nothing is enabled or carved while over.
+#[test]
+fn over_max_the_highest_awaiting_children_retire_and_none_is_enabled() {
+    let mut p = pool(&["10.0.0.0/21"], 24, 26);
+    p.max = 3;
+    p.headroom = 100;
+    let children = [
+        awaiting("10.0.0.0/24", 4),
+        child("10.0.1.0/24", 0, 4),
+        awaiting("10.0.2.0/24", 4),
+        child("10.0.3.0/24", 0, 4),
+        awaiting("10.0.4.0/24", 4),
+    ];
+    let d = decide_now(&p, &children, &[], 3, &[], Duration::from_secs(7200));
+    let retired: Vec<(&str, bool)> = d
+        .retires
+        .iter()
+        .map(|r| (r.name.as_str(), r.over_max))
+        .collect();
+    assert_eq!(
+        retired,
+        vec![("pods-10-0-4-0-24", true), ("pods-10-0-2-0-24", true)]
+    );
+    assert!(d.enables.is_empty(), "nothing enabled while over max");
+    assert!(d.carves.is_empty());
+    // Never an enabled child, even when the awaiting ones do not bring it down to max.
+    let children = [
+        child("10.0.0.0/24", 1, 3),
+        child("10.0.1.0/24", 0, 4),
+        child("10.0.2.0/24", 0, 4),
+        awaiting("10.0.3.0/24", 4),
+        child("10.0.4.0/24", 0, 4),
+    ];
+    let d = decide_now(&p, &children, &[], 0, &[], Duration::from_secs(7200));
+    let retired: Vec<&str> = d.retires.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(retired, vec!["pods-10-0-3-0-24"]);
+    assert!(d.enables.is_empty());
+}
+
+/// A carve in flight lands awaiting: it counts, so an awaiting child is not enabled when it
+/// and the carve together pass max.
+#[test]
+fn a_carve_in_flight_counts_before_an_awaiting_child_is_enabled() {
+    let mut p = pool(&["10.0.0.0/22"], 24, 26);
+    p.max = 2;
+    let children = [child("10.0.0.0/24", 4, 0), awaiting("10.0.1.0/24", 4)];
+    let in_flight = [Carve {
+        name: "pods-10-0-2-0-24".into(),
+        ipv4: Some(net("10.0.2.0/24")),
+        ipv6: None,
+    }];
+    let d = decide_now(&p, &children, &[], 0, &in_flight, Duration::ZERO);
+    assert!(d.enables.is_empty(), "{d:?}");
+    assert_eq!(d.retires.len(), 1);
+    assert!(d.retires[0].over_max);
+    // A user-disabled child (no marker) is neither counted nor enabled.
+    let mut user_disabled = child("10.0.1.0/24", 0, 4);
+    user_disabled.enabled = false;
+    let children = [child("10.0.0.0/24", 4, 0), user_disabled];
+    let d = decide_now(&p, &children, &[], 0, &[], Duration::ZERO);
+    assert!(d.enables.is_empty());
+    assert!(d.retires.is_empty());
+    assert_eq!(carved(&d), vec!["10.0.2.0/24"]);
 }

@@ -14,7 +14,8 @@ use std::time::Duration;
 use ipnet::IpNet;
 use kube_core::DynamicObject;
 use nodeipam_alloc::effects::{
-    ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, WriteJob, WriteResult,
+    ChildConfig, ConfigJob, CreateOutcome, DeleteOutcome, EnableChild, EnableOutcome, WriteJob,
+    WriteResult,
 };
 use nodeipam_alloc::fence::{self, PUBLISHED_BY, Send};
 use nodeipam_alloc::fixtures;
@@ -23,7 +24,7 @@ use nodeipam_alloc::machine::{self, Effect, Input, Machine, Now};
 use nodeipam_alloc::outcome::{NodeNow, WriteOutcome};
 use nodeipam_alloc::outputs::{MANAGED_BY, holds_spec, stale};
 use nodeipam_alloc::podnetwork::{PodNetwork, covered, ip_masq_agent_config};
-use nodeipam_alloc::pool::{POOL_LABEL, PoolStatus};
+use nodeipam_alloc::pool::{POOL_LABEL, PoolStatus, awaits_enable};
 use nodeipam_crd::pool::{
     NodeIPAMPool, NodeIPAMPoolSpec, PoolFamilySpec, PoolHeadroom, PoolRanges, PoolScaleDown,
 };
@@ -108,7 +109,7 @@ pub enum User {
     },
 }
 
-/// How a pool job (a child's create or delete, a pool's status) fares.
+/// How a pool job (a child's create, enable or delete, a pool's status) fares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PoolFault {
     None,
@@ -125,9 +126,12 @@ pub enum PoolFault {
 #[derive(Clone, Debug)]
 enum PoolJob {
     Create(ChildConfig),
+    /// A child created disabled, enabled at the version the decision saw.
+    Enable(EnableChild),
     Delete {
         name: String,
         uid: Option<String>,
+        only_awaiting: bool,
     },
     Status {
         name: String,
@@ -164,6 +168,12 @@ enum Sent {
     },
     /// A pool's child: created by its deterministic name.
     Create(ChildConfig),
+    /// A pool's child enabled: the JSON patch `fence::enable_patch` makes (the version and
+    /// UID the decision saw tested, the marker removed, allocation Enabled).
+    Enable {
+        name: String,
+        patch: serde_json::Value,
+    },
     /// A pool's child deleted at the UID and resourceVersion read just before.
     ChildDelete {
         name: String,
@@ -703,7 +713,14 @@ impl Sim {
 
     /// Queues an effect as the driver would, checking what can be checked when it is asked.
     fn take(&mut self, p: usize, effect: Effect) -> Result<(), Violation> {
-        if let Effect::DeleteConfig { name, .. } = &effect {
+        // An over-max retire of a child awaiting its enable is sent only if, as read just
+        // before, it still awaits (the writer's check): it is checked when sent (`pool_job`).
+        if let Effect::DeleteConfig {
+            name,
+            only_awaiting: false,
+            ..
+        } = &effect
+        {
             self.check_retire(name)?;
         }
         let proc = &mut self.procs[p];
@@ -733,8 +750,17 @@ impl Sim {
             Effect::Reread { node, uid } => proc.rereads.push((node, uid)),
             Effect::Note(_) | Effect::Metric(_) => {}
             Effect::CreateConfig(child) => proc.pool_jobs.push(PoolJob::Create(child)),
-            Effect::DeleteConfig { name, uid } => {
-                proc.pool_jobs.push(PoolJob::Delete { name, uid });
+            Effect::EnableConfig(child) => proc.pool_jobs.push(PoolJob::Enable(child)),
+            Effect::DeleteConfig {
+                name,
+                uid,
+                only_awaiting,
+            } => {
+                proc.pool_jobs.push(PoolJob::Delete {
+                    name,
+                    uid,
+                    only_awaiting,
+                });
             }
             Effect::PoolStatus { name, uid, status } => {
                 // One pending status per pool, the newest, as the writer keeps.
@@ -816,7 +842,7 @@ impl Sim {
             }
             Action::PoolJob { proc, pick, fault } => {
                 if let Some(p) = self.proc(*proc) {
-                    self.pool_job(p, *pick, *fault);
+                    self.pool_job(p, *pick, *fault)?;
                 }
             }
             Action::Publish {
@@ -942,6 +968,14 @@ impl Sim {
                 moved(&at.0, &c.metadata.uid) || moved(&at.1, &c.metadata.resource_version)
             }),
             Sent::Create(child) => configs.contains_key(&child.name),
+            Sent::Enable { name, patch } => configs.get(name).is_none_or(|c| {
+                let rv = c.metadata.resource_version.as_deref().unwrap_or_default();
+                patch.as_array().into_iter().flatten().any(|op| {
+                    op["op"] == "test"
+                        && op["path"] == "/metadata/resourceVersion"
+                        && op["value"] != rv
+                })
+            }),
             Sent::Delete { index, name, at } => {
                 self.world.outputs[*index].get(name).is_none_or(|o| {
                     moved(&at.0, &o.metadata.uid) || moved(&at.1, &o.metadata.resource_version)
@@ -1020,6 +1054,11 @@ impl Sim {
                 rule: "a pool retires only empty children",
                 detail: format!("retiring {name} while {node} holds {block}"),
             });
+        }
+        // A child that never served (created disabled, awaiting its enable) may be retired at
+        // once: its pool has more than max children that count (a create landed late).
+        if awaits_enable(c) {
+            return Ok(());
         }
         let pool = c
             .metadata
@@ -1180,13 +1219,24 @@ impl Sim {
 
     /// The pool writer: a child's create or delete, or a pool's status. A stuck one is
     /// answered as the writer answers a timeout, and may land later (`Sent`).
-    fn pool_job(&mut self, p: usize, pick: u8, fault: PoolFault) {
+    fn pool_job(&mut self, p: usize, pick: u8, fault: PoolFault) -> Result<(), Violation> {
         let proc = &mut self.procs[p];
         if proc.pool_jobs.is_empty() {
-            return;
+            return Ok(());
         }
         let job = proc.pool_jobs.remove(pick as usize % proc.pool_jobs.len());
         let write = self.pool_write(&job);
+        if let (
+            PoolJob::Delete {
+                name,
+                only_awaiting: true,
+                ..
+            },
+            Ok(_),
+        ) = (&job, &write)
+        {
+            self.check_retire(name)?;
+        }
         let answer = match (&write, fault) {
             (Err(gone), _) => Ok(gone.clone()),
             (Ok(_), PoolFault::Failed) => Err("403 Forbidden".to_string()),
@@ -1203,6 +1253,7 @@ impl Sim {
             }
         };
         self.answer_pool(p, job, answer);
+        Ok(())
     }
 
     /// The write the pool writer sends for `job` now (a delete after its read), or the answer
@@ -1210,12 +1261,28 @@ impl Sim {
     fn pool_write(&self, job: &PoolJob) -> Result<Sent, Option<String>> {
         Ok(match job {
             PoolJob::Create(child) => Sent::Create(child.clone()),
-            PoolJob::Delete { name, uid } => {
+            PoolJob::Enable(child) => {
+                let Some(rv) = child.resource_version.as_deref() else {
+                    return Err(Some("409 no resourceVersion to enable it at".into()));
+                };
+                Sent::Enable {
+                    name: child.name.clone(),
+                    patch: fence::enable_patch(child.uid.as_deref(), rv),
+                }
+            }
+            PoolJob::Delete {
+                name,
+                uid,
+                only_awaiting,
+            } => {
                 let read = self.world.configs.get(name);
                 let read = read.filter(|c| uid.is_none() || c.metadata.uid == *uid);
                 let Some(read) = read else {
                     return Err(Some(format!("404 NotFound: {name}")));
                 };
+                if *only_awaiting && !awaits_enable(read) {
+                    return Err(Some("it was enabled since it was decided on".into()));
+                }
                 let at = (
                     read.metadata.uid.clone(),
                     read.metadata.resource_version.clone(),
@@ -1241,6 +1308,7 @@ impl Sim {
                 CreateOutcome::AlreadyExists => Some("409 AlreadyExists".into()),
                 CreateOutcome::Failed(why) => Some(why),
             },
+            Sent::Enable { name, patch } => self.world.patch_config(&name, &patch).err(),
             Sent::ChildDelete { name, at } => {
                 self.world.delete_config_at(&name, at, self.wall).err()
             }
@@ -1267,7 +1335,21 @@ impl Sim {
                 };
                 proc.answers.push(Input::ConfigCreated { config, outcome });
             }
-            PoolJob::Delete { name, uid } => {
+            PoolJob::Enable(child) => {
+                let outcome = match answer {
+                    Ok(None) => EnableOutcome::Enabled,
+                    Ok(Some(why))
+                        if why.starts_with("404")
+                            || why.starts_with("409")
+                            || why.starts_with("422") =>
+                    {
+                        EnableOutcome::Moved(why)
+                    }
+                    Ok(Some(why)) | Err(why) => EnableOutcome::Failed(why),
+                };
+                proc.answers.push(Input::ConfigEnabled { child, outcome });
+            }
+            PoolJob::Delete { name, uid, .. } => {
                 let outcome = match answer {
                     Ok(None) => DeleteOutcome::Deleted,
                     Ok(Some(why)) if why.starts_with("404") => DeleteOutcome::Gone,
@@ -2221,6 +2303,15 @@ impl Sim {
                         detail: format!(
                             "at rest, a fresh start carves {:?} {:?} for pool {}",
                             child.ipv4, child.ipv6, child.pool
+                        ),
+                    });
+                }
+                Effect::EnableConfig(child) => {
+                    return Err(Violation {
+                        rule: "a pool's children within its max are enabled",
+                        detail: format!(
+                            "at rest, a fresh start enables {} of pool {}",
+                            child.name, child.pool
                         ),
                     });
                 }

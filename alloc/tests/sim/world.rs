@@ -393,6 +393,27 @@ impl World {
         CreateOutcome::Created
     }
 
+    /// A controller's JSON patch of a config (a pool child's enable, `fence::enable_patch`),
+    /// applied to the object as the API server would: its tests decide whether it lands (a
+    /// failed one is a 422). A spec change moves the generation.
+    pub fn patch_config(&mut self, name: &str, patch: &serde_json::Value) -> Result<(), String> {
+        let c = self
+            .configs
+            .get(name)
+            .ok_or(format!("404 NotFound: {name}"))?;
+        let mut doc = serde_json::to_value(c).expect("a config serializes");
+        let ops: json_patch::Patch = serde_json::from_value(patch.clone()).expect("our own patch");
+        json_patch::patch(&mut doc, &ops).map_err(|e| format!("422 Invalid: {name}: {e}"))?;
+        let mut patched: NodeIPAMConfig = serde_json::from_value(doc).expect("a patched config");
+        if patched.spec != c.spec {
+            patched.metadata.generation = Some(c.metadata.generation.unwrap_or(1) + 1);
+        }
+        if patched != *c {
+            self.put_config(patched);
+        }
+        Ok(())
+    }
+
     /// A controller's delete with the UID and resourceVersion preconditions
     /// (`pool_writer.rs delete`, at the version it read just before).
     pub fn delete_config_at(

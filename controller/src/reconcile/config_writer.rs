@@ -169,10 +169,7 @@ async fn edit_finalizers(
     let finalizers = current.finalizers();
     let index = finalizers.iter().position(|f| f == FINALIZER);
     let rv = current.resource_version().unwrap_or_default();
-    let mut ops = vec![json!({ "op": "test", "path": "/metadata/resourceVersion", "value": rv })];
-    if let Some(uid) = uid {
-        ops.push(json!({ "op": "test", "path": "/metadata/uid", "value": uid }));
-    }
+    let mut ops = crate::alloc::fence::at_version(uid, &rv);
     match (add, index) {
         (true, Some(_)) | (false, None) => return Ok(false),
         // Adding to a deleting object is refused by the API server; nothing to hold anyway.

@@ -238,8 +238,18 @@ impl Effects {
                 }
                 Effect::Metric(m) => record(&self.ctx.metrics, m),
                 Effect::CreateConfig(child) => drop(self.pool_jobs.send(PoolJob::Create(child))),
-                Effect::DeleteConfig { name, uid } => {
-                    drop(self.pool_jobs.send(PoolJob::Delete { name, uid }));
+                Effect::EnableConfig(child) => drop(self.pool_jobs.send(PoolJob::Enable(child))),
+                Effect::DeleteConfig {
+                    name,
+                    uid,
+                    only_awaiting,
+                } => {
+                    let job = PoolJob::Delete {
+                        name,
+                        uid,
+                        only_awaiting,
+                    };
+                    drop(self.pool_jobs.send(job));
                 }
                 Effect::PoolStatus { name, uid, status } => {
                     drop(self.pool_jobs.send(PoolJob::Status { name, uid, status }));

@@ -1,8 +1,9 @@
 //! Carries out the NodeIPAMPools' decisions on the allocation loop's behalf: creates a child
 //! NodeIPAMConfig (AlreadyExists is an answer, not an error: the name is deterministic, so a
-//! retry or another leader's create finds it), deletes an empty child with its UID and the
-//! version read just before as preconditions, and writes pool statuses with a test of the UID. Creates and deletes are
-//! answered once (the allocation loop decides what to ask again); statuses coalesce per pool
+//! retry or another leader's create finds it; created disabled and awaiting its enable),
+//! enables a child at the version the decision saw it at, deletes an empty child with its UID
+//! and the version read just before as preconditions, and writes pool statuses with a test of
+//! the UID. Creates, enables and deletes are answered once (the allocation loop decides what to ask again); statuses coalesce per pool
 //! and are retried.
 
 use std::collections::BTreeMap;
@@ -18,16 +19,21 @@ use tracing::{debug, info, warn};
 
 use super::node_writer::backoff;
 use super::{Context, MANAGER};
-use crate::alloc::effects::{ChildConfig, CreateOutcome, DeleteOutcome};
+use crate::alloc::effects::{
+    ChildConfig, CreateOutcome, DeleteOutcome, EnableChild, EnableOutcome,
+};
 use crate::alloc::machine::Input;
 
 /// One thing a pool asked for.
 #[derive(Clone, Debug)]
 pub enum PoolJob {
     Create(ChildConfig),
+    Enable(EnableChild),
     Delete {
         name: String,
         uid: Option<String>,
+        /// Only while the child, as read just before, still awaits its enable.
+        only_awaiting: bool,
     },
     Status {
         name: String,
@@ -77,8 +83,16 @@ pub async fn run(
                         outcome,
                     });
                 }
-                PoolJob::Delete { name, uid } => {
-                    let outcome = delete(&ctx, &name, uid.as_deref()).await;
+                PoolJob::Enable(child) => {
+                    let outcome = enable(&ctx, &child).await;
+                    let _ = answers.send(Input::ConfigEnabled { child, outcome });
+                }
+                PoolJob::Delete {
+                    name,
+                    uid,
+                    only_awaiting,
+                } => {
+                    let outcome = delete(&ctx, &name, uid.as_deref(), only_awaiting).await;
                     let _ = answers.send(Input::ConfigDeleted { name, uid, outcome });
                 }
                 PoolJob::Status { name, uid, status } => {
@@ -121,10 +135,56 @@ async fn create(ctx: &Context, child: &ChildConfig) -> CreateOutcome {
     }
 }
 
+/// Enables the child created disabled, only the object and version the decision saw
+/// (`fence::enable_patch`: a JSON patch testing the resourceVersion and UID, as the config
+/// writer's finalizer edits do), so that a deposed leader's enable, however late, lands only
+/// on a child its successor read as it was and counted toward the pool's max
+/// (docs/single-writer.md, "Every write"). A 409 or 422 (a failed test) or a 404 means the
+/// child moved: the allocation loop decides again from the watch.
+async fn enable(ctx: &Context, child: &EnableChild) -> EnableOutcome {
+    let api: Api<NodeIPAMConfig> = Api::all(ctx.client.clone());
+    let Some(rv) = child.resource_version.as_deref() else {
+        return EnableOutcome::Moved("no resourceVersion to enable it at".into());
+    };
+    let ops = crate::alloc::fence::enable_patch(child.uid.as_deref(), rv);
+    let patch: json_patch::Patch = match serde_json::from_value(ops) {
+        Ok(p) => p,
+        Err(e) => return EnableOutcome::Failed(e.to_string()),
+    };
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    ctx.limiter.acquire().await;
+    match ctx
+        .write(api.patch(&child.name, &params, &Patch::Json::<()>(patch)))
+        .await
+    {
+        Ok(_) => {
+            info!(pool = %child.pool, config = %child.name, "enabled a child NodeIPAMConfig");
+            EnableOutcome::Enabled
+        }
+        Err(KubeError::Api(s)) if matches!(s.code, 404 | 409 | 422) => {
+            EnableOutcome::Moved(format!("{} {}: {}", s.code, s.reason, s.message))
+        }
+        Err(e) => {
+            ctx.metrics.reconcile_error("config_enable");
+            EnableOutcome::Failed(e.to_string())
+        }
+    }
+}
+
 /// Deletes the child `name` (the object `uid`) at the version read just before: a delete a
 /// deposed leader sent is refused once its successor wrote the child since (its first status
-/// write for it, when it hands out a block of it), however late it arrives.
-async fn delete(ctx: &Context, name: &str, uid: Option<&str>) -> DeleteOutcome {
+/// write for it, when it hands out a block of it), however late it arrives. `only_awaiting`
+/// (a child retired because its pool is over max): only if, as read, it still awaits its
+/// enable; one enabled since is decided again.
+async fn delete(
+    ctx: &Context,
+    name: &str,
+    uid: Option<&str>,
+    only_awaiting: bool,
+) -> DeleteOutcome {
     let api: Api<NodeIPAMConfig> = Api::all(ctx.client.clone());
     ctx.limiter.acquire().await;
     let read = match ctx.read(api.get_opt(name)).await {
@@ -135,6 +195,9 @@ async fn delete(ctx: &Context, name: &str, uid: Option<&str>) -> DeleteOutcome {
         Ok(_) => return DeleteOutcome::Gone,
         Err(e) => return DeleteOutcome::Failed(format!("reading it: {e}")),
     };
+    if only_awaiting && !crate::alloc::pool::awaits_enable(&read) {
+        return DeleteOutcome::Failed("it was enabled since it was decided on".into());
+    }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: read.metadata.uid.clone(),
@@ -222,7 +285,10 @@ mod tests {
             Method::GET => (StatusCode::OK, CHILD.into()),
             _ => (StatusCode::OK, CHILD.into()),
         });
-        assert_eq!(delete(&ctx, "c", Some("u1")).await, DeleteOutcome::Deleted);
+        assert_eq!(
+            delete(&ctx, "c", Some("u1"), false).await,
+            DeleteOutcome::Deleted
+        );
         let seen = seen.lock().expect("lock").clone();
         let delete = seen
             .iter()
@@ -237,16 +303,70 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_over_max_retire_deletes_only_a_child_that_still_awaits_its_enable() {
+        let (ctx, seen) = recording(|method, _| match *method {
+            Method::GET => (StatusCode::OK, CHILD.into()),
+            _ => (StatusCode::OK, CHILD.into()),
+        });
+        assert!(matches!(
+            delete(&ctx, "c", Some("u1"), true).await,
+            DeleteOutcome::Failed(why) if why.contains("enabled since")
+        ));
+        let seen = seen.lock().expect("lock").clone();
+        assert!(
+            seen.iter().all(|(m, _, _)| *m != Method::DELETE),
+            "{seen:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_child_is_enabled_only_at_the_version_the_decision_saw() {
+        let (ctx, seen) = recording(|method, _| match *method {
+            Method::PATCH => (StatusCode::OK, CHILD.into()),
+            _ => (StatusCode::NOT_FOUND, status(404, "NotFound")),
+        });
+        let child = EnableChild {
+            pool: "p".into(),
+            name: "c".into(),
+            uid: Some("u1".into()),
+            resource_version: Some("9".into()),
+        };
+        assert_eq!(enable(&ctx, &child).await, EnableOutcome::Enabled);
+        let seen = seen.lock().expect("lock").clone();
+        let patch = seen
+            .iter()
+            .find(|(m, _, _)| *m == Method::PATCH)
+            .expect("a patch");
+        for want in [
+            r#""path":"/metadata/resourceVersion""#,
+            r#""value":"9""#,
+            r#""path":"/metadata/annotations/nodeipam.io~1awaiting-enable""#,
+            r#""value":"Enabled""#,
+        ] {
+            assert!(patch.2.contains(want), "{want} in {}", patch.2);
+        }
+        // Refused by its test: someone moved it; decided again from the watch.
+        let (ctx, _) = recording(|_, _| (StatusCode::UNPROCESSABLE_ENTITY, status(422, "Invalid")));
+        assert!(matches!(
+            enable(&ctx, &child).await,
+            EnableOutcome::Moved(_)
+        ));
+    }
+
+    #[tokio::test]
     async fn a_delete_refused_for_a_changed_child_is_decided_again() {
         let (ctx, _) = recording(|method, _| match *method {
             Method::GET => (StatusCode::OK, CHILD.into()),
             _ => (StatusCode::CONFLICT, status(409, "Conflict")),
         });
         assert!(matches!(
-            delete(&ctx, "c", Some("u1")).await,
+            delete(&ctx, "c", Some("u1"), false).await,
             DeleteOutcome::Failed(why) if why.contains("changed since it was read")
         ));
         // Another object under the name: nothing of ours to delete.
-        assert_eq!(delete(&ctx, "c", Some("u2")).await, DeleteOutcome::Gone);
+        assert_eq!(
+            delete(&ctx, "c", Some("u2"), false).await,
+            DeleteOutcome::Gone
+        );
     }
 }

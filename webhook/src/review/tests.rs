@@ -857,6 +857,31 @@ mod pools {
         assert_denied(&r, &["spec.ipv4.cidr", "lies outside NodeIPAMPool \"gpu\""]);
     }
 
+    /// A pool's child is created `Disabled` and marked awaiting its enable; the controller then
+    /// enables it (allocation `Enabled`, the marker removed). Both are admitted.
+    #[test]
+    fn a_child_created_disabled_and_awaiting_and_its_enable_are_allowed() {
+        let gpu = pool("gpu", &["10.64.0.0/14"]);
+        let v = view(vec![gpu.clone()], vec![]);
+        let mut awaiting = child(
+            config("gpu-10-64-16-0-20", family("10.64.16.0/20", 24), None),
+            &gpu,
+        );
+        awaiting.spec.allocation = nodeipam_crd::Allocation::Disabled;
+        awaiting.metadata.annotations = Some(BTreeMap::from([(
+            nodeipam_crd::AWAITING_ENABLE.to_owned(),
+            "true".to_owned(),
+        )]));
+        let r = review(&request("CREATE", Some(&awaiting), None), &v);
+        assert!(r.allowed, "{r:?}");
+        let mut enabled = awaiting.clone();
+        enabled.spec.allocation = nodeipam_crd::Allocation::Enabled;
+        enabled.metadata.annotations = Some(BTreeMap::new());
+        let v = view(vec![gpu], vec![awaiting.clone()]);
+        let r = review(&request("UPDATE", Some(&enabled), Some(&awaiting)), &v);
+        assert!(r.allowed, "{r:?}");
+    }
+
     #[test]
     fn the_wrong_kind_for_a_pool_is_invalid() {
         let p = pool("gpu", &["10.64.0.0/14"]);

@@ -8,7 +8,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use nodeipam_crd::{Allocation as AllocationSwitch, FINALIZER, NodeIPAMConfigStatus};
 
 use super::*;
-use crate::effects::{self, ChildConfig, CreateOutcome, WriteJob, WriteResult};
+use crate::effects::{
+    self, ChildConfig, CreateOutcome, EnableChild, EnableOutcome, WriteJob, WriteResult,
+};
 use crate::fixtures::{config, configmap, node, service_cidr};
 use crate::outcome::{NodeNow, WriteOutcome};
 use crate::podnetwork::{ConfigMapRef, OutputKind, OutputRef};

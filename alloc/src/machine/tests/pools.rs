@@ -34,7 +34,7 @@ pub(super) fn deletes(effects: &[Effect]) -> Vec<(&str, Option<&str>)> {
     effects
         .iter()
         .filter_map(|e| match e {
-            Effect::DeleteConfig { name, uid } => Some((name.as_str(), uid.as_deref())),
+            Effect::DeleteConfig { name, uid, .. } => Some((name.as_str(), uid.as_deref())),
             _ => None,
         })
         .collect()
@@ -47,9 +47,20 @@ fn pool_status(effects: &[Effect]) -> Option<&PoolStatus> {
     })
 }
 
-/// The child the API server made of a create, with our finalizer on it.
+/// The child the API server made of a create, with our finalizer on it, once our enable of it
+/// landed (created Disabled and awaiting, then enabled: `awaiting_object` is the first).
 pub(super) fn child_object(c: &ChildConfig, uid: &str) -> NodeIPAMConfig {
+    let mut obj = awaiting_object(c, uid);
+    obj.spec.allocation = nodeipam_crd::Allocation::Enabled;
+    obj.metadata.annotations = None;
+    obj.metadata.resource_version = Some(format!("{uid}-enabled"));
+    obj
+}
+
+/// The child the API server made of a create: Disabled, awaiting its enable.
+pub(super) fn awaiting_object(c: &ChildConfig, uid: &str) -> NodeIPAMConfig {
     let mut obj = c.object();
+    obj.metadata.resource_version = Some(format!("{uid}-created"));
     obj.metadata.uid = Some(uid.into());
     obj.metadata.generation = Some(1);
     obj.metadata.creation_timestamp = Some(Time(
@@ -424,11 +435,19 @@ fn a_carved_child_is_created_held_and_published_with_the_step_that_sees_it() {
         object.metadata.finalizers,
         Some(vec![FINALIZER.to_string()])
     );
-    let mut seen = object.clone();
-    seen.metadata.uid = Some("c-1".into());
-    seen.metadata.generation = Some(1);
-    let out = m.handle(at(1), Input::Config(Watch::Applied(seen)));
+    // Created Disabled and awaiting its enable: a create that lands late serves nothing.
+    assert_eq!(object.spec.allocation, nodeipam_crd::Allocation::Disabled);
+    assert!(
+        object
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(scaling::AWAITING_ENABLE))
+    );
+    let seen = awaiting_object(&child, "c-1");
+    let out = m.handle(at(1), Input::Config(Watch::Applied(seen.clone())));
     assert!(config_jobs(&out).is_empty(), "{out:?}");
+    // Its range is published ahead, as a carve's: awaiting is not stopped.
     let network = published(&out).expect("published without waiting for a tick");
     assert!(network.cidrs().contains(&net("10.0.0.0/29")));
     // Nothing is handed out from it before that publication is read back.
@@ -444,7 +463,45 @@ fn a_carved_child_is_created_held_and_published_with_the_step_that_sees_it() {
     );
     m.handle(at(1), Input::Published(network));
     let out = m.handle(at(1), Input::Output(0, Watch::Applied(cm)));
+    assert!(writes(&out).is_empty(), "not enabled yet: {out:?}");
+    // The pool, within its max, enables it at the version it saw, once.
+    let out = m.handle(at(2), Input::Tick);
+    let enable = enables(&out);
+    assert_eq!(enable.len(), 1, "{out:?}");
+    assert_eq!(enable[0].name, child.name);
+    assert_eq!(enable[0].uid.as_deref(), Some("c-1"));
+    assert_eq!(enable[0].resource_version.as_deref(), Some("c-1-created"));
+    let status = pool_status(&out).expect("status");
+    assert_eq!(status.ranges[0].state, "Enabling");
+    assert!(
+        enables(&m.handle(at(3), Input::Tick)).is_empty(),
+        "asked once"
+    );
+    // Refused (someone moved it): decided again, at the version the watch shows then.
+    let refused = enable[0].clone();
+    m.handle(
+        at(3),
+        Input::ConfigEnabled {
+            child: refused,
+            outcome: EnableOutcome::Moved("422 a test failed".into()),
+        },
+    );
+    assert_eq!(enables(&m.handle(at(4), Input::Tick)).len(), 1);
+    let out = m.handle(
+        at(4),
+        Input::Config(Watch::Applied(child_object(&child, "c-1"))),
+    );
     assert_eq!(writes(&out).len(), 1, "{out:?}");
+}
+
+pub(super) fn enables(effects: &[Effect]) -> Vec<&EnableChild> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::EnableConfig(c) => Some(c),
+            _ => None,
+        })
+        .collect()
 }
 
 #[test]
