@@ -204,16 +204,7 @@ pub fn spawn(
     let file = Arc::new(Mutex::new(
         File::create(&log).with_context(|| format!("creating {}", log.display()))?,
     ));
-    // The kernel kills the contender if this process dies (setpriv execs, so the pid stays).
-    let mut cmd = if Path::new("/usr/bin/setpriv").is_file() {
-        let mut c = Command::new("/usr/bin/setpriv");
-        c.args(["--pdeathsig", "KILL", "--"]).args(&argv);
-        c
-    } else {
-        let mut c = Command::new(&argv[0]);
-        c.args(&argv[1..]);
-        c
-    };
+    let mut cmd = dies_with_us(&argv);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -327,6 +318,20 @@ impl Running {
         self.check_alive()?;
         terminate(&mut self.child, self.pid).await;
         Ok(())
+    }
+}
+
+/// The command `argv`, run so that the kernel kills it if this process dies (setpriv execs,
+/// so the pid stays), where setpriv is installed.
+pub fn dies_with_us(argv: &[String]) -> Command {
+    if Path::new("/usr/bin/setpriv").is_file() {
+        let mut c = Command::new("/usr/bin/setpriv");
+        c.args(["--pdeathsig", "KILL", "--"]).args(argv);
+        c
+    } else {
+        let mut c = Command::new(&argv[0]);
+        c.args(&argv[1..]);
+        c
     }
 }
 

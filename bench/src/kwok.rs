@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 /// The annotation KWOK is told to manage Nodes by (`manageNodesWithAnnotationSelector`).
 pub const ANNOTATION: &str = "kwok.x-k8s.io/node";
@@ -108,16 +108,7 @@ impl Kwok {
         ];
         let file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        // The kernel kills KWOK if this process dies (setpriv execs, so the pid stays).
-        let mut cmd = if Path::new("/usr/bin/setpriv").is_file() {
-            let mut c = Command::new("/usr/bin/setpriv");
-            c.args(["--pdeathsig", "KILL", "--"]).args(&argv);
-            c
-        } else {
-            let mut c = Command::new(&argv[0]);
-            c.args(&argv[1..]);
-            c
-        };
+        let mut cmd = crate::contender::dies_with_us(&argv);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(file.try_clone()?))
             .stderr(Stdio::from(file))
