@@ -240,7 +240,10 @@ pub struct NodeIPAMConfigStatus {
     /// Conditions, keyed by type.
     ///
     /// `Ready`: `True` when the config is valid and accepting allocations; `False` with reason
-    /// `Disabled`, `Terminating`, `Overlap` or `Invalid` otherwise.
+    /// `Disabled`, `Terminating`, `Overlap` or `Invalid` otherwise, or `Pending` while a
+    /// gate is not yet in place: the config's finalizer, or a consumer output (the pod-network
+    /// ConfigMap, ip-masq-agent's, a typed output) that does not hold its ranges yet (the
+    /// message names which).
     ///
     /// `Exhausted`: `True` when some family has no free block (reason `Exhausted`), otherwise
     /// `False` (reason `BlocksFree`).

@@ -286,9 +286,9 @@ fn helm_lint_passes_with_default_and_other_values() {
 
 #[test]
 fn the_default_chart_renders_config_default() {
-    // config/manager names `nodeipam:latest`; the chart's default tag is its appVersion
-    // (checked below), so the comparison sets the tag.
-    let chart = by_key(yaml_docs(&template(&["image.tag=latest"])));
+    // Default values on both sides: config/manager pins the release's tag, the chart's
+    // default tag is its appVersion (the image is compared with the rest).
+    let chart = by_key(yaml_docs(&template(&[])));
     let kustomize = by_key(yaml_docs(&kustomize("default")));
     // The one exception: Helm installs into an existing namespace (or --create-namespace),
     // so the chart does not own the Namespace object.
@@ -478,7 +478,6 @@ fn chart_app_version() -> String {
 fn cert_manager_mode_renders_config_certmanager() {
     let chart = by_key(yaml_docs(&template(&[
         "certMode=cert-manager",
-        "image.tag=latest",
     ])));
     let kustomize = by_key(yaml_docs(&kustomize("certmanager")));
     let namespace = cluster_key("Namespace", NAMESPACE);
@@ -569,6 +568,95 @@ fn cilium_cidr_group_adds_config_cilium_and_its_flag() {
             "--cilium-api-version=cilium.io/v2",
         ],
     );
+}
+
+/// `kubectl kustomize` of an overlay of `config/default` with `config/components/<component>`,
+/// written as a user would (the paths relative: kustomize refuses absolute ones).
+fn default_with_component(component: &str) -> String {
+    let dir = tempfile::tempdir().expect("temp folder");
+    let up = "../".repeat(dir.path().components().count() - 1);
+    let root = workspace_root();
+    let root = root.strip_prefix("/").expect("the workspace path is absolute");
+    let root = format!("{up}{}", root.display());
+    write(
+        dir.path(),
+        "kustomization.yaml",
+        &format!(
+            "resources: [{root}/config/default]\ncomponents: [{root}/config/components/{component}]\n"
+        ),
+    );
+    run_ok(
+        "kubectl-kustomize-component",
+        Command::new(kubectl_bin()).args(["kustomize", &dir.path().display().to_string()]),
+    )
+}
+
+/// Each output's kustomize component, on config/default, renders exactly what the chart does
+/// with its switch: the RBAC and the controller's flags (docs/integrations.md).
+#[test]
+fn the_output_components_render_the_chart_switches() {
+    let cases: [(&str, &[&str]); 3] = [
+        ("ip-masq-agent", &["ipMasqAgent.enabled=true"]),
+        (
+            "calico",
+            &[
+                "calico.ipPools.enabled=true",
+                "calico.networkSet.enabled=true",
+            ],
+        ),
+        ("cilium", &["cilium.cidrGroup.enabled=true"]),
+    ];
+    let namespace = cluster_key("Namespace", NAMESPACE);
+    let base = args(&by_key(yaml_docs(&template(&[]))));
+    for (component, values) in cases {
+        let chart = by_key(yaml_docs(&template(values)));
+        let overlay = by_key(yaml_docs(&default_with_component(component)));
+        assert_equivalent(
+            &chart,
+            &overlay,
+            std::slice::from_ref(&namespace),
+            &format!("config/default with config/components/{component}"),
+        );
+        assert!(
+            args(&overlay).len() > base.len(),
+            "{component}: adds no flag: {:?}",
+            args(&overlay)
+        );
+    }
+}
+
+/// The kinds the chart renders with `set`.
+fn kinds(set: &[&str]) -> BTreeSet<String> {
+    yaml_docs(&template(set))
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// No replica, no webhook configuration: nothing would answer it, and its failurePolicy Fail
+/// would refuse every config (the ClusterCIDR cut-over installs the chart so). The
+/// PodDisruptionBudget (minAvailable 1) only over more than one replica: over one it would
+/// block every drain of that replica's node. config/manager has two replicas and the PDB.
+#[test]
+fn the_webhook_and_the_pdb_follow_the_replicas() {
+    let vwc = "ValidatingWebhookConfiguration";
+    let pdb = "PodDisruptionBudget";
+    let none = kinds(&["replicas=0"]);
+    assert!(!none.contains(vwc) && !none.contains(pdb), "{none:?}");
+    for kind in ["CustomResourceDefinition", "ClusterRole", "Deployment"] {
+        assert!(none.contains(kind), "replicas=0 without a {kind}: {none:?}");
+    }
+    let one = kinds(&["replicas=1"]);
+    assert!(one.contains(vwc) && !one.contains(pdb), "{one:?}");
+    let two = kinds(&[]);
+    assert!(two.contains(vwc) && two.contains(pdb), "{two:?}");
+    let manager = yaml_docs(&kustomize("manager"));
+    let deploy = manager
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("config/manager has the Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 2, "config/manager's PDB needs two");
+    assert!(manager.iter().any(|o| o["kind"] == pdb));
 }
 
 #[test]
@@ -1012,9 +1100,16 @@ async fn the_chart_applies_to_the_real_api_server() {
         "kubectl nodeipam status",
         "copy the kubectl-nodeipam binary onto your PATH",
         "set apiServer.host",
+        // docs/install.md's uninstall: the configs stay, the finalizer is released after.
+        "keeps the CRDs and every NodeIPAMConfig",
+        "Do not delete the configs",
     ] {
         assert!(notes.contains(line), "NOTES: no {line:?}:\n{notes}");
     }
+    assert!(
+        !notes.contains("Drained=True BEFORE"),
+        "NOTES tell to drain every config (delete every Node) before uninstalling:\n{notes}"
+    );
     let deployed = run_ok(
         "kubectl-get",
         cp.kubectl().args([
@@ -1131,6 +1226,67 @@ async fn the_chart_applies_to_the_real_api_server() {
         ]),
     );
 
+    cp.stop().await;
+}
+
+/// The chart with `replicas=0`, the ClusterCIDR cut-over's first step (docs/install.md):
+/// CRDs and RBAC, no webhook configuration, so the real API server admits a NodeIPAMConfig
+/// with no controller running (the configs `kubectl nodeipam migrate clustercidr --apply`
+/// creates). With the webhook registered and no pod behind it, the create is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_without_replicas_admits_configs() {
+    let cp = ControlPlane::builder()
+        .install_crds(false)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("step=control-plane: the control plane did not start: {e}"));
+    run_ok(
+        "create-namespace",
+        cp.kubectl().args(["create", "namespace", NAMESPACE]),
+    );
+    run_ok(
+        "label-namespace",
+        cp.kubectl().args([
+            "label",
+            "namespace",
+            NAMESPACE,
+            "pod-security.kubernetes.io/enforce=privileged",
+        ]),
+    );
+    let home = tempfile::tempdir().expect("temp folder");
+    run_ok(
+        "helm-install-replicas-0",
+        &mut helm_cp(
+            &cp,
+            home.path(),
+            &["install", RELEASE, &chart_dir(), "--set", "replicas=0"],
+        ),
+    );
+    let (ok, out, err) = run(
+        "kubectl-get-webhook-configuration",
+        cp.kubectl()
+            .args(["get", "validatingwebhookconfiguration", "nodeipam-webhook"]),
+    );
+    assert!(!ok && err.contains("NotFound"), "{err}\n{out}");
+    run_ok(
+        "wait-crd",
+        cp.kubectl().args([
+            "wait",
+            "--for=condition=Established",
+            "crd/nodeipamconfigs.nodeipam.io",
+            "--timeout=60s",
+        ]),
+    );
+    let sample = workspace_root().join("config/samples/nodeipam_v1alpha1_dual_stack.yaml");
+    let out = run_ok(
+        "create-config-without-controller",
+        cp.kubectl()
+            .args(["create", "-f", &sample.display().to_string()]),
+    );
+    assert!(
+        out.contains("nodeipamconfig.nodeipam.io/dual-stack created"),
+        "{out}"
+    );
     cp.stop().await;
 }
 
@@ -1347,6 +1503,20 @@ fn the_chart_and_the_workspace_share_one_version() {
         chart["appVersion"],
         format!("v{version}"),
         "Chart.yaml appVersion"
+    );
+    // kustomize deploys the same image tag (config/manager's `images:`).
+    let text =
+        std::fs::read_to_string(workspace_root().join("config/manager/kustomization.yaml"))
+            .expect("read config/manager/kustomization.yaml");
+    let kustomization: Value = serde_saphyr::from_str(&text).expect("kustomization parses");
+    let image = kustomization["images"]
+        .as_array()
+        .and_then(|images| images.iter().find(|i| i["name"] == "nodeipam"))
+        .expect("config/manager sets the nodeipam image");
+    assert_eq!(
+        image["newTag"],
+        format!("v{version}"),
+        "config/manager/kustomization.yaml newTag"
     );
     let changelog =
         std::fs::read_to_string(workspace_root().join("CHANGELOG.md")).expect("read CHANGELOG.md");
