@@ -476,9 +476,7 @@ fn chart_app_version() -> String {
 
 #[test]
 fn cert_manager_mode_renders_config_certmanager() {
-    let chart = by_key(yaml_docs(&template(&[
-        "certMode=cert-manager",
-    ])));
+    let chart = by_key(yaml_docs(&template(&["certMode=cert-manager"])));
     let kustomize = by_key(yaml_docs(&kustomize("certmanager")));
     let namespace = cluster_key("Namespace", NAMESPACE);
     assert_equivalent(&chart, &kustomize, &[namespace], "config/certmanager");
@@ -576,7 +574,9 @@ fn default_with_component(component: &str) -> String {
     let dir = tempfile::tempdir().expect("temp folder");
     let up = "../".repeat(dir.path().components().count() - 1);
     let root = workspace_root();
-    let root = root.strip_prefix("/").expect("the workspace path is absolute");
+    let root = root
+        .strip_prefix("/")
+        .expect("the workspace path is absolute");
     let root = format!("{up}{}", root.display());
     write(
         dir.path(),
@@ -655,7 +655,10 @@ fn the_webhook_and_the_pdb_follow_the_replicas() {
         .iter()
         .find(|o| o["kind"] == "Deployment")
         .expect("config/manager has the Deployment");
-    assert_eq!(deploy["spec"]["replicas"], 2, "config/manager's PDB needs two");
+    assert_eq!(
+        deploy["spec"]["replicas"], 2,
+        "config/manager's PDB needs two"
+    );
     assert!(manager.iter().any(|o| o["kind"] == pdb));
 }
 
@@ -1505,9 +1508,8 @@ fn the_chart_and_the_workspace_share_one_version() {
         "Chart.yaml appVersion"
     );
     // kustomize deploys the same image tag (config/manager's `images:`).
-    let text =
-        std::fs::read_to_string(workspace_root().join("config/manager/kustomization.yaml"))
-            .expect("read config/manager/kustomization.yaml");
+    let text = std::fs::read_to_string(workspace_root().join("config/manager/kustomization.yaml"))
+        .expect("read config/manager/kustomization.yaml");
     let kustomization: Value = serde_saphyr::from_str(&text).expect("kustomization parses");
     let image = kustomization["images"]
         .as_array()
