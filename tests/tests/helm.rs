@@ -1265,12 +1265,6 @@ async fn the_chart_without_replicas_admits_configs() {
             &["install", RELEASE, &chart_dir(), "--set", "replicas=0"],
         ),
     );
-    let (ok, out, err) = run(
-        "kubectl-get-webhook-configuration",
-        cp.kubectl()
-            .args(["get", "validatingwebhookconfiguration", "nodeipam-webhook"]),
-    );
-    assert!(!ok && err.contains("NotFound"), "{err}\n{out}");
     run_ok(
         "wait-crd",
         cp.kubectl().args([
@@ -1289,6 +1283,35 @@ async fn the_chart_without_replicas_admits_configs() {
     assert!(
         out.contains("nodeipamconfig.nodeipam.io/dual-stack created"),
         "{out}"
+    );
+    let (ok, out, err) = run(
+        "kubectl-get-webhook-configuration",
+        cp.kubectl()
+            .args(["get", "validatingwebhookconfiguration", "nodeipam-webhook"]),
+    );
+    assert!(!ok && err.contains("NotFound"), "{err}\n{out}");
+    // The cut-over's step 5: the replicas back, and the webhook with them. An upgrade without
+    // values would keep replicas=0 (Helm reuses the last values then): docs/install.md says
+    // --reuse-values --set replicas=2.
+    run_ok(
+        "helm-upgrade-replicas-2",
+        &mut helm_cp(
+            &cp,
+            home.path(),
+            &[
+                "upgrade",
+                RELEASE,
+                &chart_dir(),
+                "--reuse-values",
+                "--set",
+                "replicas=2",
+            ],
+        ),
+    );
+    run_ok(
+        "kubectl-get-webhook-configuration-after-upgrade",
+        cp.kubectl()
+            .args(["get", "validatingwebhookconfiguration", "nodeipam-webhook"]),
     );
     cp.stop().await;
 }
