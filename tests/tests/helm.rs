@@ -1109,6 +1109,12 @@ async fn the_chart_applies_to_the_real_api_server() {
     ] {
         assert!(notes.contains(line), "NOTES: no {line:?}:\n{notes}");
     }
+    // The default image is nowhere to pull from: NOTES say how to get it.
+    let image = format!(
+        "The image nodeipam:{} is not published",
+        chart_app_version()
+    );
+    assert!(notes.contains(&image), "NOTES: no {image:?}:\n{notes}");
     assert!(
         !notes.contains("Drained=True BEFORE"),
         "NOTES tell to drain every config (delete every Node) before uninstalling:\n{notes}"
