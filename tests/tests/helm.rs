@@ -1051,8 +1051,9 @@ fn helm_cp(cp: &ControlPlane, home: &Path, args: &[&str]) -> Command {
 
 /// The chart installs for real with Helm (no scheduler runs here, so no pod starts; the
 /// objects do), after refusing a namespace whose pod-security level forbids its pods; then
-/// every variant of the rendered chart, `helm test` pod included, passes the real API server's
-/// admission and schema (server-side dry run, strict field validation); then an upgrade and an
+/// every variant of the rendered chart, `helm test` pod included, and config/default with each
+/// output component pass the real API server's admission and schema (server-side dry run,
+/// strict field validation); then an upgrade and an
 /// uninstall, which keeps the CRDs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_applies_to_the_real_api_server() {
@@ -1187,6 +1188,29 @@ async fn the_chart_applies_to_the_real_api_server() {
             .filter(|l| l.contains("(server dry run)"))
             .count();
         assert_eq!(accepted, docs.len(), "variant {set:?}:\n{out}");
+    }
+
+    // Each output component on config/default, as a user applies it (the components' own
+    // objects and the Deployment with its flags): admission and schema, nothing persisted.
+    for component in ["ip-masq-agent", "calico", "cilium"] {
+        let rendered = default_with_component(component);
+        let docs = yaml_docs(&rendered);
+        let path = write(cp.dir(), &format!("component-{component}.yaml"), &rendered);
+        let out = run_ok(
+            "apply-component-dry-run-server",
+            cp.kubectl().args([
+                "apply",
+                "--dry-run=server",
+                "--validate=strict",
+                "-f",
+                &path,
+            ]),
+        );
+        let accepted = out
+            .lines()
+            .filter(|l| l.contains("(server dry run)"))
+            .count();
+        assert_eq!(accepted, docs.len(), "component {component}:\n{out}");
     }
 
     // An upgrade that turns on ip-masq-agent sync, and an uninstall.
