@@ -646,6 +646,15 @@ fn the_webhook_and_the_pdb_follow_the_replicas() {
     for kind in ["CustomResourceDefinition", "ClusterRole", "Deployment"] {
         assert!(none.contains(kind), "replicas=0 without a {kind}: {none:?}");
     }
+    // kustomize's counterpart renders the same objects.
+    let chart = by_key(yaml_docs(&template(&["replicas=0"])));
+    let bootstrap = by_key(yaml_docs(&kustomize("bootstrap")));
+    assert_equivalent(
+        &chart,
+        &bootstrap,
+        &[cluster_key("Namespace", NAMESPACE)],
+        "config/bootstrap",
+    );
     let one = kinds(&["replicas=1"]);
     assert!(one.contains(vwc) && !one.contains(pdb), "{one:?}");
     let two = kinds(&[]);
@@ -1340,6 +1349,51 @@ async fn the_chart_without_replicas_admits_configs() {
     );
     run_ok(
         "kubectl-get-webhook-configuration-after-upgrade",
+        cp.kubectl()
+            .args(["get", "validatingwebhookconfiguration", "nodeipam-webhook"]),
+    );
+    cp.stop().await;
+}
+
+/// kustomize's cut-over start, `config/bootstrap`, on the real API server: no webhook
+/// configuration, so a NodeIPAMConfig is admitted with no controller running; then
+/// `config/default` registers the webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_bootstrap_admits_configs() {
+    let cp = ControlPlane::builder()
+        .install_crds(false)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("step=control-plane: the control plane did not start: {e}"));
+    run_ok(
+        "apply-config-bootstrap",
+        cp.kubectl().args(["apply", "-k", &config_dir("bootstrap")]),
+    );
+    run_ok(
+        "wait-crd",
+        cp.kubectl().args([
+            "wait",
+            "--for=condition=Established",
+            "crd/nodeipamconfigs.nodeipam.io",
+            "--timeout=60s",
+        ]),
+    );
+    let sample = workspace_root().join("config/samples/nodeipam_v1alpha1_dual_stack.yaml");
+    let out = run_ok(
+        "create-config-without-controller",
+        cp.kubectl()
+            .args(["create", "-f", &sample.display().to_string()]),
+    );
+    assert!(
+        out.contains("nodeipamconfig.nodeipam.io/dual-stack created"),
+        "{out}"
+    );
+    run_ok(
+        "apply-config-default",
+        cp.kubectl().args(["apply", "-k", &config_dir("default")]),
+    );
+    run_ok(
+        "kubectl-get-webhook-configuration-after-default",
         cp.kubectl()
             .args(["get", "validatingwebhookconfiguration", "nodeipam-webhook"]),
     );
