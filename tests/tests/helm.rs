@@ -6,7 +6,9 @@
 //! `config/default` (the Namespace aside: Helm installs into an existing namespace), with
 //! `certMode=cert-manager` those of `config/certmanager`, with `ipMasqAgent.enabled` adds
 //! exactly `config/ip-masq-agent`, and with `apiServer` set it renders what the
-//! `config/components/api-server` overlay of the real-cluster suite does. A change to `config/`
+//! `config/components/api-server` overlay of the real-cluster suite does; each output's switch
+//! renders what `config/default` with its component does, and `replicas=0` (no webhook
+//! configuration, no PodDisruptionBudget) what `config/bootstrap` does. A change to `config/`
 //! that the chart does not follow (or the reverse) fails here, naming the object and the field.
 //!
 //! Helm is built by `hack/helm.sh build` (hack/test.sh does) into `$NODEIPAM_HELM`; kubectl is
