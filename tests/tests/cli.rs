@@ -391,6 +391,84 @@ async fn check_reports_each_inconsistency_made_by_hand_and_none_once_fixed() {
     cp.stop().await;
 }
 
+/// With the controller running, `check` right after a node is deleted (the status counts are
+/// written at most once a second, so they may still count it) finds nothing: what the
+/// controller's lag causes is looked at again and has settled. A hand-made overlap is real
+/// damage: exit 1, named first; once that node is deleted, a check at once is clean again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_right_after_a_node_is_deleted_is_clean_and_an_overlap_is_reported() {
+    let cp = control_plane().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    let _replica = Replica::start(&cp, dir.path(), "lag-0", &[]).await;
+    wait_leader(&cp, "lag-0").await;
+    let admin = cp.client();
+    create_ready_config(
+        &admin,
+        "general",
+        spec(family("10.110.0.0/16", 24), None, None),
+    )
+    .await;
+    for name in ["a1", "a2", "a3"] {
+        create_node(&admin, name, &[]).await;
+        wait_cidrs(&admin, name).await;
+    }
+    plugin_until(&cp, &["check"], "a clean check before the delete", |r| {
+        r.code == Some(0)
+    })
+    .await;
+    for name in ["b1", "b2", "b3", "b4", "b5", "b6"] {
+        create_node(&admin, name, &[]).await;
+        wait_cidrs(&admin, name).await;
+    }
+    // Two at a time: the first deletion's counts are written at once, the second's wait
+    // their second, and check runs in it.
+    for pair in [["b1", "b2"], ["b3", "b4"], ["b5", "b6"]] {
+        delete_node(&admin, pair[0]).await;
+        delete_node(&admin, pair[1]).await;
+        let after = plugin(&cp, &["check"]).await;
+        assert_eq!(
+            after.code,
+            Some(0),
+            "check right after deleting {pair:?} reported the controller's lag:\n{}{}",
+            after.out,
+            after.err
+        );
+    }
+    create_node(&admin, "a4", &[]).await;
+    let a4 = wait_cidrs(&admin, "a4").await;
+
+    create_node_obj(&admin, node("rogue", &[], &[&a4[0]])).await;
+    let found = plugin(&cp, &["check"]).await;
+    assert_eq!(found.code, Some(1), "{}{}", found.out, found.err);
+    let overlap = format!(
+        "overlap: node rogue podCIDR {} overlaps {} of node a4",
+        a4[0], a4[0]
+    );
+    assert_eq!(
+        found.out.lines().next(),
+        Some(overlap.as_str()),
+        "{}",
+        found.out
+    );
+    // The demo's case: the rogue node goes, and check runs at once.
+    delete_node(&admin, "rogue").await;
+    let gone = plugin(&cp, &["check"]).await;
+    assert_eq!(
+        gone.code,
+        Some(0),
+        "check right after deleting rogue reported the controller's lag:\n{}{}",
+        gone.out,
+        gone.err
+    );
+    assert!(
+        gone.out.starts_with("No inconsistencies: 4 node(s)"),
+        "{}",
+        gone.out
+    );
+    cp.stop().await;
+}
+
 /// node-ipam-controller's ClusterCIDR CRD with the schema of its chart (the fields a
 /// conversion reads), at `versions` (the first stores). kube-controller-manager 1.25 to 1.28's
 /// own `networking.k8s.io/v1alpha1` cannot be a CRD: the API server's built-in group answers
