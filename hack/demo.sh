@@ -42,7 +42,12 @@ since() { # since START_MS: seconds elapsed, one decimal
   local d=$(( $(now_ms) - $1 ))
   printf '%d.%d' $((d / 1000)) $(((d % 1000) / 100))
 }
-section() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
+# The step under way, for a failure to name: the section, or what wait_until waits for.
+STEP="start"
+section() { STEP="$*"; printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
+# The command that failed under `set -e`, and where: the reason a failure names.
+FAILED=""
+trap 'FAILED="line $LINENO: \`$BASH_COMMAND\` exited $?"' ERR
 show() { # show CMD...: print the command, then run it
   printf '\033[2m$ %s\033[0m\n' "$*" >&2
   "$@"
@@ -50,16 +55,21 @@ show() { # show CMD...: print the command, then run it
 TIMINGS=()
 record() { TIMINGS+=("$(printf '%-44s %6ss' "$1" "$2")"); }
 
-# wait_until WHAT TIMEOUT_S CMD...: polls CMD every 0.2 s.
+# wait_until WHAT TIMEOUT_S CMD...: polls CMD every 0.2 s; on timeout, names WHAT and shows
+# what CMD said last.
 wait_until() {
   local what="$1" timeout="$2"; shift 2
-  local deadline=$(( $(now_ms) + timeout * 1000 ))
-  until "$@" >/dev/null 2>&1; do
+  local deadline=$(( $(now_ms) + timeout * 1000 )) last="$DEMO_DIR/wait.out"
+  until "$@" >"$last" 2>&1; do
     controller_alive || die "step=$what: the controller exited; log: $CONTROLLER_LOG"$'\n'"$(tail -20 "$CONTROLLER_LOG")"
-    (( $(now_ms) < deadline )) || die "step=$what: not done within ${timeout}s; controller log: $CONTROLLER_LOG"
+    (( $(now_ms) < deadline )) || die "step=$what: not done within ${timeout}s; its last answer:"$'\n'"$(tail -20 "$last")"$'\n'"controller log: $CONTROLLER_LOG"
     sleep 0.2
   done
 }
+# What the steps show is written by the controller a moment after the change: the configs'
+# counts at most once a second, the outputs after the nodes. A check that finds nothing, from
+# one look, says it has all been written.
+settled() { kubectl nodeipam check --settle=0s; }
 
 NODEIPAM_PID=""
 STARTED_CP=false
@@ -77,9 +87,13 @@ stop_controller() {
 
 cleanup() {
   local rc=$?
-  if [[ $rc -ne 0 && -n "$NODEIPAM_PID" ]]; then
-    log "demo failed; last controller log lines ($CONTROLLER_LOG):"
-    tail -15 "$CONTROLLER_LOG" >&2 || true
+  if [[ $rc -ne 0 ]]; then
+    # die named the step and reason already; a command that failed under `set -e` did not.
+    log "demo failed: step=$STEP: ${FAILED:-exit $rc (reason above)}"
+    if [[ -n "$NODEIPAM_PID" ]]; then
+      log "last controller log lines ($CONTROLLER_LOG):"
+      tail -15 "$CONTROLLER_LOG" >&2 || true
+    fi
   fi
   if [[ "$KEEP" == true && $rc -eq 0 ]]; then
     return
@@ -213,6 +227,7 @@ all_allocated() {
 }
 wait_until "allocation" 60 all_allocated
 record "$TOTAL nodes created and allocated" "$(since "$t")"
+wait_until "allocation counted" 30 settled
 show kubectl get nodeipamconfigs -o wide
 show kubectl get nodes -o 'custom-columns=NAME:.metadata.name,POOL:.metadata.labels.nodeipam\.io/pool,CONFIG:.metadata.annotations.nodeipam\.io/config,PODCIDRS:.spec.podCIDRs'
 log "metrics (https://127.0.0.1:$METRICS_PORT/metrics, as demo-scraper):"
@@ -280,6 +295,7 @@ burst_allocated() {
 }
 wait_until "pool burst allocation" 90 burst_allocated
 record "pool: $BURST_NODES nodes allocated, ranges carved" "$(since "$t")"
+wait_until "pool burst counted" 30 settled
 show kubectl get nodeipampool burst
 show kubectl get nipc -l nodeipam.io/pool=burst -o 'custom-columns=RANGE:.metadata.name,CIDR:.spec.ipv4.cidr,NODES:.status.nodes'
 show kubectl nodeipam ranges
@@ -287,6 +303,7 @@ t=$(now_ms)
 show kubectl delete nodes $(seq -f 'burst-%02g' 2 "$BURST_NODES")
 one_range_left() { [[ "$(pool_children)" -eq 1 ]]; }
 wait_until "pool retiring its empty ranges" 120 one_range_left
+wait_until "pool retirement counted" 30 settled
 record "pool: emptied ranges retired down to 1" "$(since "$t")"
 log "the pool's events:"
 kubectl get events -n default --field-selector involvedObject.name=burst,reason=RangeRetired \
@@ -295,7 +312,7 @@ show kubectl get nipc -l nodeipam.io/pool=burst -o 'custom-columns=RANGE:.metada
 
 # ---------------------------------------------------------------------------------------------
 section "9. kubectl nodeipam check: the whole cluster against the rules"
-show kubectl nodeipam check
+show kubectl nodeipam check || die "step=check: the cluster the demo made is not consistent (exit $?)"
 ROGUE_CIDR="$(kubectl get node worker-01 -o jsonpath='{.spec.podCIDRs[0]}')"
 log "a Node created by hand with worker-01's IPv4 block ($ROGUE_CIDR) as its podCIDR:"
 kubectl create -f - >/dev/null <<YAML
@@ -312,8 +329,10 @@ rc=0
 show kubectl nodeipam check || rc=$?
 [[ $rc -eq 1 ]] || die "step=check: an overlapping podCIDR was not reported (exit $rc)"
 show kubectl delete node rogue
-# The controller must not have released worker-01's block when the rogue node went.
-show kubectl nodeipam check
+# At once: the counts still include rogue for up to a second, and check looks again at what
+# the controller's lag can cause. The controller must not have released worker-01's block when
+# the rogue node went.
+show kubectl nodeipam check || die "step=check-after-rogue: inconsistent once rogue was deleted (exit $?)"
 
 # ---------------------------------------------------------------------------------------------
 if [[ "$KEEP" == false ]]; then

@@ -15,11 +15,18 @@
 //! - any other status count, or its `Drained` condition, differs from the recount;
 //! - a published output misses a range of the pod network (or is not there).
 //!
-//! While the controller works, its counts may trail the nodes for a moment
-//! (`STATUS_COUNTS_EVERY`): a finding that goes away on a second run was one of those.
+//! ## Damage and lag
+//! Each finding has a [`Cause`]. Damage (an overlap, a podCIDR in a Service range or in no
+//! config, one that does not parse) is on the Nodes themselves: the controller never makes it
+//! and does not mend it, so one look is enough. Lag (a status count, a condition, a missing
+//! status, an output that trails the pod network) is what a working controller shows for a
+//! moment after any change: counts are written at most once a `STATUS_COUNTS_EVERY`, and an
+//! output follows the configs and nodes it is made from. Those are looked at again after
+//! [`SETTLE`]; [`confirmed`] keeps the ones that did not settle.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -28,7 +35,7 @@ use nodeipam_crd::{CONDITION_DRAINED, FamilyStatus, NodeIPAMConfig, NodeIPAMConf
 use serde::Serialize;
 
 use crate::ipam::Ipam;
-use crate::machine::config_input;
+use crate::machine::{STATUS_COUNTS_EVERY, config_input};
 use crate::node::IpamNode;
 use crate::podnetwork::{
     ConfigMapRef, OutputContent, OutputKind, OutputRef, PodNetwork, RangeState, covered,
@@ -291,6 +298,130 @@ impl fmt::Display for Finding {
             ),
         }
     }
+}
+
+/// How long `check` waits before it looks again at what the controller's lag can cause:
+/// several status intervals, for the change to reach the controller's watch, the count's
+/// turn (`STATUS_COUNTS_EVERY`) and the status write, on a busy API server too.
+pub const SETTLE: Duration = Duration::from_secs(5 * STATUS_COUNTS_EVERY.as_secs());
+
+/// Why a finding is there, and so whether one look is enough to report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// Wrong on the Nodes: a working controller never shows it. Reported at once.
+    Damage,
+    /// What a working controller shows for a moment after a change (a status or an output
+    /// not yet rewritten). Reported only when a second look, [`SETTLE`] later, finds it again.
+    Lag,
+}
+
+impl Finding {
+    /// Whether the objects are damaged or may only be behind the controller's next write.
+    pub fn cause(&self) -> Cause {
+        match self {
+            Finding::Overlap { .. }
+            | Finding::ServiceRange { .. }
+            | Finding::OutsideConfigs { .. }
+            | Finding::BadPodCidr { .. } => Cause::Damage,
+            // An output lacking a range a node holds is harmful, but the controller makes it
+            // for a moment too: adopting the podCIDRs of a config just created, publishing a
+            // podCIDR another component set, recreating a deleted output.
+            Finding::NoStatus { .. }
+            | Finding::StaleStatus { .. }
+            | Finding::Leaked { .. }
+            | Finding::Count { .. }
+            | Finding::Drained { .. }
+            | Finding::MissingOutput { .. }
+            | Finding::Unpublished { .. } => Cause::Lag,
+        }
+    }
+
+    /// Whether `later`, found on a second look, is this finding not settled: the same field of
+    /// the same object still disagrees with the same recount. A status rewritten to another
+    /// wrong value still counts; a recount that moved (nodes still coming and going) means the
+    /// cluster was changing, so the second look may be lag again and is not a confirmation.
+    pub fn persists_as(&self, later: &Finding) -> bool {
+        use Finding as F;
+        match (self, later) {
+            (
+                F::Leaked {
+                    config,
+                    family,
+                    held,
+                    ..
+                },
+                F::Leaked {
+                    config: c,
+                    family: f,
+                    held: h,
+                    ..
+                },
+            ) => (config, family, held) == (c, f, h),
+            (
+                F::Count {
+                    config,
+                    field,
+                    recount,
+                    ..
+                },
+                F::Count {
+                    config: c,
+                    field: f,
+                    recount: r,
+                    ..
+                },
+            ) => (config, field, recount) == (c, f, r),
+            (
+                F::Drained { config, why, .. },
+                F::Drained {
+                    config: c, why: w, ..
+                },
+            ) => (config, why) == (c, w),
+            (F::NoStatus { config }, F::NoStatus { config: c }) => config == c,
+            (
+                F::StaleStatus {
+                    config, generation, ..
+                },
+                F::StaleStatus {
+                    config: c,
+                    generation: g,
+                    ..
+                },
+            ) => (config, generation) == (c, g),
+            (F::MissingOutput { output }, F::MissingOutput { output: o }) => output == o,
+            (
+                F::Unpublished {
+                    output,
+                    cidr,
+                    state,
+                },
+                F::Unpublished {
+                    output: o,
+                    cidr: c,
+                    state: s,
+                },
+            ) => (output, cidr, state) == (o, c, s),
+            // Damage needs no second look; different kinds are different findings.
+            _ => false,
+        }
+    }
+}
+
+/// The findings of one look split by [`Cause`]: damage, and lag still to confirm.
+pub fn split(findings: Vec<Finding>) -> (Vec<Finding>, Vec<Finding>) {
+    findings
+        .into_iter()
+        .partition(|f| f.cause() == Cause::Damage)
+}
+
+/// The lag findings of a first look that a second look still finds ([`Finding::persists_as`]),
+/// as the second look found them (the newer values).
+pub fn confirmed(first: &[Finding], second: &[Finding]) -> Vec<Finding> {
+    second
+        .iter()
+        .filter(|later| later.cause() == Cause::Lag && first.iter().any(|f| f.persists_as(later)))
+        .cloned()
+        .collect()
 }
 
 fn show<T: fmt::Display>(v: Option<T>) -> String {

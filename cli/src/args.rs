@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ipnet::IpNet;
 use nodeipam_alloc::podnetwork::ConfigMapRef;
-use nodeipam_controller::cli::{ClientArgs, DEFAULT_LEASE_NAME, DEFAULT_POD_NETWORK_CONFIGMAP};
+use nodeipam_controller::cli::{
+    ClientArgs, DEFAULT_LEASE_NAME, DEFAULT_POD_NETWORK_CONFIGMAP, GoDuration,
+};
 use nodeipam_controller::ranges::Format;
 
 #[derive(Debug, Parser)]
@@ -92,10 +94,17 @@ pub enum Command {
         output: View,
     },
     /// Check the nodes, configs, Service ranges and published outputs against each other;
-    /// exit 1 with one line per inconsistency, 0 when there is none.
+    /// exit 1 with one line per inconsistency, 0 when there is none. Damage on the nodes
+    /// (overlaps, a podCIDR in a Service range or in no config) is reported at once; what the
+    /// controller's normal lag can cause (a status count, a condition, an output) only if a
+    /// second look, --settle later, finds it still wrong: a check can take that long more.
     Check {
         #[arg(short = 'o', long = "output", value_enum, default_value_t = View::Table)]
         output: View,
+        /// How long to wait before looking again at findings the controller's lag can cause
+        /// (its status counts are written at most once a second); 0s reports them from one look.
+        #[arg(long, value_name = "DURATION", default_value_t = GoDuration(nodeipam_alloc::check::SETTLE))]
+        settle: GoDuration,
     },
     /// Convert another node IPAM's ranges into NodeIPAMConfigs: print them (or create them
     /// with --apply); exit 1, creating nothing, when one cannot be converted.
@@ -182,7 +191,13 @@ mod tests {
         ] {
             let cli = Cli::try_parse_from(argv).expect("parses");
             assert_eq!(cli.global.context.as_deref(), Some("prod"), "{argv:?}");
-            assert!(matches!(cli.command, Command::Check { output: View::Json }));
+            assert!(matches!(
+                cli.command,
+                Command::Check {
+                    output: View::Json,
+                    ..
+                }
+            ));
         }
         let cli =
             Cli::try_parse_from(["kubectl-nodeipam", "ranges", "-o", "wide"]).expect("ranges");

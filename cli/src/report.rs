@@ -1,10 +1,12 @@
 //! Running a command: connect, read, print in the `-o` asked for, and the exit status (0 done
 //! or clean, 1 `check` found something, 2 the command could not run).
 
+use std::io::Write as _;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::CommandFactory;
-use nodeipam_alloc::check::{Finding, check};
+use nodeipam_alloc::check::{Finding, check, confirmed, split};
 use serde::Serialize;
 
 use crate::args::{Cli, Command, Global, Migrate, View};
@@ -29,7 +31,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         }
         Command::Ranges { output } => ranges(&cli.global, output).await.map(|s| (s, true)),
         Command::Status { output } => status(&cli.global, output).await.map(|s| (s, true)),
-        Command::Check { output } => checked(&cli.global, output).await,
+        Command::Check { output, settle } => checked(&cli.global, output, settle.0).await,
     };
     match out {
         Ok((text, clean)) => {
@@ -71,16 +73,44 @@ async fn status(global: &Global, view: View) -> anyhow::Result<String> {
     }
 }
 
-/// The findings, and whether there were none.
-async fn checked(global: &Global, view: View) -> anyhow::Result<(String, bool)> {
-    let read = read(&client(global).await?, global).await?;
-    let findings = check(&read.cluster());
-    let clean = findings.is_empty();
-    let text = match view {
-        View::Table | View::Wide => lines(&findings, &read),
-        View::Json | View::Yaml => structured(&findings, view)?,
+/// The findings, and whether there were none. Damage is reported from the first look (a table
+/// prints it before waiting); what the controller's lag can cause is read again `settle` later
+/// and reported only where it persisted (`nodeipam_alloc::check::confirmed`).
+async fn checked(global: &Global, view: View, settle: Duration) -> anyhow::Result<(String, bool)> {
+    let client = client(global).await?;
+    let first = read(&client, global).await?;
+    let (damage, lag) = split(check(&first.cluster()));
+    if lag.is_empty() || settle.is_zero() {
+        let findings = [damage, lag].concat();
+        return Ok((render(&findings, &first, view)?, findings.is_empty()));
+    }
+    let table = matches!(view, View::Table | View::Wide);
+    if table && !damage.is_empty() {
+        print!("{}", lines(&damage, &first));
+        std::io::stdout().flush()?;
+    }
+    eprintln!(
+        "kubectl nodeipam: {} finding(s) the controller's normal lag can cause; looking again in {}",
+        lag.len(),
+        nodeipam_crd::duration::format(settle)
+    );
+    tokio::time::sleep(settle).await;
+    let second = read(&client, global).await?;
+    let kept = confirmed(&lag, &check(&second.cluster()));
+    let clean = damage.is_empty() && kept.is_empty();
+    let text = match (table, damage.is_empty()) {
+        // The damage is printed already.
+        (true, false) => kept.iter().map(|f| format!("{f}\n")).collect(),
+        _ => render(&[damage, kept].concat(), &second, view)?,
     };
     Ok((text, clean))
+}
+
+fn render(findings: &[Finding], read: &crate::read::Read, view: View) -> anyhow::Result<String> {
+    match view {
+        View::Table | View::Wide => Ok(lines(findings, read)),
+        View::Json | View::Yaml => structured(&findings, view),
+    }
 }
 
 /// One line per finding; a clean check says what it looked at.

@@ -397,3 +397,138 @@ fn typed_outputs_are_read_as_the_controller_reads_them() {
         vec!["unpublished: CiliumCIDRGroup pods does not exist: consumers know no pod network"]
     );
 }
+
+#[test]
+fn damage_is_on_the_nodes_lag_is_on_what_the_controller_writes() {
+    let mut w = World::new();
+    w.nodes.push(node("x", "u-x", &[], &["10.100.0.0/24"]));
+    w.nodes.push(node("s", "u-s", &[], &["10.96.3.0/24"]));
+    w.status_mut("gpu").nodes = Some(7);
+    let (damage, lag) = split(w.check());
+    let kinds = |l: &[Finding]| -> Vec<String> {
+        l.iter()
+            .map(|f| {
+                f.to_string()
+                    .split(':')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect()
+    };
+    assert_eq!(
+        kinds(&damage),
+        ["overlap", "service-range", "outside-configs"],
+        "{damage:#?}"
+    );
+    assert!(damage.iter().all(|f| f.cause() == Cause::Damage));
+    // The new nodes are not counted yet, nor s's podCIDR published: all of it may be lag.
+    assert_eq!(kinds(&lag), ["count", "count", "unpublished"], "{lag:#?}");
+    assert!(lag.iter().all(|f| f.cause() == Cause::Lag));
+}
+
+/// The demo's case: a node deleted just before the first look; by the second the controller
+/// has rewritten the counts.
+#[test]
+fn counts_the_controller_rewrote_between_the_looks_are_not_confirmed() {
+    let mut w = World::new();
+    w.nodes.retain(|n| n.name_any() != "b");
+    let (damage, first) = split(w.check());
+    assert!(damage.is_empty(), "{damage:#?}");
+    assert_eq!(
+        first.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "leaked: NodeIPAMConfig general status.ipv4.allocated counts 2 block(s) but nodes hold 1",
+            "count: NodeIPAMConfig general status.nodes is 2 but a recount from the Nodes gives 1",
+        ]
+    );
+    w.settle();
+    assert_eq!(confirmed(&first, &w.check()), Vec::<Finding>::new());
+}
+
+/// Nothing rewrote the count: it is reported. Rewritten to another wrong value against the
+/// same recount, it is still reported, as the second look found it.
+#[test]
+fn a_count_still_wrong_against_the_same_recount_is_confirmed() {
+    let mut w = World::new();
+    w.status_mut("general").ipv4 = Some(FamilyStatus {
+        capacity: 256,
+        allocated: 5,
+    });
+    w.status_mut("general").nodes = Some(9);
+    let first = w.check();
+    assert_eq!(confirmed(&first, &w.check()), first);
+    w.status_mut("general").ipv4 = Some(FamilyStatus {
+        capacity: 256,
+        allocated: 6,
+    });
+    let second = w.check();
+    let kept = confirmed(&first, &second);
+    assert_eq!(kept, second, "{kept:#?}");
+    assert!(
+        kept.contains(&Finding::Leaked {
+            config: "general".into(),
+            family: "ipv4",
+            counted: 6,
+            held: 2
+        }),
+        "{kept:#?}"
+    );
+}
+
+/// The nodes moved between the looks: the second finding may be lag again, and one that only
+/// the second look found has had no time to settle.
+#[test]
+fn a_recount_that_moved_or_a_finding_new_in_the_second_look_is_not_confirmed() {
+    let mut w = World::new();
+    w.status_mut("general").nodes = Some(5);
+    let first = w.check();
+    w.nodes.retain(|n| n.name_any() != "b");
+    let second = w.check();
+    assert!(
+        second
+            .iter()
+            .any(|f| matches!(f, Finding::Count { field, .. } if field == "nodes")),
+        "{second:#?}"
+    );
+    assert_eq!(confirmed(&first, &second), Vec::<Finding>::new());
+    // Damage is never confirmed: it is reported from the first look.
+    w.nodes.push(node("x", "u-x", &[], &["10.100.0.0/24"]));
+    let damaged = w.check();
+    assert!(
+        confirmed(&damaged, &damaged)
+            .iter()
+            .all(|f| f.cause() == Cause::Lag)
+    );
+}
+
+#[test]
+fn unsettled_conditions_statuses_and_outputs_are_confirmed_only_unchanged() {
+    let mut w = World::new();
+    w.configs[0].metadata.generation = Some(2);
+    w.outputs.clear();
+    w.outputs.push(Output::configmap(
+        &"nodeipam-system/nodeipam-pod-network".parse().expect("ref"),
+        OutputKind::PodNetwork,
+        None,
+    ));
+    let first = w.check();
+    assert_eq!(
+        first.iter().map(Finding::cause).collect::<Vec<_>>(),
+        [Cause::Lag, Cause::Lag],
+        "{first:#?}"
+    );
+    assert_eq!(confirmed(&first, &first), first);
+    // The spec moved on again: a status of generation 2 may be on its way.
+    w.configs[0].metadata.generation = Some(3);
+    let second = w.check();
+    assert_eq!(
+        confirmed(&first, &second)
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        [
+            "unpublished: ConfigMap nodeipam-system/nodeipam-pod-network does not exist: consumers know no pod network"
+        ]
+    );
+}
