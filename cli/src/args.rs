@@ -312,4 +312,55 @@ mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn kubectls_generic_flags_go_before_or_after_the_subcommand() {
+        let cli = Cli::try_parse_from([
+            "kubectl-nodeipam",
+            "-s",
+            "https://10.0.0.1:6443",
+            "--as=alice",
+            "status",
+            "--as-group=g1",
+            "--as-group",
+            "g2",
+            "--token=t",
+            "--insecure-skip-tls-verify",
+            "--request-timeout=30s",
+            "--user=u",
+            "--cluster=c",
+            "--certificate-authority=/ca",
+            "--client-certificate=/crt",
+            "--client-key=/key",
+        ])
+        .expect("parses");
+        let o = cli.global.overrides();
+        assert_eq!(o.server.as_deref(), Some("https://10.0.0.1:6443"));
+        assert_eq!(o.impersonate.as_deref(), Some("alice"));
+        assert_eq!(o.impersonate_groups, ["g1", "g2"]);
+        assert!(o.insecure_skip_tls_verify);
+        assert_eq!(o.request_timeout, Some(std::time::Duration::from_secs(30)));
+        assert_eq!(
+            (o.user.as_deref(), o.cluster.as_deref()),
+            (Some("u"), Some("c"))
+        );
+        assert!(matches!(cli.command, Command::Status { .. }));
+        let cli = Cli::try_parse_from([
+            "kubectl-nodeipam",
+            "--insecure-skip-tls-verify=false",
+            "ranges",
+        ])
+        .expect("parses");
+        assert!(!cli.global.insecure_skip_tls_verify);
+        let e = Cli::try_parse_from(["kubectl-nodeipam", "ranges", "--request-timeout=soon"])
+            .expect_err("not a duration");
+        assert!(e.to_string().contains("--request-timeout"), "{e}");
+    }
+
+    #[test]
+    fn the_usage_is_kubectls() {
+        let help = Cli::command().render_help().to_string();
+        assert!(help.contains("Usage: kubectl nodeipam"), "{help}");
+        assert!(help.contains("Exit status: 0"), "{help}");
+    }
 }

@@ -50,8 +50,8 @@ pub fn one_line(e: &anyhow::Error, server: Option<&http::Uri>) -> String {
                 break;
             }
             Some(kube::Error::HyperError(_) | kube::Error::Service(_)) => match server {
-                Some(url) => format!("cannot reach the API server {}", host_label(url)),
-                None => "cannot reach the API server".into(),
+                Some(url) => format!("cannot reach the Kubernetes API server {}", host_label(url)),
+                None => "cannot reach the Kubernetes API server".into(),
             },
             _ => own_part(&cause.to_string(), chain.get(i + 1).map(|c| c.to_string())),
         };
@@ -227,8 +227,8 @@ mod tests {
         let server: http::Uri = "https://127.0.0.1:1".parse().expect("uri");
         assert_eq!(
             one_line(&e, Some(&server)),
-            "listing NodeIPAMConfigs: cannot reach the API server 127.0.0.1:1: client error \
-             (Connect): tcp connect error: Connection refused"
+            "listing NodeIPAMConfigs: cannot reach the Kubernetes API server 127.0.0.1:1: \
+             client error (Connect): tcp connect error: Connection refused"
         );
         // A message that ends with its cause's says only its own part; a newline is folded.
         let inner = std::io::Error::other("No such file or directory");
