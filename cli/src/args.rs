@@ -33,7 +33,8 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct Global {
     /// Path to the kubeconfig. Without it: $KUBECONFIG (a colon-separated list, merged as
-    /// kubectl does), then ~/.kube/config, then the in-cluster config.
+    /// kubectl does: missing files skipped, the first to set a key wins), then
+    /// ~/.kube/config, then the in-cluster config.
     #[arg(long, global = true)]
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context to use (default: its current-context).
