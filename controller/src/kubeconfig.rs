@@ -36,7 +36,7 @@ pub struct Overrides {
 }
 
 impl Overrides {
-    /// Whether any flag names the cluster or the credentials, so that no kubeconfig is needed.
+    /// Whether `--server` names the API server, so that no kubeconfig is needed.
     fn names_a_server(&self) -> bool {
         self.server.is_some()
     }
@@ -134,18 +134,7 @@ const SELECTED: &str = "selected";
 /// server. Errors name the flag, or the kubeconfig entry, that is missing.
 pub fn select(kc: Option<Kubeconfig>, o: &Overrides) -> anyhow::Result<Kubeconfig> {
     let kc = kc.unwrap_or_default();
-    let context_name = o.context.clone().or_else(|| kc.current_context.clone());
-    let context = match &context_name {
-        Some(name) => match kc.contexts.iter().find(|c| &c.name == name) {
-            Some(found) => found.context.clone().unwrap_or_default(),
-            None if o.context.is_some() => {
-                bail!("--context={name}: no such context in the kubeconfig")
-            }
-            None if o.names_a_server() => Context::default(),
-            None => bail!("the kubeconfig's current-context {name:?} is not one of its contexts"),
-        },
-        None => Context::default(),
-    };
+    let (context_name, context) = pick_context(&kc, o)?;
     let cluster_name = o.cluster.clone().unwrap_or_else(|| context.cluster.clone());
     let mut cluster = named(&kc.clusters, &cluster_name, |c| (&c.name, &c.cluster));
     if cluster.is_none()
@@ -192,6 +181,24 @@ pub fn select(kc: Option<Kubeconfig>, o: &Overrides) -> anyhow::Result<Kubeconfi
         current_context: Some(SELECTED.into()),
         ..Kubeconfig::default()
     })
+}
+
+/// The context `--context` names, else the current-context (empty when there is none, or
+/// when `--server` makes up for a current-context that is not there), and its name.
+fn pick_context(kc: &Kubeconfig, o: &Overrides) -> anyhow::Result<(Option<String>, Context)> {
+    let name = o.context.clone().or_else(|| kc.current_context.clone());
+    let Some(wanted) = &name else {
+        return Ok((None, Context::default()));
+    };
+    let context = match kc.contexts.iter().find(|c| &c.name == wanted) {
+        Some(found) => found.context.clone().unwrap_or_default(),
+        None if o.context.is_some() => {
+            bail!("--context={wanted}: no such context in the kubeconfig")
+        }
+        None if o.names_a_server() => Context::default(),
+        None => bail!("the kubeconfig's current-context {wanted:?} is not one of its contexts"),
+    };
+    Ok((name, context))
 }
 
 /// Why there is no server to talk to.
