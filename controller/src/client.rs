@@ -43,9 +43,13 @@ pub fn one_line(e: &anyhow::Error, server: Option<&http::Uri>) -> String {
     for (i, cause) in chain.iter().enumerate() {
         let part = match cause.downcast_ref::<kube::Error>() {
             Some(kube::Error::Api(status)) => {
+                let reason = match status.reason.as_str() {
+                    "" => String::new(),
+                    r => format!(" ({r})"),
+                };
                 parts.push(format!(
-                    "the API server answered {} ({}): {}",
-                    status.code, status.reason, status.message
+                    "the API server answered {}{reason}: {}",
+                    status.code, status.message
                 ));
                 break;
             }
