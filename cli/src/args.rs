@@ -1,6 +1,8 @@
 //! The `kubectl nodeipam` command line: subcommands and flags. The connection flags are
-//! kubectl's (`--kubeconfig`, `--context`) and may come before or after the subcommand, as a
-//! kubectl plugin receives them; the controller's names have the controller's defaults.
+//! kubectl's generic ones (`--kubeconfig`, `--context`, `--server`, `--token`, `--as`, ...)
+//! and may come before or after the subcommand, as a kubectl plugin receives them; they mean
+//! what [`nodeipam_controller::kubeconfig`] makes of them. The controller's names have the
+//! controller's defaults.
 
 use std::path::PathBuf;
 
@@ -10,14 +12,18 @@ use nodeipam_alloc::podnetwork::ConfigMapRef;
 use nodeipam_controller::cli::{
     ClientArgs, DEFAULT_LEASE_NAME, DEFAULT_POD_NETWORK_CONFIGMAP, GoDuration,
 };
+use nodeipam_controller::kubeconfig::Overrides;
 use nodeipam_controller::ranges::Format;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "kubectl-nodeipam",
+    bin_name = "kubectl nodeipam",
     version = nodeipam_controller::version::SHORT,
     about = "The pod network, the nodeipam controller's status and a consistency check, read \
-             with your kubeconfig (run as `kubectl nodeipam`)"
+             with your kubeconfig as kubectl reads it; `migrate --apply` also creates \
+             NodeIPAMConfigs",
+    after_help = nodeipam_controller::ranges::EXIT_CODES_HELP
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -29,12 +35,59 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct Global {
     /// Path to the kubeconfig. Without it: $KUBECONFIG (a colon-separated list, merged as
-    /// kubectl does), then ~/.kube/config, then the in-cluster config.
+    /// kubectl does: missing files skipped, the first to set a key wins), then
+    /// ~/.kube/config, then the in-cluster config.
     #[arg(long, global = true)]
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context to use (default: its current-context).
     #[arg(long, global = true)]
     pub context: Option<String>,
+    /// The kubeconfig cluster to use (default: the context's).
+    #[arg(long, global = true)]
+    pub cluster: Option<String>,
+    /// The kubeconfig user to use (default: the context's).
+    #[arg(long, global = true)]
+    pub user: Option<String>,
+    /// The address and port of the API server.
+    #[arg(short = 's', long, global = true)]
+    pub server: Option<String>,
+    /// Bearer token for authentication to the API server.
+    #[arg(long, global = true)]
+    pub token: Option<String>,
+    /// Path to a cert file for the certificate authority.
+    #[arg(long, global = true)]
+    pub certificate_authority: Option<PathBuf>,
+    /// Path to a client certificate file for TLS.
+    #[arg(long, global = true)]
+    pub client_certificate: Option<PathBuf>,
+    /// Path to a client key file for TLS.
+    #[arg(long, global = true)]
+    pub client_key: Option<PathBuf>,
+    /// Do not check the server's certificate: insecure.
+    #[arg(
+        long,
+        global = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub insecure_skip_tls_verify: bool,
+    /// Username to impersonate for the operation.
+    #[arg(long = "as", global = true, value_name = "USER")]
+    pub as_user: Option<String>,
+    /// Group to impersonate for the operation; repeat it for several groups.
+    #[arg(long = "as-group", global = true, value_name = "GROUP")]
+    pub as_group: Vec<String>,
+    /// How long to wait for one answer of the API server before giving up (1s, 2m, 3h; whole
+    /// seconds without a unit); 0 waits as long as it takes.
+    #[arg(
+        long,
+        global = true,
+        value_parser = nodeipam_controller::kubeconfig::parse_request_timeout
+    )]
+    pub request_timeout: Option<std::time::Duration>,
     /// The controller's namespace: its Lease and its published ConfigMaps.
     #[arg(short = 'n', long, global = true, default_value = nodeipam_webhook::DEFAULT_NAMESPACE)]
     pub namespace: String,
@@ -65,6 +118,25 @@ pub struct Global {
 }
 
 impl Global {
+    /// kubectl's flags, for [`nodeipam_controller::kubeconfig::config`].
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+            cluster: self.cluster.clone(),
+            user: self.user.clone(),
+            server: self.server.clone(),
+            token: self.token.clone(),
+            certificate_authority: self.certificate_authority.clone(),
+            client_certificate: self.client_certificate.clone(),
+            client_key: self.client_key.clone(),
+            insecure_skip_tls_verify: self.insecure_skip_tls_verify,
+            impersonate: self.as_user.clone(),
+            impersonate_groups: self.as_group.clone(),
+            request_timeout: self.request_timeout,
+        }
+    }
+
     /// The client flags the controller's own commands take. A report sends a handful of
     /// reads: the controller's default rate limit never holds it back.
     pub fn client(&self) -> ClientArgs {
@@ -255,5 +327,56 @@ mod tests {
                 && e.to_string().contains("namespace/name"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn kubectls_generic_flags_go_before_or_after_the_subcommand() {
+        let cli = Cli::try_parse_from([
+            "kubectl-nodeipam",
+            "-s",
+            "https://10.0.0.1:6443",
+            "--as=alice",
+            "status",
+            "--as-group=g1",
+            "--as-group",
+            "g2",
+            "--token=t",
+            "--insecure-skip-tls-verify",
+            "--request-timeout=30s",
+            "--user=u",
+            "--cluster=c",
+            "--certificate-authority=/ca",
+            "--client-certificate=/crt",
+            "--client-key=/key",
+        ])
+        .expect("parses");
+        let o = cli.global.overrides();
+        assert_eq!(o.server.as_deref(), Some("https://10.0.0.1:6443"));
+        assert_eq!(o.impersonate.as_deref(), Some("alice"));
+        assert_eq!(o.impersonate_groups, ["g1", "g2"]);
+        assert!(o.insecure_skip_tls_verify);
+        assert_eq!(o.request_timeout, Some(std::time::Duration::from_secs(30)));
+        assert_eq!(
+            (o.user.as_deref(), o.cluster.as_deref()),
+            (Some("u"), Some("c"))
+        );
+        assert!(matches!(cli.command, Command::Status { .. }));
+        let cli = Cli::try_parse_from([
+            "kubectl-nodeipam",
+            "--insecure-skip-tls-verify=false",
+            "ranges",
+        ])
+        .expect("parses");
+        assert!(!cli.global.insecure_skip_tls_verify);
+        let e = Cli::try_parse_from(["kubectl-nodeipam", "ranges", "--request-timeout=soon"])
+            .expect_err("not a duration");
+        assert!(e.to_string().contains("--request-timeout"), "{e}");
+    }
+
+    #[test]
+    fn the_usage_is_kubectls() {
+        let help = Cli::command().render_help().to_string();
+        assert!(help.contains("Usage: kubectl nodeipam"), "{help}");
+        assert!(help.contains("Exit status: 0"), "{help}");
     }
 }

@@ -251,7 +251,11 @@ fn step(config: &NodeIPAMConfig, view: &ClusterView, host_bits: i64) -> Result<S
 /// be one on its own (overlaps and the cluster are [`plan`]'s).
 pub fn convert(c: &ClusterCidr) -> Result<(NodeIPAMConfig, Vec<String>), Vec<String>> {
     let mut notes = Vec::new();
-    let mut reasons = Vec::new();
+    // The name becomes the NodeIPAMConfig's: the API server would refuse what it refuses.
+    let mut reasons: Vec<String> = nodeipam_crd::validation::dns_subdomain_errors(&c.name)
+        .into_iter()
+        .map(|reason| format!("metadata.name: {reason}"))
+        .collect();
     let mut families = [None, None];
     for (slot, (family, cidr)) in families
         .iter_mut()

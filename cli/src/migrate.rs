@@ -17,28 +17,32 @@ use serde_json::{Value, json};
 use crate::args::{Global, MigrateArgs, MigrateOutput};
 use crate::clustercidr::{self, APIS, ClusterCidr, Plan, Step};
 
-/// Exit status when some ClusterCIDR cannot become a NodeIPAMConfig (nothing was created).
-const REFUSED: u8 = 1;
-/// Exit status when the command could not run.
-const FAILED: u8 = 2;
+/// Exit status when some ClusterCIDR cannot become a NodeIPAMConfig (nothing was created);
+/// 2 (as every command) when the command could not run.
+use nodeipam_controller::ranges::EXIT_FOUND as REFUSED;
 /// The field manager of what `--apply` creates.
 const FIELD_MANAGER: &str = "kubectl-nodeipam";
 
 pub async fn run(global: &Global, args: &MigrateArgs) -> ExitCode {
-    match migrate(global, args).await {
+    let mut server = None;
+    match migrate(global, args, &mut server).await {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("kubectl nodeipam migrate: {e:#}");
-            ExitCode::from(FAILED)
-        }
+        Err(e) => crate::report::fail("kubectl nodeipam migrate", &e, server.as_ref()),
     }
 }
 
-async fn migrate(global: &Global, args: &MigrateArgs) -> anyhow::Result<ExitCode> {
+/// Migrates; `server` is the API server once connected, for an error to name.
+async fn migrate(
+    global: &Global,
+    args: &MigrateArgs,
+    server: &mut Option<http::Uri>,
+) -> anyhow::Result<ExitCode> {
     // A file converts without a cluster; reading the cluster, or creating in it, checks
     // against what it has, as the webhook would (it may not run yet during a migration).
     let client = if args.filename.is_none() || args.apply {
-        Some(nodeipam_controller::app::client(&global.client()).await?)
+        let (client, url) = crate::report::connect(global).await?;
+        *server = Some(url);
+        Some(client)
     } else {
         None
     };

@@ -13,25 +13,35 @@ use crate::args::{Cli, Command, Global, Migrate, View};
 use crate::read::read;
 use crate::status;
 
-/// Exit status when `check` found an inconsistency.
-const FOUND: u8 = 1;
-/// Exit status when a command could not run (no cluster, no CRD, a bad kubeconfig).
-const FAILED: u8 = 2;
+/// Exit statuses, the same as `nodeipam ranges`'s (see its `--help`).
+use nodeipam_controller::ranges::{EXIT_FAILED as FAILED, EXIT_FOUND as FOUND};
 
 pub async fn run(cli: Cli) -> ExitCode {
-    let out = match cli.command {
+    let command = match cli.command {
         Command::Migrate {
             from: Migrate::ClusterCidr(args),
         } => return crate::migrate::run(&cli.global, &args).await,
-        Command::Version => Ok((nodeipam_controller::version::text(), true)),
+        Command::Version => return done(nodeipam_controller::version::text()),
         Command::Completion { shell } => {
             let mut buf = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "kubectl-nodeipam", &mut buf);
-            Ok((String::from_utf8_lossy(&buf).into_owned(), true))
+            return done(String::from_utf8_lossy(&buf).into_owned());
         }
-        Command::Ranges { output } => ranges(&cli.global, output).await.map(|s| (s, true)),
-        Command::Status { output } => status(&cli.global, output).await.map(|s| (s, true)),
-        Command::Check { output, settle } => checked(&cli.global, output, settle.0).await,
+        other => other,
+    };
+    let (client, server) = match connect(&cli.global).await {
+        Ok(connected) => connected,
+        Err(e) => return fail("kubectl nodeipam", &e, None),
+    };
+    let out = match command {
+        Command::Ranges { output } => ranges(&client, output).await.map(|s| (s, true)),
+        Command::Status { output } => status(&client, &cli.global, output)
+            .await
+            .map(|s| (s, true)),
+        Command::Check { output, settle } => checked(&client, &cli.global, output, settle.0).await,
+        Command::Migrate { .. } | Command::Version | Command::Completion { .. } => {
+            unreachable!("run above")
+        }
     };
     match out {
         Ok((text, clean)) => {
@@ -42,28 +52,42 @@ pub async fn run(cli: Cli) -> ExitCode {
                 ExitCode::from(FOUND)
             }
         }
-        Err(e) => {
-            eprintln!("kubectl nodeipam: {e:#}");
-            ExitCode::from(FAILED)
-        }
+        Err(e) => fail("kubectl nodeipam", &e, Some(&server)),
     }
 }
 
-async fn client(global: &Global) -> anyhow::Result<kube::Client> {
-    nodeipam_controller::app::client(&global.client()).await
+fn done(text: String) -> ExitCode {
+    print!("{text}");
+    ExitCode::SUCCESS
+}
+
+/// Prints `e` as one line naming `server` when the request did not reach it; exit 2.
+pub fn fail(command: &str, e: &anyhow::Error, server: Option<&http::Uri>) -> ExitCode {
+    eprintln!(
+        "{command}: {}",
+        nodeipam_controller::client::one_line(e, server)
+    );
+    ExitCode::from(FAILED)
+}
+
+/// A client from kubectl's flags, and the API server it talks to.
+pub async fn connect(global: &Global) -> anyhow::Result<(kube::Client, http::Uri)> {
+    let config = nodeipam_controller::kubeconfig::config(&global.overrides()).await?;
+    let server = config.cluster_url.clone();
+    let client = nodeipam_controller::client::build(config, &global.client())?;
+    Ok((client, server))
 }
 
 async fn ranges(
-    global: &Global,
+    client: &kube::Client,
     format: nodeipam_controller::ranges::Format,
 ) -> anyhow::Result<String> {
-    let client = client(global).await?;
-    let network = nodeipam_controller::ranges::read(&client).await?;
+    let network = nodeipam_controller::ranges::read(client).await?;
     Ok(nodeipam_controller::ranges::render(&network, format)?)
 }
 
-async fn status(global: &Global, view: View) -> anyhow::Result<String> {
-    let read = read(&client(global).await?, global).await?;
+async fn status(client: &kube::Client, global: &Global, view: View) -> anyhow::Result<String> {
+    let read = read(client, global).await?;
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let report = status::report(&read, now);
     match view {
@@ -76,9 +100,13 @@ async fn status(global: &Global, view: View) -> anyhow::Result<String> {
 /// The findings, and whether there were none. Damage is reported from the first look (a table
 /// prints it before waiting); what the controller's lag can cause is read again `settle` later
 /// and reported only where it persisted (`nodeipam_alloc::check::confirmed`).
-async fn checked(global: &Global, view: View, settle: Duration) -> anyhow::Result<(String, bool)> {
-    let client = client(global).await?;
-    let first = read(&client, global).await?;
+async fn checked(
+    client: &kube::Client,
+    global: &Global,
+    view: View,
+    settle: Duration,
+) -> anyhow::Result<(String, bool)> {
+    let first = read(client, global).await?;
     let (damage, lag) = split(check(&first.cluster()));
     if lag.is_empty() || settle.is_zero() {
         let findings = [damage, lag].concat();
@@ -95,7 +123,7 @@ async fn checked(global: &Global, view: View, settle: Duration) -> anyhow::Resul
         nodeipam_crd::duration::format(settle)
     );
     tokio::time::sleep(settle).await;
-    let second = read(&client, global).await?;
+    let second = read(client, global).await?;
     let kept = confirmed(&lag, &check(&second.cluster()));
     let clean = damage.is_empty() && kept.is_empty();
     let text = match (table, damage.is_empty()) {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use kube::Client;
 use kube::client::ClientBuilder;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use std::time::Duration;
 
@@ -19,52 +18,62 @@ use crate::api_metrics::{ApiMetrics, ApiMetricsLayer};
 use crate::cli::ClientArgs;
 use crate::ratelimit::{RateLimitLayer, RateLimiter};
 
-/// Where the configuration comes from, decided from the flags and the environment alone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    /// `--kubeconfig`: that one file.
-    File(std::path::PathBuf),
-    /// `$KUBECONFIG` (every file of the list, merged) or `~/.kube/config`.
-    Kubeconfig,
-    /// Kubeconfig as above, then the in-cluster config.
-    Infer,
-}
-
-/// `--kubeconfig` wins; a `--context` needs a kubeconfig, so it rules out in-cluster.
-pub fn source(args: &ClientArgs) -> Source {
-    match (&args.kubeconfig, &args.context) {
-        (Some(path), _) => Source::File(path.clone()),
-        (None, Some(_)) => Source::Kubeconfig,
-        (None, None) => Source::Infer,
-    }
-}
-
-/// The client configuration the flags name.
-pub async fn config(args: &ClientArgs) -> anyhow::Result<kube::Config> {
-    let options = KubeConfigOptions {
+/// kubectl's flags as the controller's own commands take them: a kubeconfig and a context.
+pub fn overrides(args: &ClientArgs) -> crate::kubeconfig::Overrides {
+    crate::kubeconfig::Overrides {
+        kubeconfig: args.kubeconfig.clone(),
         context: args.context.clone(),
-        ..KubeConfigOptions::default()
-    };
-    let context = args
-        .context
-        .as_deref()
-        .map(|c| format!(" (context {c:?})"))
-        .unwrap_or_default();
-    match source(args) {
-        Source::File(path) => {
-            let kc = Kubeconfig::read_from(&path)
-                .with_context(|| format!("--kubeconfig={}: cannot read it", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &options)
-                .await
-                .with_context(|| format!("--kubeconfig={}{context}", path.display()))
-        }
-        Source::Kubeconfig => kube::Config::from_kubeconfig(&options)
-            .await
-            .with_context(|| format!("loading $KUBECONFIG or ~/.kube/config{context}")),
-        Source::Infer => kube::Config::infer().await.context(
-            "no --kubeconfig, no usable $KUBECONFIG or ~/.kube/config, and not in a cluster",
-        ),
+        ..Default::default()
     }
+}
+
+/// The client configuration the flags name, read as kubectl reads it
+/// ([`crate::kubeconfig`]).
+pub async fn config(args: &ClientArgs) -> anyhow::Result<kube::Config> {
+    crate::kubeconfig::config(&overrides(args)).await
+}
+
+/// An error as one line for a person: each message of its chain said once, without the parts
+/// a message repeats of its cause, kube's variant names, or a newline; a request that never
+/// reached the API server names it (`server`, when known), as kubectl does; an answer of the
+/// API server is its status's reason and message.
+pub fn one_line(e: &anyhow::Error, server: Option<&http::Uri>) -> String {
+    let chain: Vec<&(dyn std::error::Error + 'static)> = e.chain().collect();
+    let mut parts: Vec<String> = Vec::new();
+    for (i, cause) in chain.iter().enumerate() {
+        let part = match cause.downcast_ref::<kube::Error>() {
+            Some(kube::Error::Api(status)) => {
+                let reason = match status.reason.as_str() {
+                    "" => String::new(),
+                    r => format!(" ({r})"),
+                };
+                parts.push(format!(
+                    "the API server answered {}{reason}: {}",
+                    status.code, status.message
+                ));
+                break;
+            }
+            Some(kube::Error::HyperError(_) | kube::Error::Service(_)) => match server {
+                Some(url) => format!("cannot reach the Kubernetes API server {}", host_label(url)),
+                None => "cannot reach the Kubernetes API server".into(),
+            },
+            _ => own_part(&cause.to_string(), chain.get(i + 1).map(|c| c.to_string())),
+        };
+        let part = part.split_whitespace().collect::<Vec<_>>().join(" ");
+        if !part.is_empty() && !parts.iter().any(|p| p.contains(&part)) {
+            parts.push(part);
+        }
+    }
+    parts.join(": ")
+}
+
+/// What `message` says beyond its cause's message, which it may end with.
+fn own_part(message: &str, cause: Option<String>) -> String {
+    let own = match cause {
+        Some(cause) if !cause.is_empty() => message.strip_suffix(&cause).unwrap_or(message),
+        _ => message,
+    };
+    own.trim_end_matches([':', ' ']).to_string()
 }
 
 /// A client whose every request waits for the rate limiter (`--kube-api-qps` 0: unlimited).
@@ -161,15 +170,6 @@ pub async fn client(args: &ClientArgs) -> anyhow::Result<Client> {
 mod tests {
     use super::*;
 
-    fn args(kubeconfig: Option<&str>, context: Option<&str>) -> ClientArgs {
-        ClientArgs {
-            kubeconfig: kubeconfig.map(Into::into),
-            context: context.map(Into::into),
-            kube_api_qps: 0.0,
-            kube_api_burst: 1,
-        }
-    }
-
     #[test]
     fn a_mutating_request_asks_the_api_server_to_give_up_when_we_do() {
         let req = |method: Method, uri: &str| {
@@ -203,14 +203,47 @@ mod tests {
         assert_eq!(host("https://user:secret@[::1]:443/prefix"), "[::1]:443");
     }
 
+    /// A link of an error chain, as hyper's: a message and its cause.
+    #[derive(Debug)]
+    struct Link(
+        &'static str,
+        Option<Box<dyn std::error::Error + Send + Sync>>,
+    );
+    impl std::fmt::Display for Link {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for Link {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
     #[test]
-    fn the_flag_wins_and_a_context_needs_a_kubeconfig() {
-        assert_eq!(source(&args(Some("/a"), None)), Source::File("/a".into()));
+    fn an_error_is_one_line_naming_the_server_each_cause_once() {
+        let refused =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let tcp = Link("tcp connect error", Some(Box::new(refused)));
+        let hyper = Link("client error (Connect)", Some(Box::new(tcp)));
+        let e = anyhow::Error::new(kube::Error::Service(Box::new(hyper)))
+            .context("listing NodeIPAMConfigs");
+        let server: http::Uri = "https://127.0.0.1:1".parse().expect("uri");
         assert_eq!(
-            source(&args(Some("/a"), Some("c"))),
-            Source::File("/a".into())
+            one_line(&e, Some(&server)),
+            "listing NodeIPAMConfigs: cannot reach the Kubernetes API server 127.0.0.1:1: \
+             client error (Connect): tcp connect error: Connection refused"
         );
-        assert_eq!(source(&args(None, Some("c"))), Source::Kubeconfig);
-        assert_eq!(source(&args(None, None)), Source::Infer);
+        // A message that ends with its cause's says only its own part; a newline is folded.
+        let inner = std::io::Error::other("No such file or directory");
+        let outer = Link(
+            "reading /x: No such file or directory",
+            Some(Box::new(inner)),
+        );
+        let e = anyhow::Error::new(outer).context("loading\nthe kubeconfig");
+        assert_eq!(
+            one_line(&e, None),
+            "loading the kubeconfig: reading /x: No such file or directory"
+        );
     }
 }

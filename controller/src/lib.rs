@@ -8,6 +8,7 @@ pub mod client;
 /// Go durations, shared with the pool API's `scaleDown.emptyFor`.
 pub use nodeipam_crd::duration;
 pub mod health;
+pub mod kubeconfig;
 pub mod logging;
 pub mod metrics;
 pub mod metrics_server;

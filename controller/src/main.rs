@@ -28,26 +28,7 @@ async fn main() -> ExitCode {
             print!("{}", nodeipam_crd::all_crds_yaml());
             ExitCode::SUCCESS
         }
-        Command::Ranges(args) => {
-            let network = match app::client(&args.client).await {
-                Ok(client) => nodeipam_controller::ranges::read(&client)
-                    .await
-                    .map_err(anyhow::Error::from),
-                Err(e) => Err(e),
-            };
-            match network.and_then(|n| {
-                nodeipam_controller::ranges::render(&n, args.format).map_err(anyhow::Error::from)
-            }) {
-                Ok(out) => {
-                    print!("{out}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("nodeipam ranges: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Command::Ranges(args) => nodeipam_controller::ranges::run(&args).await,
         Command::Run(args) => {
             if let Err(e) = nodeipam_controller::logging::init(&args.log) {
                 eprintln!("nodeipam: {e}");

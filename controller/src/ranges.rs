@@ -32,14 +32,13 @@ pub enum Format {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RangesError {
-    #[error("cannot reach the Kubernetes API server: {0}")]
-    Unreachable(#[source] kube::Error),
     #[error(
         "the NodeIPAMConfig CRD (nodeipamconfigs.nodeipam.io) is not installed in this cluster: \
          apply config/crd first (kubectl apply -k config/crd)"
     )]
     CrdMissing,
-    #[error("listing {what}: {source}")]
+    // The cause is its source, said once by whoever prints the chain.
+    #[error("listing {what}")]
     List {
         what: &'static str,
         #[source]
@@ -47,6 +46,47 @@ pub enum RangesError {
     },
     #[error("{0}")]
     Render(String),
+}
+
+/// Exit status of a command that did what was asked.
+pub const EXIT_OK: u8 = 0;
+/// Exit status of a command that ran and found something wrong (`check`'s inconsistencies, a
+/// `migrate` that cannot convert).
+pub const EXIT_FOUND: u8 = 1;
+/// Exit status of a command that could not run: a bad flag or kubeconfig, an API server it
+/// cannot reach or that refuses it, a CRD not installed. clap's usage errors exit 2 too.
+pub const EXIT_FAILED: u8 = 2;
+
+/// The exit statuses, for a command's `--help`.
+pub const EXIT_CODES_HELP: &str = "Exit status: 0 done (or nothing found), 1 something found \
+(check's inconsistencies, a migrate that cannot convert), 2 could not run (bad flag or \
+kubeconfig, API server unreachable or refusing, CRD missing).";
+
+/// `nodeipam ranges`: connect, read, print; the error as one line naming the server and the
+/// reason, exit [`EXIT_FAILED`].
+pub async fn run(args: &crate::cli::RangesArgs) -> std::process::ExitCode {
+    let mut server = None;
+    let out = async {
+        let config = crate::client::config(&args.client).await?;
+        server = Some(config.cluster_url.clone());
+        let client = crate::client::build(config, &args.client)?;
+        let network = read(&client).await?;
+        Ok::<_, anyhow::Error>(render(&network, args.format)?)
+    }
+    .await;
+    match out {
+        Ok(text) => {
+            print!("{text}");
+            std::process::ExitCode::from(EXIT_OK)
+        }
+        Err(e) => {
+            eprintln!(
+                "nodeipam ranges: {}",
+                crate::client::one_line(&e, server.as_ref())
+            );
+            std::process::ExitCode::from(EXIT_FAILED)
+        }
+    }
 }
 
 /// Reads the cluster into the pod network, as the controller publishes it.
@@ -57,13 +97,12 @@ pub async fn read(client: &Client) -> Result<PodNetwork, RangesError> {
     {
         Ok(l) => l.items,
         Err(kube::Error::Api(s)) if s.code == 404 => return Err(RangesError::CrdMissing),
-        Err(e @ kube::Error::Api(_)) => {
+        Err(source) => {
             return Err(RangesError::List {
                 what: "NodeIPAMConfigs",
-                source: e,
+                source,
             });
         }
-        Err(e) => return Err(RangesError::Unreachable(e)),
     };
     // One list, read as protobuf: `ranges` may run against a cluster of many thousand Nodes.
     let nodes = Api::<IpamNode>::all(crate::node_lists::client(client.clone()))

@@ -234,3 +234,21 @@ fn a_name_read_from_two_apis_is_refused() {
         "{text}"
     );
 }
+
+#[test]
+fn a_name_no_nodeipamconfig_can_have_is_refused() {
+    for (name, reason) in [
+        ("Upper", "lowercase RFC 1123"),
+        ("a_b", "lowercase RFC 1123"),
+        (&*"a".repeat(254), "no more than 253"),
+    ] {
+        let reasons = convert(&cc(name, 8, "10.120.0.0/16", "")).expect_err(name);
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.starts_with("metadata.name: ") && r.contains(reason)),
+            "{name}: {reasons:?}"
+        );
+    }
+    assert!(convert(&cc("a.b-c", 8, "10.120.0.0/16", "")).is_ok());
+}
