@@ -55,10 +55,10 @@ impl Read {
 
 /// Lists every kind, failing on the first that cannot be read (naming it).
 pub async fn read(client: &Client, global: &Global) -> anyhow::Result<Read> {
-    let configs = list::<NodeIPAMConfig>(client, "NodeIPAMConfigs")
-        .await?
-        .context("the NodeIPAMConfig CRD (nodeipamconfigs.nodeipam.io) is not installed in this cluster: apply config/crd first (kubectl apply -k config/crd)")?;
-    let pools = list::<NodeIPAMPool>(client, "NodeIPAMPools").await?;
+    // The Nodes before the configs: a config holding a block cannot go (its finalizer waits for
+    // the block), so every config a listed podCIDR came from is in the later list. Read the
+    // other way round, a config created, published and allocated between the two lists would
+    // make its node's podCIDR look like damage (in no config), reported without a second look.
     // Read as protobuf, as the controller and `ranges` do: there may be many thousand.
     let nodes = list::<IpamNode>(
         &nodeipam_controller::node_lists::client(client.clone()),
@@ -66,6 +66,10 @@ pub async fn read(client: &Client, global: &Global) -> anyhow::Result<Read> {
     )
     .await?
     .unwrap_or_default();
+    let configs = list::<NodeIPAMConfig>(client, "NodeIPAMConfigs")
+        .await?
+        .context("the NodeIPAMConfig CRD (nodeipamconfigs.nodeipam.io) is not installed in this cluster: apply config/crd first (kubectl apply -k config/crd)")?;
+    let pools = list::<NodeIPAMPool>(client, "NodeIPAMPools").await?;
     let mut services: Vec<(String, Vec<IpNet>)> = list::<ServiceCIDR>(client, "ServiceCIDRs")
         .await?
         .unwrap_or_default()
