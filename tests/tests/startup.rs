@@ -5,9 +5,16 @@
 
 mod support;
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Stdio;
 
-use support::process::nodeipam_bin;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use nodeipam_testenv::fault_proxy::{Action, FaultProxy, Rule};
+use support::process::{NAMESPACE, Replica, nodeipam_bin};
+use support::*;
 
 /// `nodeipam <args>` with exactly `env`: (success, stdout, stderr).
 async fn nodeipam(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
@@ -97,4 +104,197 @@ async fn a_bad_service_cidr_names_the_flag_the_value_and_the_reason() {
         );
         assert!(!err.contains("invalid IP address syntax"), "{err}");
     }
+}
+
+/// A replica with `kubeconfig`, plain /metrics, no election and no webhook: only what
+/// start-up says is under test.
+async fn replica(kubeconfig: &Path, dir: &Path, name: &str, extra: &[&str]) -> Replica {
+    let mut args = vec!["--leader-elect=false", "--disable-webhook"];
+    args.extend(extra);
+    Replica::start_plain(dir, kubeconfig, name, &args).await
+}
+
+/// Waits until the replica's log has a line containing every one of `words`; returns it.
+async fn log_line(r: &Replica, words: &[&str]) -> String {
+    wait_for(
+        &format!("a log line of {} with {words:?}", r.name),
+        || async {
+            r.log_text()
+                .lines()
+                .find(|l| words.iter().all(|w| l.contains(w)))
+                .map(str::to_string)
+        },
+    )
+    .await
+}
+
+const NO_SERVICE_RANGE: &str = "no Service range is known";
+
+/// On an API server without the ServiceCIDR API (Kubernetes 1.31/1.32; here a proxy answers
+/// its list 404 as they do, since a 1.37 kube-apiserver does not get ready with the API
+/// turned off by --runtime-config) and without --service-cidr, nothing keeps pod ranges off Service IPs:
+/// start-up says so in the log, in a Warning event on the controller's Lease (in its
+/// namespace) and in `nodeipam_service_ranges_known` 0. With --service-cidr it is 1 and
+/// nothing is said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_service_range_known_is_warned() {
+    let cp = control_plane().await;
+    let client = cp.client();
+    namespace(&client, NAMESPACE).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let proxy = FaultProxy::for_user(&cp, "nodeipam-under-test", &["system:masters"])
+        .unwrap_or_else(|e| panic!("step=start-fault-proxy: {e}"));
+    let not_served = Action::Answer {
+        status: 404,
+        then_land_after: None,
+    };
+    let rule = proxy.add(Rule::new(
+        Some(http::Method::GET),
+        "/apis/networking.k8s.io/v1/servicecidrs",
+        not_served,
+    ));
+    let kubeconfig = dir.path().join("old-apiserver.kubeconfig");
+    proxy
+        .write_kubeconfig(&kubeconfig)
+        .unwrap_or_else(|e| panic!("step=write-proxy-kubeconfig: {e}"));
+
+    let bare = replica(&kubeconfig, dir.path(), "bare", &[]).await;
+    let line = log_line(&bare, &[NO_SERVICE_RANGE]).await;
+    assert!(
+        line.contains("--service-cidr") && line.contains("does not serve ServiceCIDRs"),
+        "{line}"
+    );
+    let event = wait_event(&client, "nodeipam-controller", "ServiceRangeUnknown").await;
+    let regarding = event.regarding.expect("regarding");
+    assert_eq!(regarding.kind.as_deref(), Some("Lease"));
+    assert_eq!(regarding.namespace.as_deref(), Some(NAMESPACE));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(
+        event.note.unwrap_or_default().contains(NO_SERVICE_RANGE),
+        "the event says what the log says"
+    );
+    assert_eq!(
+        bare.gauge("nodeipam_service_ranges_known", &[]).await,
+        Some(0.0)
+    );
+    drop(bare);
+
+    let flagged = replica(
+        &kubeconfig,
+        dir.path(),
+        "flagged",
+        &["--service-cidr=10.96.0.0/16"],
+    )
+    .await;
+    wait_for(
+        "nodeipam_service_ranges_known 1 with --service-cidr",
+        || async {
+            (flagged.gauge("nodeipam_service_ranges_known", &[]).await == Some(1.0)).then_some(())
+        },
+    )
+    .await;
+    let log = flagged.log_text();
+    assert!(!log.contains(NO_SERVICE_RANGE), "{log}");
+    assert!(rule.matched() >= 2, "each replica asked for ServiceCIDRs");
+    drop(flagged);
+    cp.stop().await;
+}
+
+/// flannel's Network (net-conf.json in the kube-flannel-cfg ConfigMap) is the pod network even
+/// without --pod-network-supernet: a config outside it is named at start-up (log, Warning
+/// event on the config, `nodeipam_ranges_outside_pod_network`), one inside is not. The API
+/// server here serves ServiceCIDRs and has its default one: no Service-range warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_outside_flannels_network_is_warned() {
+    let cp = control_plane().await;
+    let client = cp.client();
+    namespace(&client, NAMESPACE).await;
+    namespace(&client, "kube-flannel").await;
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("kube-flannel-cfg".into()),
+            namespace: Some("kube-flannel".into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "net-conf.json".to_string(),
+            r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}"#.to_string(),
+        )])),
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(client.clone(), "kube-flannel")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("step=create-flannel-configmap");
+    create_config(
+        &client,
+        "inside",
+        spec(family("10.244.16.0/20", 24), None, None),
+    )
+    .await;
+    create_config(
+        &client,
+        "outside",
+        spec(family("10.64.0.0/16", 24), None, None),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("temp dir");
+
+    let r = replica(cp.kubeconfig_path(), dir.path(), "flannel", &[]).await;
+    let line = log_line(&r, &["NodeIPAMConfig outside", "10.64.0.0/16"]).await;
+    assert!(
+        line.contains("10.244.0.0/16"),
+        "names flannel's Network: {line}"
+    );
+    let event = wait_event(&client, "outside", "OutsidePodNetwork").await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(event.note.unwrap_or_default().contains("10.64.0.0/16"));
+    assert_eq!(
+        r.gauge("nodeipam_ranges_outside_pod_network", &[]).await,
+        Some(1.0)
+    );
+    assert!(
+        events_for(&client, "inside", "OutsidePodNetwork")
+            .await
+            .is_empty()
+    );
+    let log = r.log_text();
+    assert!(!log.contains("NodeIPAMConfig inside"), "{log}");
+    assert_eq!(
+        r.gauge("nodeipam_service_ranges_known", &[]).await,
+        Some(1.0),
+        "the default ServiceCIDR is a known Service range"
+    );
+    assert!(!log.contains(NO_SERVICE_RANGE), "{log}");
+    drop(r);
+    cp.stop().await;
+}
+
+/// --cert-mode=files before its certificate is mounted: the log names the missing file and
+/// says the webhook cannot serve until it appears, not that it keeps a previous one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_mode_without_a_certificate_names_the_missing_file() {
+    let cp = control_plane().await;
+    namespace(&cp.client(), NAMESPACE).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).expect("cert dir");
+    let cert_dir = format!("--cert-dir={}", certs.display());
+    let r = Replica::start_plain(
+        dir.path(),
+        cp.kubeconfig_path(),
+        "files",
+        &["--leader-elect=false", "--cert-mode=files", &cert_dir],
+    )
+    .await;
+    let crt = certs.join("tls.crt").display().to_string();
+    let line = log_line(&r, &["cannot serve until", &crt]).await;
+    assert!(
+        line.contains("cannot read"),
+        "names what is missing: {line}"
+    );
+    let log = r.log_text();
+    assert!(!log.contains("keeping the previous one"), "{log}");
+    drop(r);
+    cp.stop().await;
 }
