@@ -69,7 +69,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(crate::reconcile::handover::REQUEST_TIMEOUT),
         api,
     )?;
+    let server_url = config
+        .cluster_url
+        .to_string()
+        .trim_end_matches('/')
+        .to_string();
     let auth_client = crate::client::build_with_deadline(config, &args.client, writes, api)?;
+    tokio::time::timeout(STARTUP_READ, startup::probe_api_server(&client, &server_url))
+        .await
+        .unwrap_or_else(|_| {
+            warn!("the Kubernetes API server at {server_url} did not answer within {STARTUP_READ:?}; retrying")
+        });
     let identity = identity(args.identity.as_deref());
     // flannel's Network is the pod network too, declared or not: the webhook warns about a
     // range outside it at admission, and the start-up check about one already there.

@@ -116,6 +116,35 @@ fn config_ranges(config: &NodeIPAMConfig) -> Vec<(&'static str, IpNet)> {
     .collect()
 }
 
+/// An error and its causes on one line, each cause said once: kube and hyper repeat the
+/// message of the error they wrap ("ServiceError: client error (Connect)" above "client error
+/// (Connect)"), which says nothing twice as loud.
+pub fn cause_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let msg = err.to_string();
+        if !parts.iter().any(|p| p.contains(&msg)) {
+            parts.retain(|p| !msg.contains(p.as_str()));
+            parts.push(msg);
+        }
+        next = err.source();
+    }
+    parts.join(": ")
+}
+
+/// Asks the API server for its version once; when it cannot be reached, says so on one line
+/// naming its URL (the watches retry on their own, so start-up goes on).
+pub async fn probe_api_server(client: &Client, url: &str) {
+    match client.apiserver_version().await {
+        Ok(v) => info!(server = url, version = %v.git_version, "API server reached"),
+        Err(e) => warn!(
+            "cannot reach the Kubernetes API server at {url}: {}; retrying",
+            cause_chain(&e)
+        ),
+    }
+}
+
 /// Where start-up warnings not about one config are recorded: the controller's Lease, in its
 /// namespace, so `kubectl get events -n <namespace>` shows them next to the election's.
 pub struct Subject {
@@ -280,6 +309,37 @@ mod tests {
             service_range_warning(&[], &ServiceCidrApi::Unknown("timeout".into())),
             None,
             "an API briefly away is no reason to cry wolf"
+        );
+    }
+
+    #[derive(Debug)]
+    struct Wrap(&'static str, Option<Box<Wrap>>);
+    impl std::fmt::Display for Wrap {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for Wrap {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|w| w as _)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let e = Wrap(
+            "ServiceError: client error (Connect)",
+            Some(Box::new(Wrap(
+                "client error (Connect)",
+                Some(Box::new(Wrap(
+                    "tcp connect error",
+                    Some(Box::new(Wrap("Connection refused (os error 111)", None))),
+                ))),
+            ))),
+        );
+        assert_eq!(
+            cause_chain(&e),
+            "ServiceError: client error (Connect): tcp connect error: Connection refused (os error 111)"
         );
     }
 

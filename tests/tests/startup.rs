@@ -298,3 +298,36 @@ async fn files_mode_without_a_certificate_names_the_missing_file() {
     drop(r);
     cp.stop().await;
 }
+
+/// An API server that cannot be reached at start-up is named once, by its URL, with each
+/// cause said once; kube's own per-request error lines are not repeated on top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_api_server_is_named_once_with_its_cause() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A port nothing listens on: bound, then let go.
+    let port = support::process::free_port();
+    let url = format!("https://127.0.0.1:{port}");
+    let kubeconfig = dir.path().join("nowhere.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{url}\"}}}}]\n\
+             users: [{{name: u, user: {{token: x}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n"
+        ),
+    )
+    .expect("write kubeconfig");
+    let r = replica(&kubeconfig, dir.path(), "nowhere", &[]).await;
+    let said = format!("cannot reach the Kubernetes API server at {url}:");
+    let line = log_line(&r, &[&said]).await;
+    assert!(line.contains("Connection refused"), "the cause: {line}");
+    let causes: Vec<&str> = line.split(": ").collect();
+    let mut seen = std::collections::HashSet::new();
+    assert!(
+        causes.iter().all(|c| seen.insert(*c)),
+        "a cause said twice: {line}"
+    );
+    let log = r.log_text();
+    assert_eq!(log.matches(&said).count(), 1, "{log}");
+    assert!(!log.contains("failed with error"), "{log}");
+}
