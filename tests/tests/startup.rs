@@ -12,6 +12,7 @@ use std::process::Stdio;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
+use nodeipam_crd::NodeIPAMConfig;
 use nodeipam_testenv::fault_proxy::{Action, FaultProxy, Rule};
 use support::process::{NAMESPACE, Replica, nodeipam_bin};
 use support::*;
@@ -202,8 +203,9 @@ async fn no_service_range_known_is_warned() {
 
 /// flannel's Network (net-conf.json in the kube-flannel-cfg ConfigMap) is the pod network even
 /// without --pod-network-supernet: a config outside it is named at start-up (log, Warning
-/// event on the config, `nodeipam_ranges_outside_pod_network`), one inside is not. The API
-/// server here serves ServiceCIDRs and has its default one: no Service-range warning.
+/// event on the config, `nodeipam_ranges_outside_pod_network`), one inside is not, and one
+/// created outside it later gets the webhook's warning in kubectl. The API server here serves
+/// ServiceCIDRs and has its default one: no Service-range warning.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_range_outside_flannels_network_is_warned() {
     let cp = control_plane().await;
@@ -240,7 +242,13 @@ async fn a_range_outside_flannels_network_is_warned() {
     .await;
     let dir = tempfile::tempdir().expect("temp dir");
 
-    let r = replica(cp.kubeconfig_path(), dir.path(), "flannel", &[]).await;
+    let r = Replica::start_plain(
+        dir.path(),
+        cp.kubeconfig_path(),
+        "flannel",
+        &["--leader-elect=false"],
+    )
+    .await;
     let line = log_line(&r, &["NodeIPAMConfig outside", "10.64.0.0/16"]).await;
     assert!(
         line.contains("10.244.0.0/16"),
@@ -266,8 +274,59 @@ async fn a_range_outside_flannels_network_is_warned() {
         "the default ServiceCIDR is a known Service range"
     );
     assert!(!log.contains(NO_SERVICE_RANGE), "{log}");
+
+    // The webhook of the same process knows flannel's Network too.
+    register_webhook_by_url(&client, r.webhook_port).await;
+    wait_for("the API server to call the webhook", || async {
+        let probe = NodeIPAMConfig::new("probe", spec(family("10.96.0.0/16", 24), None, None));
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        match Api::<NodeIPAMConfig>::all(client.clone())
+            .create(&dry, &probe)
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.message.contains("overlaps the Service range") => {
+                Some(())
+            }
+            _ => None,
+        }
+    })
+    .await;
+    let manifest = dir.path().join("late.json");
+    let late = NodeIPAMConfig::new("late", spec(family("10.72.0.0/16", 24), None, None));
+    std::fs::write(&manifest, serde_json::to_string(&late).expect("json")).expect("manifest");
+    let path = manifest.display().to_string();
+    let (ok, _, err) = support::process::kubectl(&cp, &["create", "-f", &path]).await;
+    assert!(ok, "a range outside is still admitted: {err}");
+    assert!(
+        err.contains(
+            "spec.ipv4.cidr: 10.72.0.0/16 is outside the declared pod network (10.244.0.0/16"
+        ),
+        "kubectl shows the webhook's warning: {err}"
+    );
     drop(r);
     cp.stop().await;
+}
+
+/// Creates the webhook configuration of `config/webhook`, reaching the replica by URL (as
+/// deploy.rs does; its caBundle is patched by the replica's managed TLS).
+async fn register_webhook_by_url(client: &kube::Client, port: u16) {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let text = std::fs::read_to_string(support::process::config_path("webhook/manifests.yaml"))
+        .expect("read config/webhook/manifests.yaml");
+    let mut vwc: ValidatingWebhookConfiguration =
+        serde_saphyr::from_str(&text).expect("config/webhook/manifests.yaml parses");
+    for hook in vwc.webhooks.iter_mut().flatten() {
+        let path = hook.client_config.service.take().and_then(|s| s.path);
+        let path = path.expect("the manifest names the webhook path");
+        hook.client_config.url = Some(format!("https://127.0.0.1:{port}{path}"));
+    }
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &vwc)
+        .await
+        .expect("create the webhook configuration");
 }
 
 /// --cert-mode=files before its certificate is mounted: the log names the missing file and
