@@ -41,7 +41,9 @@ pub fn service_range_warning(flags: &[IpNet], api: &ServiceCidrApi) -> Option<St
     }
     let why = match api {
         ServiceCidrApi::Served(n) if *n > 0 => return None,
-        ServiceCidrApi::Unknown(_) => return None,
+        // Not known yet: the ServiceCIDR watch keeps trying, and nothing is allocated before
+        // it has listed; said all the same, since a lasting refusal (RBAC) leaves it unknown.
+        ServiceCidrApi::Unknown(e) => &format!("listing ServiceCIDRs failed ({e})"),
         ServiceCidrApi::Served(_) => "the API server has no ServiceCIDR objects",
         ServiceCidrApi::NotServed => {
             "the API server does not serve ServiceCIDRs (networking.k8s.io/v1, Kubernetes 1.33+)"
@@ -305,10 +307,12 @@ mod tests {
         );
         let w = service_range_warning(&[], &ServiceCidrApi::Served(0)).expect("warned");
         assert!(w.contains("no ServiceCIDR objects"), "{w}");
+        let w = service_range_warning(&[], &ServiceCidrApi::Unknown("forbidden".into()))
+            .expect("a range not known is not known");
+        assert!(w.contains("listing ServiceCIDRs failed (forbidden)"), "{w}");
         assert_eq!(
-            service_range_warning(&[], &ServiceCidrApi::Unknown("timeout".into())),
-            None,
-            "an API briefly away is no reason to cry wolf"
+            service_range_warning(&flag, &ServiceCidrApi::Unknown("forbidden".into())),
+            None
         );
     }
 
