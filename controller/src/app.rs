@@ -28,6 +28,10 @@ use crate::reconcile::handover::{self, LeaseRef};
 use crate::reconcile::leader::{Election, LeaseOptions, Tuning};
 use crate::reconcile::publisher::{ConfigMapRef, PublishOptions};
 use crate::reconcile::{self, Context, Fault, Options};
+use crate::startup;
+
+/// How long start-up waits for flannel's ConfigMap before going on without it.
+const STARTUP_READ: Duration = Duration::from_secs(5);
 
 /// A rate-limited client from the flags (see [`crate::client`]).
 pub async fn client(args: &ClientArgs) -> anyhow::Result<Client> {
@@ -65,8 +69,24 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(crate::reconcile::handover::REQUEST_TIMEOUT),
         api,
     )?;
+    let server_url = config
+        .cluster_url
+        .to_string()
+        .trim_end_matches('/')
+        .to_string();
     let auth_client = crate::client::build_with_deadline(config, &args.client, writes, api)?;
+    tokio::time::timeout(STARTUP_READ, startup::probe_api_server(&client, &server_url))
+        .await
+        .unwrap_or_else(|_| {
+            warn!("the Kubernetes API server at {server_url} did not answer within {STARTUP_READ:?}; retrying")
+        });
     let identity = identity(args.identity.as_deref());
+    // flannel's Network is the pod network too, declared or not: the webhook warns about a
+    // range outside it at admission, and the start-up check about one already there.
+    let flannel = tokio::time::timeout(STARTUP_READ, startup::read_flannel(&client))
+        .await
+        .unwrap_or_default();
+    let supernets = startup::supernets(&args.pod_network_supernets, &flannel);
     let took = crate::reconcile::leader::TookCell::default();
     let session = crate::reconcile::leader::SessionCell::default();
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -99,7 +119,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 }),
             },
             service_cidrs: args.service_cidrs.clone(),
-            pod_network_supernets: args.pod_network_supernets.clone(),
+            pod_network_supernets: supernets.clone(),
             on_admission: Some(Arc::new(move |result| observer_metrics.admission(result))),
         };
         let webhook = Webhook::bind(client.clone(), opts)
@@ -175,6 +195,24 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics_cert(&args, metrics_addr),
     )
     .await?;
+    // Off the start-up path: the warnings are for the operator, not a gate.
+    let subject = startup::Subject {
+        namespace: args.namespace.clone(),
+        lease: args.lease_name.clone(),
+        instance: Some(identity.clone()),
+    };
+    let (check_client, check_metrics) = (client.clone(), metrics.clone());
+    let service_cidrs = args.service_cidrs.clone();
+    tokio::spawn(async move {
+        startup::check(
+            &check_client,
+            &service_cidrs,
+            &supernets,
+            &subject,
+            &check_metrics,
+        )
+        .await;
+    });
 
     let options = Options {
         service_cidrs: args.service_cidrs.clone(),

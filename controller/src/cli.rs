@@ -63,10 +63,10 @@ pub enum CertMode {
 pub struct ClientArgs {
     /// Path to a kubeconfig. Without it: $KUBECONFIG (a colon-separated list, merged as kubectl
     /// does), then ~/.kube/config, then the in-cluster config.
-    #[arg(long)]
+    #[arg(long, env = "NODEIPAM_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context to use (default: its current-context).
-    #[arg(long)]
+    #[arg(long, env = "NODEIPAM_CONTEXT")]
     pub context: Option<String>,
     /// Sustained requests per second to the API server, for every request this process makes
     /// (as kube-controller-manager's); 0 means unlimited.
@@ -87,6 +87,7 @@ pub struct RangesArgs {
         long = "output",
         short = 'o',
         visible_alias = "format",
+        env = "NODEIPAM_OUTPUT",
         value_enum,
         default_value_t = crate::ranges::Format::Table
     )]
@@ -162,7 +163,8 @@ pub struct RunArgs {
         long = "service-cidr",
         visible_alias = "service-cluster-ip-range",
         env = "NODEIPAM_SERVICE_CIDRS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = cidr
     )]
     pub service_cidrs: Vec<IpNet>,
 
@@ -172,7 +174,8 @@ pub struct RunArgs {
     #[arg(
         long = "pod-network-supernet",
         env = "NODEIPAM_POD_NETWORK_SUPERNETS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = cidr
     )]
     pub pod_network_supernets: Vec<IpNet>,
 
@@ -204,7 +207,7 @@ pub struct RunArgs {
     )]
     pub health_probe_bind_address: BindAddress,
     /// Deprecated: /metrics (plain HTTP), /healthz and /readyz on one address.
-    #[arg(long, hide = true)]
+    #[arg(long, hide = true, env = "NODEIPAM_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
 
     /// Turn the webhook off (e.g. a second controller deployment without it).
@@ -284,10 +287,10 @@ pub struct RunArgs {
     #[arg(long, env = "NODEIPAM_LEADER_ELECT_RETRY_PERIOD", default_value = "1s")]
     pub leader_elect_retry_period: GoDuration,
     /// Deprecated: lease duration in seconds (use --leader-elect-lease-duration).
-    #[arg(long, hide = true)]
+    #[arg(long, hide = true, env = "NODEIPAM_LEASE_DURATION")]
     pub lease_duration: Option<u64>,
     /// Deprecated: seconds before expiry the leader renews (use --leader-elect-renew-deadline).
-    #[arg(long, hide = true)]
+    #[arg(long, hide = true, env = "NODEIPAM_LEASE_GRACE")]
     pub lease_grace: Option<u64>,
 
     /// The ConfigMap (in --namespace) that publishes the pod network for consumers. Allocation
@@ -305,7 +308,8 @@ pub struct RunArgs {
     #[arg(
         long = "extra-non-masquerade-cidr",
         env = "NODEIPAM_EXTRA_NON_MASQUERADE_CIDRS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = cidr
     )]
     pub extra_non_masquerade_cidrs: Vec<IpNet>,
 
@@ -321,7 +325,7 @@ pub struct RunArgs {
 
     /// A fault for the end-to-end tests (`panic-on-node:NAME`, `stall-election`,
     /// `stall-webhook`); honoured by debug builds only.
-    #[arg(long, hide = true)]
+    #[arg(long, hide = true, env = "NODEIPAM_INJECT_FAULT")]
     pub inject_fault: Option<crate::reconcile::Fault>,
 }
 
@@ -330,12 +334,13 @@ pub struct LogArgs {
     /// Log format.
     #[arg(long, env = "NODEIPAM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Log filter, e.g. `info` or `nodeipam_controller=debug,info` (RUST_LOG syntax). Without
-    /// it and without -v, RUST_LOG is honoured, else `info`.
-    #[arg(long, env = "NODEIPAM_LOG_LEVEL", conflicts_with = "verbosity")]
+    /// Log filter, e.g. `info` or `nodeipam_controller=debug,info` (RUST_LOG syntax); it wins
+    /// over -v when both are given (e.g. one from the environment, one from the arguments).
+    /// Without either, RUST_LOG is honoured, else `info`.
+    #[arg(long, env = "NODEIPAM_LOG_LEVEL")]
     pub log_level: Option<String>,
     /// klog-style verbosity: 0-2 info, 3-4 debug, 5 and more trace.
-    #[arg(short = 'v', long = "v", value_name = "N")]
+    #[arg(short = 'v', long = "v", env = "NODEIPAM_V", value_name = "N")]
     pub verbosity: Option<u8>,
 }
 
@@ -357,6 +362,12 @@ pub enum FlagError {
         value: String,
         reason: String,
     },
+}
+
+/// A CIDR flag value, read by the one parser the webhook and the CRD rules use, so the same
+/// input gets the same reason everywhere (clap names the flag and the value).
+fn cidr(s: &str) -> Result<IpNet, nodeipam_crd::range::CidrError> {
+    nodeipam_crd::range::parse_cidr(s.trim())
 }
 
 fn whole_seconds(flag: &'static str, d: Duration) -> Result<u64, FlagError> {
@@ -769,10 +780,82 @@ mod tests {
     }
 
     #[test]
-    fn verbosity_and_log_level_exclude_each_other() {
+    fn verbosity_and_log_level_combine() {
         assert_eq!(run(&["-v", "4"]).expect("-v").log.verbosity, Some(4));
         assert_eq!(run(&["--v=2"]).expect("--v").log.verbosity, Some(2));
-        assert!(run(&["-v", "4", "--log-level=info"]).is_err());
+        let both = run(&["-v", "4", "--log-level=warn"]).expect("both");
+        assert_eq!(
+            crate::logging::choose(&both.log, None),
+            crate::logging::Filter::Flag("warn".into()),
+            "--log-level wins over -v"
+        );
+    }
+
+    /// The environment variable a flag must have: NODEIPAM_<FLAG>, a list flag's in the
+    /// plural; the two the Downward API fills keep the names manifests give them.
+    fn expected_env(flag: &str, list: bool) -> Vec<String> {
+        match flag {
+            "namespace" => vec!["POD_NAMESPACE".into()],
+            "identity" => vec!["POD_NAME".into()],
+            _ => {
+                let base = format!("NODEIPAM_{}", flag.replace('-', "_").to_uppercase());
+                let plural = format!("{base}S");
+                if list { vec![base, plural] } else { vec![base] }
+            }
+        }
+    }
+
+    #[test]
+    fn every_flag_has_an_environment_variable() {
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut missing = Vec::new();
+        for sub in cmd.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let Some(flag) = arg.get_long() else {
+                    continue; // positionals (completion's shell)
+                };
+                if ["help", "version"].contains(&flag) {
+                    continue;
+                }
+                let list = arg.get_value_delimiter().is_some();
+                let want = expected_env(flag, list);
+                let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+                if !env.as_ref().is_some_and(|e| want.contains(e)) {
+                    missing.push(format!(
+                        "{} --{flag}: {env:?}, want {want:?}",
+                        sub.get_name()
+                    ));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "flags without their variable:\n{}",
+            missing.join("\n")
+        );
+    }
+
+    #[test]
+    fn a_bad_cidr_names_the_flag_the_value_and_the_reason() {
+        for flag in [
+            "--service-cidr",
+            "--pod-network-supernet",
+            "--extra-non-masquerade-cidr",
+        ] {
+            let e = run(&[&format!("{flag}=10.96.0.0/33")])
+                .expect_err("/33")
+                .to_string();
+            let first = e.lines().next().unwrap_or_default();
+            let reason = nodeipam_crd::range::parse_cidr("10.96.0.0/33")
+                .expect_err("/33")
+                .to_string();
+            assert!(
+                first.contains(flag) && first.contains("10.96.0.0/33") && first.contains(&reason),
+                "{e}"
+            );
+            assert!(!e.contains("invalid IP address syntax"), "{e}");
+        }
     }
 
     #[test]

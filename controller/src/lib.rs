@@ -17,6 +17,7 @@ pub mod process_metrics;
 pub mod ranges;
 pub mod ratelimit;
 pub mod reconcile;
+pub mod startup;
 pub mod version;
 
 /// The pure allocation core lives in its own crate, which can name neither tokio nor kube's

@@ -59,9 +59,19 @@ pub fn env_filter(filter: &Filter) -> Result<EnvFilter, LogError> {
             value: value.clone(),
             reason: e.to_string(),
         }),
-        Filter::Verbosity(level) => Ok(EnvFilter::new(level)),
-        Filter::Default => Ok(EnvFilter::new("info")),
+        Filter::Verbosity(level) => Ok(EnvFilter::new(quiet(level))),
+        Filter::Default => Ok(EnvFilter::new(quiet("info"))),
     }
+}
+
+/// kube's client logs every failed request as an error of its own, without the URL, before
+/// the caller (which retries and says what it was doing) logs it again: off unless asked for
+/// by a filter that names it (`--log-level`, RUST_LOG) or -v 5 and more.
+fn quiet(level: &str) -> String {
+    if level == "trace" {
+        return level.to_string();
+    }
+    format!("{level},kube_client::client::builder=off")
 }
 
 /// Colour only for a terminal, and never with NO_COLOR set (<https://no-color.org>).

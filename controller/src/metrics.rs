@@ -126,6 +126,10 @@ pub struct Metrics {
     pub lease_held: Family<LeaseName, Gauge>,
     /// 1 while this replica's webhook is ready and answers ([`crate::health::webhook_serving`]).
     pub webhook_serving: Gauge,
+    /// 1 when start-up found a Service range to keep out of pod ranges ([`crate::startup`]).
+    pub service_ranges_known: Gauge,
+    /// NodeIPAMConfig ranges outside the consumers' pod network at start-up.
+    pub ranges_outside_pod_network: Gauge,
     pub api: ApiMetrics,
     pub registry: Registry,
     /// Every registered family: its full name and type (for [`Metrics::exposed_names`]).
@@ -193,6 +197,8 @@ impl Metrics {
             build_info: Family::default(),
             lease_held: Family::default(),
             webhook_serving: Gauge::default(),
+            service_ranges_known: Gauge::default(),
+            ranges_outside_pod_network: Gauge::default(),
             api: ApiMetrics::default(),
             registry: Registry::default(),
             registered: Vec::new(),
@@ -354,6 +360,16 @@ impl Metrics {
             "webhook_serving",
             "1 while this replica's webhook is ready (cluster listed once, certificate loaded) and answered its own check within 30 s",
             m.webhook_serving.clone(),
+        );
+        own.register(
+            "service_ranges_known",
+            "1 when start-up found a Service range to keep out of pod ranges (--service-cidr or ServiceCIDR objects), else 0",
+            m.service_ranges_known.clone(),
+        );
+        own.register(
+            "ranges_outside_pod_network",
+            "NodeIPAMConfig ranges outside the consumers' pod network (--pod-network-supernet, flannel's Network) at start-up",
+            m.ranges_outside_pod_network.clone(),
         );
         own.register(
             "api_requests",

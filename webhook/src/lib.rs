@@ -73,7 +73,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::info;
 
-pub use checks::Problem;
+pub use checks::{Problem, outside_supernets};
 pub use review::{ClusterView, ServiceRange, review, review_pool};
 pub use server::VALIDATE_PATH;
 pub use tls::files::FilesTls;

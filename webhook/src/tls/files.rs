@@ -74,10 +74,28 @@ impl Files {
         Ok(true)
     }
 
+    /// Says what a failed load means: before the first load nothing is served yet (the
+    /// mount may appear later, so start-up goes on and /readyz stays false); after it the
+    /// previous pair keeps serving.
+    fn report(&self, e: &TlsError) {
+        if self.last.is_none() {
+            warn!(
+                error = %e,
+                "no serving certificate loaded yet: the webhook cannot serve until {} and {} \
+                 can be read (checked every {}s)",
+                self.opts.cert.display(),
+                self.opts.key.display(),
+                self.opts.poll_interval.as_secs()
+            );
+        } else {
+            warn!(error = %e, "cannot load the mounted certificate; keeping the previous one");
+        }
+    }
+
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         loop {
             if let Err(e) = self.poll().await {
-                warn!(error = %e, "cannot load the mounted certificate; keeping the previous one");
+                self.report(&e);
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.opts.poll_interval) => {}
