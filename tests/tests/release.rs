@@ -70,7 +70,10 @@ fn krew_problems(file_stem: &str, m: &Value) -> Vec<String> {
     let mut problems = Vec::new();
     let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).unwrap_or("").to_string();
     if text(m, "apiVersion") != "krew.googlecontainertools.github.com/v1alpha2" {
-        problems.push(format!("apiVersion {:?} is not v1alpha2", text(m, "apiVersion")));
+        problems.push(format!(
+            "apiVersion {:?} is not v1alpha2",
+            text(m, "apiVersion")
+        ));
     }
     if text(m, "kind") != "Plugin" {
         problems.push(format!("kind {:?} is not Plugin", text(m, "kind")));
@@ -84,8 +87,8 @@ fn krew_problems(file_stem: &str, m: &Value) -> Vec<String> {
             .chars()
             .all(|c| c.is_alphanumeric() || c == '_' || c == '-');
     let windows = [
-        "CON", "PRN", "AUX", "NUL", "COM1", "COM2", "COM3", "COM4", "COM5", "COM6", "COM7",
-        "COM8", "COM9", "LPT1", "LPT2", "LPT3", "LPT4", "LPT5", "LPT6", "LPT7", "LPT8", "LPT9",
+        "CON", "PRN", "AUX", "NUL", "COM1", "COM2", "COM3", "COM4", "COM5", "COM6", "COM7", "COM8",
+        "COM9", "LPT1", "LPT2", "LPT3", "LPT4", "LPT5", "LPT6", "LPT7", "LPT8", "LPT9",
     ];
     if !safe || windows.iter().any(|w| w.eq_ignore_ascii_case(name)) {
         problems.push(format!("metadata.name {name:?} is not a safe plugin name"));
@@ -120,12 +123,12 @@ fn krew_problems(file_stem: &str, m: &Value) -> Vec<String> {
         }
         for os in ["linux", "darwin", "windows"] {
             for arch in ["amd64", "arm64", "arm", "386"] {
-                if selector_matches(p.get("selector").unwrap_or(&Value::Null), os, arch) {
-                    if let Some(j) = matched.insert((os.into(), arch.into()), i) {
-                        problems.push(format!(
-                            "spec.platforms[{j}] and [{i}] both match os={os} arch={arch}"
-                        ));
-                    }
+                if selector_matches(p.get("selector").unwrap_or(&Value::Null), os, arch)
+                    && let Some(j) = matched.insert((os.into(), arch.into()), i)
+                {
+                    problems.push(format!(
+                        "spec.platforms[{j}] and [{i}] both match os={os} arch={arch}"
+                    ));
                 }
             }
         }
@@ -176,10 +179,12 @@ fn platform_problems(p: &Value) -> Vec<String> {
                 problems.push("selector is empty".into());
             }
             let keys = labels.into_iter().flat_map(|l| l.keys().cloned()).chain(
-                exprs
-                    .into_iter()
-                    .flatten()
-                    .map(|e| e.get("key").and_then(Value::as_str).unwrap_or("").to_string()),
+                exprs.into_iter().flatten().map(|e| {
+                    e.get("key")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string()
+                }),
             );
             for key in keys {
                 if key != "os" && key != "arch" {
@@ -204,9 +209,12 @@ fn selector_matches(sel: &Value, os: &str, arch: &str) -> bool {
     })
 }
 
+/// An edit that breaks a manifest.
+type Breaks = Box<dyn Fn(&mut Value)>;
+
 /// The validator can fail: each broken copy of a good manifest is refused, naming the rule.
 fn validator_refuses_broken_copies(good: &Value) {
-    let broken: [(&str, Box<dyn Fn(&mut Value)>, &str); 8] = [
+    let broken: [(&str, Breaks, &str); 8] = [
         ("kind", Box::new(|m| m["kind"] = json!("Plugins")), "kind"),
         (
             "name",
@@ -270,7 +278,11 @@ fn krew_install(tarball: &Path, platform: &Value, dir: &Path) -> PathBuf {
     std::fs::create_dir_all(&unpacked).expect("unpack folder");
     std::fs::create_dir_all(dir).expect("install folder");
     run(
-        Command::new("tar").arg("-xzf").arg(tarball).arg("-C").arg(&unpacked),
+        Command::new("tar")
+            .arg("-xzf")
+            .arg(tarball)
+            .arg("-C")
+            .arg(&unpacked),
         "plugin-untar",
     );
     let inside = |rel: &str| {
@@ -327,7 +339,9 @@ fn chart_default_image() -> String {
         serde_saphyr::from_str(&std::fs::read_to_string(chart_dir.join(f)).expect(f)).expect(f)
     };
     let (chart, values) = (read("Chart.yaml"), read("values.yaml"));
-    let repo = values["image"]["repository"].as_str().expect("image.repository");
+    let repo = values["image"]["repository"]
+        .as_str()
+        .expect("image.repository");
     let tag = match values["image"]["tag"].as_str().unwrap_or("") {
         "" => chart["appVersion"].as_str().expect("appVersion"),
         tag => tag,
@@ -360,7 +374,8 @@ fn release_makes_every_artifact_for_the_version() {
         .collect();
 
     // 2. SHA256SUMS lists every other file, with its sum.
-    let sums_text = std::fs::read_to_string(out.join("SHA256SUMS")).expect("step=checksums: SHA256SUMS");
+    let sums_text =
+        std::fs::read_to_string(out.join("SHA256SUMS")).expect("step=checksums: SHA256SUMS");
     let mut sums = BTreeMap::new();
     for line in sums_text.lines() {
         let (sum, name) = line
@@ -369,8 +384,15 @@ fn release_makes_every_artifact_for_the_version() {
         sums.insert(name.to_string(), sum.to_string());
     }
     let listed: BTreeSet<String> = sums.keys().cloned().collect();
-    let expected: BTreeSet<String> = files.iter().filter(|f| *f != "SHA256SUMS").cloned().collect();
-    assert_eq!(listed, expected, "step=checksums: SHA256SUMS does not list exactly the artifacts");
+    let expected: BTreeSet<String> = files
+        .iter()
+        .filter(|f| *f != "SHA256SUMS")
+        .cloned()
+        .collect();
+    assert_eq!(
+        listed, expected,
+        "step=checksums: SHA256SUMS does not list exactly the artifacts"
+    );
     for (name, sum) in &sums {
         assert_eq!(&sha256(&out.join(name)), sum, "step=checksums: {name}");
     }
@@ -381,12 +403,21 @@ fn release_makes_every_artifact_for_the_version() {
     )
     .expect("step=krew: nodeipam.yaml parses");
     let problems = krew_problems("nodeipam", &manifest);
-    assert!(problems.is_empty(), "step=krew: krew would refuse nodeipam.yaml: {problems:#?}");
+    assert!(
+        problems.is_empty(),
+        "step=krew: krew would refuse nodeipam.yaml: {problems:#?}"
+    );
     validator_refuses_broken_copies(&manifest);
-    assert_eq!(manifest["spec"]["version"], json!(tag), "step=krew: spec.version");
+    assert_eq!(
+        manifest["spec"]["version"],
+        json!(tag),
+        "step=krew: spec.version"
+    );
     for key in ["description", "homepage"] {
         assert!(
-            manifest["spec"][key].as_str().is_some_and(|s| !s.trim().is_empty()),
+            manifest["spec"][key]
+                .as_str()
+                .is_some_and(|s| !s.trim().is_empty()),
             "step=krew: spec.{key} is empty"
         );
     }
@@ -395,7 +426,11 @@ fn release_makes_every_artifact_for_the_version() {
         .filter(|f| f.starts_with("kubectl-nodeipam-") && f.ends_with(".tar.gz"))
         .collect();
     let platforms = manifest["spec"]["platforms"].as_array().expect("platforms");
-    assert_eq!(platforms.len(), tarballs.len(), "step=krew: a platform per plugin tarball");
+    assert_eq!(
+        platforms.len(),
+        tarballs.len(),
+        "step=krew: a platform per plugin tarball"
+    );
     assert!(
         platforms
             .iter()
@@ -416,40 +451,69 @@ fn release_makes_every_artifact_for_the_version() {
         let name = uri
             .strip_prefix(&format!("{RELEASE_URL}/"))
             .unwrap_or_else(|| panic!("step=krew: uri {uri} is not under NODEIPAM_RELEASE_URL"));
-        assert!(tarballs.contains(&name.to_string()), "step=krew: uri {uri} names no artifact");
+        assert!(
+            tarballs.contains(&name.to_string()),
+            "step=krew: uri {uri} names no artifact"
+        );
         let tarball = out.join(name);
-        assert_eq!(p["sha256"].as_str(), Some(sha256(&tarball).as_str()), "step=krew: sha256 of {name}");
-        let listing = stdout(&run(Command::new("tar").arg("-tzf").arg(&tarball), "plugin-list"));
+        assert_eq!(
+            p["sha256"].as_str(),
+            Some(sha256(&tarball).as_str()),
+            "step=krew: sha256 of {name}"
+        );
+        let listing = stdout(&run(
+            Command::new("tar").arg("-tzf").arg(&tarball),
+            "plugin-list",
+        ));
         let entries: BTreeSet<&str> = listing.lines().collect();
         assert_eq!(
             entries,
             BTreeSet::from(["kubectl-nodeipam", "LICENSE"]),
             "step=plugin-tarball: {name} holds exactly the plugin and LICENSE"
         );
-        let dir = tmp.path().join("krew").join(name.trim_end_matches(".tar.gz"));
+        let dir = tmp
+            .path()
+            .join("krew")
+            .join(name.trim_end_matches(".tar.gz"));
         let bin = krew_install(&tarball, p, &dir);
-        if !selector_matches(&p["selector"], "linux", "amd64") || std::env::consts::ARCH != "x86_64" {
+        if !selector_matches(&p["selector"], "linux", "amd64") || std::env::consts::ARCH != "x86_64"
+        {
             continue;
         }
-        let path = format!("{}:{}", bin.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+        let path = format!(
+            "{}:{}",
+            bin.parent().unwrap().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
         let plugin = |args: &[&str]| {
             let mut cmd = Command::new(&kubectl);
             cmd.arg("nodeipam").args(args).env("PATH", &path);
             stdout(&run(&mut cmd, "kubectl-nodeipam-from-path"))
         };
         let printed = plugin(&["version"]);
-        assert!(printed.contains(&version), "step=plugin-version: `kubectl nodeipam version` printed {printed:?}, not {version}");
+        assert!(
+            printed.contains(&version),
+            "step=plugin-version: `kubectl nodeipam version` printed {printed:?}, not {version}"
+        );
         let help = plugin(&["--help"]);
-        assert!(help.to_lowercase().contains("usage"), "step=plugin-help: `kubectl nodeipam --help` printed {help:?}");
+        assert!(
+            help.to_lowercase().contains("usage"),
+            "step=plugin-help: `kubectl nodeipam --help` printed {help:?}"
+        );
     }
 
     // 5. The image archive carries the release tag, the image the chart deploys by default.
     let image = files
         .iter()
         .find(|f| f.starts_with(&format!("nodeipam-image-{tag}-")) && f.ends_with(".oci.tar"))
-        .unwrap_or_else(|| panic!("step=image: no nodeipam-image-{tag}-<os>-<arch>.oci.tar in {files:?}"));
+        .unwrap_or_else(|| {
+            panic!("step=image: no nodeipam-image-{tag}-<os>-<arch>.oci.tar in {files:?}")
+        });
     let index: Value = serde_json::from_str(&stdout(&run(
-        Command::new("tar").arg("-xOf").arg(out.join(image)).arg("index.json"),
+        Command::new("tar")
+            .arg("-xOf")
+            .arg(out.join(image))
+            .arg("index.json"),
         "image-index",
     )))
     .expect("step=image: index.json parses");
@@ -460,18 +524,37 @@ fn release_makes_every_artifact_for_the_version() {
         .filter_map(|m| m["annotations"]["org.opencontainers.image.ref.name"].as_str())
         .collect();
     let want = normalized(&chart_default_image());
-    assert!(want.ends_with(&format!(":{tag}")), "step=image: the chart's default image {want} is not at {tag}");
-    assert_eq!(names, [want.as_str()], "step=image: the archive's tag is not the chart's default image");
+    assert!(
+        want.ends_with(&format!(":{tag}")),
+        "step=image: the chart's default image {want} is not at {tag}"
+    );
+    assert_eq!(
+        names,
+        [want.as_str()],
+        "step=image: the archive's tag is not the chart's default image"
+    );
 
     // 6. The chart package has the version.
     let chart = out.join(format!("nodeipam-{version}.tgz"));
     let chart_yaml = stdout(&run(
-        Command::new("tar").arg("-xzOf").arg(&chart).arg("nodeipam/Chart.yaml"),
+        Command::new("tar")
+            .arg("-xzOf")
+            .arg(&chart)
+            .arg("nodeipam/Chart.yaml"),
         "chart-package",
     ));
-    let chart_meta: Value = serde_saphyr::from_str(&chart_yaml).expect("step=chart: Chart.yaml parses");
-    assert_eq!(chart_meta["version"], json!(version), "step=chart: packaged version");
-    assert_eq!(chart_meta["appVersion"], json!(tag), "step=chart: packaged appVersion");
+    let chart_meta: Value =
+        serde_saphyr::from_str(&chart_yaml).expect("step=chart: Chart.yaml parses");
+    assert_eq!(
+        chart_meta["version"],
+        json!(version),
+        "step=chart: packaged version"
+    );
+    assert_eq!(
+        chart_meta["appVersion"],
+        json!(tag),
+        "step=chart: packaged appVersion"
+    );
 }
 
 /// hack/version.sh refuses a tag that is not the version, naming the tag: the release
@@ -481,7 +564,11 @@ fn version_check_refuses_a_tag_that_is_not_the_version() {
     let version = cargo_version();
     let script = workspace_root().join("hack/version.sh");
     let printed = stdout(&run(Command::new("bash").arg(&script), "version"));
-    assert_eq!(printed.trim(), version, "step=version: hack/version.sh prints Cargo.toml's version");
+    assert_eq!(
+        printed.trim(),
+        version,
+        "step=version: hack/version.sh prints Cargo.toml's version"
+    );
     let out = Command::new("bash")
         .arg(&script)
         .args(["--tag", "v999.0.0"])
@@ -489,7 +576,10 @@ fn version_check_refuses_a_tag_that_is_not_the_version() {
         .output()
         .expect("step=version-tag: hack/version.sh starts");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "step=version-tag: a wrong tag was accepted");
+    assert!(
+        !out.status.success(),
+        "step=version-tag: a wrong tag was accepted"
+    );
     assert!(
         err.contains("v999.0.0") && err.contains(&version),
         "step=version-tag: the error names neither the tag nor the version: {err}"
@@ -502,7 +592,12 @@ fn version_check_refuses_a_tag_that_is_not_the_version() {
 fn version_check_refuses_a_chart_that_does_not_follow_cargo_toml() {
     let root = workspace_root();
     let tmp = tempfile::tempdir().expect("temporary folder");
-    for f in ["hack/lib.sh", "hack/version.sh", "Cargo.toml", "charts/nodeipam/Chart.yaml"] {
+    for f in [
+        "hack/lib.sh",
+        "hack/version.sh",
+        "Cargo.toml",
+        "charts/nodeipam/Chart.yaml",
+    ] {
         let dest = tmp.path().join(f);
         std::fs::create_dir_all(dest.parent().unwrap()).expect("folder");
         std::fs::copy(root.join(f), &dest).unwrap_or_else(|e| panic!("step=copy: {f}: {e}"));
@@ -510,8 +605,14 @@ fn version_check_refuses_a_chart_that_does_not_follow_cargo_toml() {
     let chart = tmp.path().join("charts/nodeipam/Chart.yaml");
     let text = std::fs::read_to_string(&chart).expect("Chart.yaml");
     let version = cargo_version();
-    let changed = text.replace(&format!("appVersion: \"v{version}\""), "appVersion: \"v9.9.9\"");
-    assert_ne!(changed, text, "step=edit-chart: Chart.yaml has no appVersion \"v{version}\"");
+    let changed = text.replace(
+        &format!("appVersion: \"v{version}\""),
+        "appVersion: \"v9.9.9\"",
+    );
+    assert_ne!(
+        changed, text,
+        "step=edit-chart: Chart.yaml has no appVersion \"v{version}\""
+    );
     std::fs::write(&chart, changed).expect("write Chart.yaml");
     let out = Command::new("bash")
         .arg(tmp.path().join("hack/version.sh"))
@@ -520,7 +621,10 @@ fn version_check_refuses_a_chart_that_does_not_follow_cargo_toml() {
         .output()
         .expect("step=version: hack/version.sh starts");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "step=version: a chart at v9.9.9 was accepted");
+    assert!(
+        !out.status.success(),
+        "step=version: a chart at v9.9.9 was accepted"
+    );
     assert!(
         err.contains("Chart.yaml") && err.contains("appVersion") && err.contains("v9.9.9"),
         "step=version: the error does not name the file, the field and the value: {err}"
