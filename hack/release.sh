@@ -83,8 +83,6 @@ build_plugin() {
   dir="$CARGO_TARGET_DIR/release"
   # The host's build shares its folder with the image's; another target has its own.
   if [[ "$triple" != "$host" ]]; then
-    rustup target list --installed 2>/dev/null | grep -qx "$triple" \
-      || die "step=plugin: Rust target $triple is not installed (rustup target add $triple, and a linker for it)"
     args+=(--target "$triple")
     dir="$CARGO_TARGET_DIR/$triple/release"
   fi
@@ -159,6 +157,13 @@ EOF
   made+=("nodeipam.yaml")
 }
 
+# Every target is checked before anything is built: a bad one fails in a second, not after
+# the image.
+for triple in $targets; do
+  platform "$triple" >/dev/null
+  [[ "$triple" == "$host" ]] || rustup target list --installed 2>/dev/null | grep -qx "$triple" \
+    || die "step=plugin: Rust target $triple is not installed (rustup target add $triple, and a linker for it)"
+done
 claim_target
 log "release $tag into $out"
 build_image
