@@ -274,7 +274,9 @@ fn validator_refuses_broken_copies(good: &Value) {
 /// (each `from`, relative to the unpacked archive, copied into `to` under the install
 /// folder), then returns the path of `bin`, which must stay inside `dir`.
 fn krew_install(tarball: &Path, platform: &Value, dir: &Path) -> PathBuf {
-    let unpacked = dir.with_extension("unpacked");
+    let mut unpacked = dir.as_os_str().to_owned();
+    unpacked.push(".unpacked");
+    let unpacked = PathBuf::from(unpacked);
     std::fs::create_dir_all(&unpacked).expect("unpack folder");
     std::fs::create_dir_all(dir).expect("install folder");
     run(
