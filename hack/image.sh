@@ -7,13 +7,22 @@
 #   hack/image.sh [build]   build (a no-op when the binary and the Containerfile are unchanged)
 #   hack/image.sh path      print the path of the OCI archive
 # The image is tagged $NODEIPAM_IMAGE (default localhost/nodeipam:dev), the name the local
-# cluster's kustomize overlay (hack/cluster/overlay) deploys.
+# cluster's kustomize overlay (hack/cluster/overlay) deploys; the archive's
+# org.opencontainers.image.ref.name is that name too. Each tag has its own archive and stamp
+# (hack/release.sh builds the release tag), so building one never invalidates another.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 IMAGE="${NODEIPAM_IMAGE:-localhost/nodeipam:dev}"
 IMAGE_DIR="$NODEIPAM_CACHE/image"
-ARCHIVE="$IMAGE_DIR/nodeipam.oci.tar"
+if [[ "$IMAGE" == "localhost/nodeipam:dev" ]]; then
+  ARCHIVE="$IMAGE_DIR/nodeipam.oci.tar"
+  STAMP="$IMAGE_DIR/.stamp"
+else
+  # The tag as a file name: / and : become _.
+  ARCHIVE="$IMAGE_DIR/${IMAGE//[^A-Za-z0-9._-]/_}.oci.tar"
+  STAMP="$ARCHIVE.stamp"
+fi
 # buildah's own storage, apart from /var/lib/containers: vfs needs no overlay or fuse support.
 BUILDAH=(buildah --root "$IMAGE_DIR/storage" --runroot "$IMAGE_DIR/run" --storage-driver vfs)
 
@@ -41,7 +50,7 @@ cmd_build() {
 
   local stamp
   stamp="$( (cd "$ctx" && find . -type f -print0 | sort -z | xargs -0 sha256sum; cat "$NODEIPAM_ROOT/Containerfile"; echo "$IMAGE") | sha256sum | cut -c1-16)"
-  if [[ -f "$ARCHIVE" && -f "$IMAGE_DIR/.stamp" && "$(cat "$IMAGE_DIR/.stamp")" == "$stamp" ]]; then
+  if [[ -f "$ARCHIVE" && -f "$STAMP" && "$(cat "$STAMP")" == "$stamp" ]]; then
     log "image $IMAGE up to date in $ARCHIVE"
     return 0
   fi
@@ -52,7 +61,7 @@ cmd_build() {
   timed "buildah push $IMAGE to $ARCHIVE" "${BUILDAH[@]}" push --quiet "$IMAGE" "oci-archive:$ARCHIVE:$IMAGE"
   # Only the archive is kept: vfs stores every layer in full.
   "${BUILDAH[@]}" rmi --all >/dev/null 2>&1 || true
-  echo "$stamp" >"$IMAGE_DIR/.stamp"
+  echo "$stamp" >"$STAMP"
   log "image $IMAGE: archive $(du -h "$ARCHIVE" | cut -f1) (layers compressed), stripped binary $(du -h "$ctx/nodeipam" | cut -f1), uncompressed $(du -sh "$ctx" | cut -f1)"
 }
 

@@ -1,6 +1,15 @@
 //! The `process_*` metrics as the Prometheus client libraries define them on Linux (CPU
 //! seconds, resident and virtual memory, open and maximum file descriptors, start time), read
 //! from `/proc/self` at each scrape. Parsing is pure; [`ProcessCollector`] does the reading.
+//!
+//! Written here because no maintained crate fits (checked for 0.1.0): `kubert-prometheus-process`
+//! is a prometheus-client collector, but for prometheus-client 0.23, whose `Collector` trait is
+//! not 0.24's; the `prometheus` crate's `process` feature and `metrics-process` feed other
+//! metrics libraries (their own registry, the `metrics` facade), not a prometheus-client
+//! registry. The parsing alone could come from `procfs-core`, but a file it cannot parse comes
+//! back as "Internal error: bug at <its source path> (please report this procfs bug)", over
+//! several lines and naming no field, and its `/proc/stat` parser wants every CPU line for
+//! the one `btime` used here: the three short parsers below say which field is wrong.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};

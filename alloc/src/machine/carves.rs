@@ -188,7 +188,10 @@ impl Carves {
                     c.failed = !c.seen;
                     c.sent = c.sent.saturating_sub(1);
                     c.failures += 1;
-                    // 0.5 s, 1 s, 2 s ... at most a minute between attempts.
+                    // 0.5 s, 1 s, 2 s ... at most a minute between attempts. Not jittered
+                    // like the writers' retries (controller node_writer::backoff): the core is
+                    // deterministic, the simulator replays a seed by it, and only the leader
+                    // creates a pool's children, so there is no crowd of retries to spread.
                     let backoff = Duration::from_millis(250u64 << c.failures.min(8));
                     c.retry_at = now + backoff.min(Duration::from_secs(60));
                     if c.failures == 3 {

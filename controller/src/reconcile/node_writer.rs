@@ -85,10 +85,25 @@ async fn write_and_report(
     let _ = results.send(WriteResult { job, outcome });
 }
 
-/// 100 ms doubling up to 30 s.
+/// The wait before retry `attempt` (from 0) of every writer: 100 ms doubling up to 15 s, plus
+/// up to as much again at random (backon's exponential backoff with jitter), so never more
+/// than 30 s. The jitter spreads the writers of both replicas that an overloaded or
+/// throttling API server failed at the same moment, instead of sending them back together.
+/// It only times the shell's retries: what is retried, and when a retry is moot, is decided
+/// by the pure core, whose own waits stay deterministic for the simulator.
 pub fn backoff(attempt: u32) -> Duration {
-    let ms = 100u64.saturating_mul(1u64 << attempt.min(9));
-    Duration::from_millis(ms.min(30_000))
+    use backon::BackoffBuilder;
+    // Past the cap every step is the same, so a long failure costs at most this many steps.
+    const STEPS_TO_CAP: u32 = 8;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(100))
+        .with_factor(2.0)
+        .with_max_delay(Duration::from_secs(15))
+        .without_max_times()
+        .with_jitter()
+        .build()
+        .nth(attempt.min(STEPS_TO_CAP) as usize)
+        .unwrap_or(Duration::from_secs(30))
 }
 
 async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
@@ -188,10 +203,27 @@ pub async fn reread(ctx: &Context, name: &str) -> NodeNow {
 mod tests {
     use super::*;
 
+    /// Each wait lies between its attempt's base and twice that, and the jitter varies it.
     #[test]
-    fn backoff_is_capped() {
-        assert_eq!(backoff(0), Duration::from_millis(100));
-        assert_eq!(backoff(3), Duration::from_millis(800));
-        assert_eq!(backoff(50), Duration::from_secs(30));
+    fn backoff_doubles_with_jitter_and_is_capped() {
+        let within = |attempt: u32, base: Duration| {
+            let waits: Vec<Duration> = (0..50).map(|_| backoff(attempt)).collect();
+            for w in &waits {
+                assert!(
+                    *w >= base && *w <= base * 2,
+                    "attempt {attempt}: {w:?} not within {base:?} and twice that"
+                );
+            }
+            assert!(
+                waits.iter().any(|w| *w != waits[0]),
+                "attempt {attempt}: no jitter in {waits:?}"
+            );
+        };
+        within(0, Duration::from_millis(100));
+        within(3, Duration::from_millis(800));
+        within(7, Duration::from_millis(12_800));
+        within(8, Duration::from_secs(15));
+        within(50, Duration::from_secs(15));
+        within(u32::MAX, Duration::from_secs(15));
     }
 }
