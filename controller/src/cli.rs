@@ -35,6 +35,7 @@ pub enum Command {
     /// Print the CRD YAML (NodeIPAMConfig and NodeIPAMPool).
     Crdgen,
     /// Print the pod network (every range not yet drained, and unmanaged podCIDRs).
+    #[command(after_help = crate::ranges::EXIT_CODES_HELP)]
     Ranges(RangesArgs),
     /// Print the version, the git commit and the build date.
     Version,

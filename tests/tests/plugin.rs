@@ -297,6 +297,9 @@ async fn help_names_the_command_as_kubectl_runs_it() {
             "ranges --help lists {flag}"
         );
     }
+    // The image's `nodeipam ranges` follows the same table.
+    let r = run(&nodeipam_bin(), &["ranges", "--help"], &[]).await;
+    assert!(r.out.contains("Exit status: 0"), "{}", r.out);
 }
 
 /// A ClusterCIDR whose name no NodeIPAMConfig can have is refused, naming the field and the
