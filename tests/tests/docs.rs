@@ -11,7 +11,9 @@
 //!   `kubectl-nodeipam` on PATH, against a real control plane with the CRDs, and its output
 //!   (stdout and stderr together) must be the lines the block quotes after it; a `...` line
 //!   stands for any number of lines. Quote only stable output: no error text, ages or
-//!   versions.
+//!   versions;
+//! - every `NODEIPAM_*` variable the docs and the chart's values name is one a binary reads
+//!   (`[env: ...]` in its `--help`) or a script of `hack/` or the `Containerfile` uses.
 
 mod support;
 
@@ -505,4 +507,111 @@ fn console_examples_are_parsed_as_written() {
     assert!(!matches(&ex[0].output, &["one", "two"]));
     assert!(!matches(&ex[0].output, &["one", "three", "four"]));
     assert_eq!(ex[1].command, "b");
+}
+
+// ----- environment variables -----
+
+/// The `NODEIPAM_*` names in `text`, with the line each is on. `NODEIPAM_<FLAG>` and other
+/// patterns (a name ending in `_`) are the naming rule, not a variable.
+fn variables_in(text: &str) -> Vec<(usize, String)> {
+    const PREFIX: &str = "NODEIPAM_";
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let mut rest = line;
+        while let Some(at) = rest.find(PREFIX) {
+            let after = &rest[at + PREFIX.len()..];
+            let len = after
+                .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+                .unwrap_or(after.len());
+            let name = &after[..len];
+            if !name.is_empty() && !name.ends_with('_') {
+                out.push((n + 1, format!("{PREFIX}{name}")));
+            }
+            rest = &after[len..];
+        }
+    }
+    out
+}
+
+/// The variables a help text lists (`[env: NODEIPAM_V=]`).
+fn env_vars(help: &str) -> BTreeSet<String> {
+    help.split("[env: ")
+        .skip(1)
+        .filter_map(|s| s.split(['=', ']']).next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every variable the binaries read (every subcommand's help) and the scripts use.
+fn known_variables() -> BTreeSet<String> {
+    let mut known = BTreeSet::new();
+    for (bin, commands) in [
+        (nodeipam_bin(), vec![vec!["run"], vec!["ranges"]]),
+        (
+            plugin_bin(),
+            vec![vec![], vec!["ranges"], vec!["status"], vec!["check"]],
+        ),
+    ] {
+        for args in commands {
+            known.extend(env_vars(&help(&bin, &args)));
+        }
+    }
+    let root = workspace_root();
+    let mut scripts: Vec<PathBuf> = std::fs::read_dir(root.join("hack"))
+        .expect("step=read-hack: hack/")
+        .map(|e| e.expect("hack/ entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sh"))
+        .collect();
+    scripts.push(root.join("Containerfile"));
+    for script in scripts {
+        let text = std::fs::read_to_string(&script)
+            .unwrap_or_else(|e| panic!("step=read-script: {}: {e}", script.display()));
+        known.extend(variables_in(&text).into_iter().map(|(_, v)| v));
+    }
+    known
+}
+
+/// Every `NODEIPAM_*` variable named in the docs and the chart's values is read by something.
+#[test]
+fn every_variable_in_the_docs_is_one_the_binaries_or_scripts_read() {
+    let known = known_variables();
+    // The extraction finds what it is about (a parser that finds none passes vacuously).
+    for want in ["NODEIPAM_V", "NODEIPAM_LOG_LEVEL", "NODEIPAM_SERVICE_CIDRS"] {
+        assert!(known.contains(want), "{want} not in any --help: {known:?}");
+    }
+    let mut files = doc_files();
+    files.push(PathBuf::from("charts/nodeipam/values.yaml"));
+    let mut named = 0;
+    let mut problems = Vec::new();
+    for rel in files {
+        for (line, var) in variables_in(&read(&rel)) {
+            named += 1;
+            if !known.contains(&var) {
+                problems.push(format!("{}:{line}: {var}", rel.display()));
+            }
+        }
+    }
+    assert!(
+        named > 0,
+        "no NODEIPAM_ variable found in the docs: the extraction is broken"
+    );
+    assert!(
+        problems.is_empty(),
+        "variables in the docs that no binary (`[env: ...]` in --help) or script reads:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The extraction on lines the docs could hold: a singular list variable is caught, the naming
+/// rule is not a variable.
+#[test]
+fn variables_are_extracted_as_written() {
+    let text = "`NODEIPAM_<FLAG>` and `NODEIPAM_SERVICE_CIDR=10.96.0.0/12`\nNODEIPAM_V, NODEIPAM_";
+    let found: Vec<String> = variables_in(text).into_iter().map(|(_, v)| v).collect();
+    assert_eq!(found, ["NODEIPAM_SERVICE_CIDR", "NODEIPAM_V"]);
+    let help = "  -v, --v <N>\n          [env: NODEIPAM_V=]\n  [env: POD_NAME=]";
+    assert_eq!(
+        env_vars(help),
+        BTreeSet::from(["NODEIPAM_V".to_string(), "POD_NAME".to_string()])
+    );
 }
