@@ -53,7 +53,7 @@ NETPROBE_ARCHIVE="$NETPROBE_DIR/netprobe.oci.tar"
 # The pod network of `up --cni flannel`, built from hack/flannel (pinned there too).
 FLANNEL_VERSION="v0.28.10"
 FLANNEL_BIN="$NODEIPAM_BIN_DIR/flannel-$FLANNEL_VERSION"
-NODEIPAM_IMAGE="${NODEIPAM_IMAGE:-localhost/nodeipam:dev}"
+NODEIPAM_IMAGE="${NODEIPAM_IMAGE:-$NODEIPAM_RELEASE_IMAGE_DEFAULT}"
 
 BRIDGE=nipam0
 SUBNET_PREFIX=10.251.0

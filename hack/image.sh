@@ -6,23 +6,19 @@
 # `ctr images import` loads on every node of hack/cluster.sh.
 #   hack/image.sh [build]   build (a no-op when the binary and the Containerfile are unchanged)
 #   hack/image.sh path      print the path of the OCI archive
-# The image is tagged $NODEIPAM_IMAGE (default localhost/nodeipam:dev), the name the local
-# cluster's kustomize overlay (hack/cluster/overlay) deploys; the archive's
-# org.opencontainers.image.ref.name is that name too. Each tag has its own archive and stamp
+# The image is tagged $NODEIPAM_IMAGE (default the release's, docker.io/library/nodeipam:vX.Y.Z
+# from Cargo.toml's version: what config/default and the chart deploy unchanged, so the local
+# cluster runs the image a release ships); the archive's org.opencontainers.image.ref.name is
+# that name too. Each tag has its own archive and stamp
 # (hack/release.sh builds the release tag), so building one never invalidates another.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-IMAGE="${NODEIPAM_IMAGE:-localhost/nodeipam:dev}"
+IMAGE="${NODEIPAM_IMAGE:-$NODEIPAM_RELEASE_IMAGE_DEFAULT}"
 IMAGE_DIR="$NODEIPAM_CACHE/image"
-if [[ "$IMAGE" == "localhost/nodeipam:dev" ]]; then
-  ARCHIVE="$IMAGE_DIR/nodeipam.oci.tar"
-  STAMP="$IMAGE_DIR/.stamp"
-else
-  # The tag as a file name: / and : become _.
-  ARCHIVE="$IMAGE_DIR/${IMAGE//[^A-Za-z0-9._-]/_}.oci.tar"
-  STAMP="$ARCHIVE.stamp"
-fi
+# The tag as a file name: / and : become _.
+ARCHIVE="$IMAGE_DIR/${IMAGE//[^A-Za-z0-9._-]/_}.oci.tar"
+STAMP="$ARCHIVE.stamp"
 # buildah's own storage, apart from /var/lib/containers: vfs needs no overlay or fuse support.
 BUILDAH=(buildah --root "$IMAGE_DIR/storage" --runroot "$IMAGE_DIR/run" --storage-driver vfs)
 

@@ -24,6 +24,12 @@ KWOK_VERSION="v0.8.0"
 export NODEIPAM_KWOK="${NODEIPAM_KWOK:-$NODEIPAM_BIN_DIR/kwok-$KWOK_VERSION/kwok}"
 # etcdutl at the etcd version, for the test that restores etcd from a snapshot (hack/etcdutl.sh).
 export NODEIPAM_ETCDUTL="${NODEIPAM_ETCDUTL:-$NODEIPAM_BIN_DIR/etcdutl-$ETCD_VERSION/etcdutl}"
+# The project's one version (Cargo.toml's workspace version, docs/versioning.md) and the image a
+# release is: `nodeipam:vX.Y.Z` as containerd names it, which config/default and the chart
+# deploy unchanged. hack/image.sh builds it and the real-cluster suite deploys it, so the suite
+# installs the image hack/release.sh ships, as a user would.
+nodeipam_version() { sed -n 's/^version = "\(.*\)"$/\1/p' "$NODEIPAM_ROOT/Cargo.toml" | head -1; }
+NODEIPAM_RELEASE_IMAGE_DEFAULT="docker.io/library/nodeipam:v$(nodeipam_version)"
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }

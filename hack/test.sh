@@ -27,7 +27,7 @@ timed "cargo test" cargo test --workspace --locked -- --test-threads="${NODEIPAM
 # then with flannel), deploys config/default and takes it down. It is #[ignore]d in the run above because it needs these builds.
 timed "cluster binaries" "$NODEIPAM_ROOT/hack/cluster.sh" build
 timed "nodeipam image" "$NODEIPAM_ROOT/hack/image.sh" build
-# Every release artifact into a temporary folder (tests/tests/release.rs), reusing the image
-# build above for the release tag's binary.
+# Every release artifact into a temporary folder (tests/tests/release.rs); its image is the one
+# built above (the release tag), which the real-cluster suite below deploys.
 timed "cargo test release e2e" cargo test --locked -p nodeipam-testenv --test release -- --ignored --test-threads=1
 timed "cargo test cluster e2e" cargo test --locked -p nodeipam-testenv --test cluster -- --ignored --test-threads=1 --nocapture

@@ -19,7 +19,7 @@ esac
 cargo_toml="$NODEIPAM_ROOT/Cargo.toml"
 chart="$NODEIPAM_ROOT/charts/nodeipam/Chart.yaml"
 # The first `version = "..."` is [workspace.package]'s: every crate inherits it.
-version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$cargo_toml" | head -1)"
+version="$(nodeipam_version)"
 chart_version="$(sed -n 's/^version: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$chart")"
 app_version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$chart")"
 

@@ -471,8 +471,11 @@ async fn autoscaling_pool_grows_on_a_real_cluster(client: &Client) {
 
 // ----- the Helm chart -----
 
-/// The image `hack/image.sh` builds and imports into every node (no registry).
-const LOCAL_IMAGE: (&str, &str) = ("localhost/nodeipam", "dev");
+/// The image the chart and config/default deploy unchanged: the release's, which
+/// `hack/image.sh` builds as `hack/release.sh` ships it and imports into every node (no registry).
+fn release_image() -> String {
+    format!("nodeipam:v{}", env!("CARGO_PKG_VERSION"))
+}
 /// The API server's address from the nodes (hack/cluster/overlay gives config/default the same
 /// with config/components/api-server): the nodes' kube-proxy programs no Service before its
 /// Node has a podCIDR, so through the `kubernetes` Service nodeipam would wait for itself.
@@ -527,10 +530,6 @@ fn helm_install_chart(home: &std::path::Path, extra: &[&str]) -> String {
         NAMESPACE.into(),
         "--create-namespace".into(),
         "--set".into(),
-        format!("image.repository={}", LOCAL_IMAGE.0),
-        "--set".into(),
-        format!("image.tag={}", LOCAL_IMAGE.1),
-        "--set".into(),
         format!("apiServer.host={}", API_SERVER.0),
         "--set".into(),
         format!("apiServer.port={}", API_SERVER.1),
@@ -577,8 +576,8 @@ async fn the_helm_chart_installs_on_a_real_cluster() {
             .and_then(|c| c.image.clone());
         assert_eq!(
             image.as_deref(),
-            Some(format!("{}:{}", LOCAL_IMAGE.0, LOCAL_IMAGE.1).as_str()),
-            "step=helm-install: the local image"
+            Some(release_image().as_str()),
+            "step=helm-install: the chart's default image, the release's"
         );
     }
 
