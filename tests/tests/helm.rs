@@ -415,8 +415,6 @@ fn the_api_server_value_renders_the_api_server_component() {
     let chart = by_key(yaml_docs(&template(&[
         "apiServer.host=10.251.0.2",
         "apiServer.port=6443",
-        "image.repository=localhost/nodeipam",
-        "image.tag=dev",
     ])));
     let mut overlay = by_key(yaml_docs(&kustomize(CLUSTER_OVERLAY)));
     resolve_config_map_env(&mut overlay);
