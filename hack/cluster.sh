@@ -21,8 +21,10 @@
 #                        `kubectl apply -k hack/cluster/overlay` (= config/default + the image
 #                        name and, with config/components/api-server, the API server's
 #                        address); waits for the Deployment. --pod-network-supernet: the
-#                        consumers' pod network (flannel's Network), set as the controller's
+#                        consumers' pod network, set as the controller's
 #                        NODEIPAM_POD_NETWORK_SUPERNETS so that the webhook warns outside it
+#                        (not needed for flannel's Network: `up --cni flannel` publishes it in
+#                        ConfigMap kube-flannel/kube-flannel-cfg, which nodeipam reads)
 #   add-node [--labels k=v,...]   start one more node; prints its name
 #   remove-node NAME     stop a node's kubelet, pods, containerd and kube-proxy and remove its
 #                        network namespace (the Node object stays: delete it with kubectl)
@@ -559,7 +561,9 @@ pod_mtu() {
 }
 
 # setup_flannel NETWORK BACKEND: its net-conf.json, its identity and RBAC (kube-flannel.yml's
-# ClusterRole without `pods get`: NODE_NAME names the node).
+# ClusterRole without `pods get`: NODE_NAME names the node). flanneld reads net-conf.json as a
+# file; it is also published where kube-flannel.yml puts it, ConfigMap kube-flannel-cfg in
+# namespace kube-flannel, which is where nodeipam learns flannel's Network (and warns outside it).
 setup_flannel() {
   local network="$1" backend="$2"
   mkdir -p "$FLANNEL_DIR"
@@ -567,6 +571,11 @@ setup_flannel() {
   echo "$backend" >"$FLANNEL_DIR/backend"
   printf '{"Network": "%s", "EnableIPv6": false, "Backend": {"Type": "%s"}}\n' "$network" "$backend" \
     >"$FLANNEL_DIR/net-conf.json"
+  KUBECTL create namespace kube-flannel >/dev/null \
+    || die "step=flannel-configmap: kubectl create namespace kube-flannel failed"
+  KUBECTL -n kube-flannel create configmap kube-flannel-cfg \
+    --from-file=net-conf.json="$FLANNEL_DIR/net-conf.json" >/dev/null \
+    || die "step=flannel-configmap: kubectl create configmap kube-flannel-cfg failed"
   cert flannel nodeipam-local-flannel "" clientAuth
   kubeconfig flannel
   KUBECTL apply -f "$NODEIPAM_ROOT/hack/cluster/flannel-rbac.yaml" >/dev/null \

@@ -200,7 +200,7 @@ show kubectl apply -k config/samples
 kubectl wait --for=condition=Ready nodeipamconfig --all --timeout=60s >/dev/null
 show kubectl get nodeipamconfigs
 log "the webhook refuses a config that overlaps another:"
-OVERLAP='{"apiVersion":"nodeipam.io/v1alpha1","kind":"NodeIPAMConfig","metadata":{"name":"overlapping"},"spec":{"ipv4":{"cidr":"10.65.0.0/16","perNodeMaskSize":24}}}'
+OVERLAP='{"apiVersion":"nodeipam.io/v1alpha1","kind":"NodeIPAMConfig","metadata":{"name":"overlapping"},"spec":{"ipv4":{"cidr":"10.113.0.0/16","perNodeMaskSize":24}}}'
 if echo "$OVERLAP" | kubectl apply -f - >"$DEMO_DIR/overlap.out" 2>&1; then
   die "step=webhook: a config overlapping dual-stack was admitted"
 fi

@@ -155,15 +155,23 @@ pub struct Subject {
     pub instance: Option<String>,
 }
 
-/// Reads flannel's pod network, if its ConfigMap is there and readable.
+/// Reads flannel's pod network, if its ConfigMap is there and readable. Absent (404) in both
+/// namespaces is no flannel, said at debug; a read that failed otherwise (403: RBAC without the
+/// ClusterRole's rule) is one warning, since ranges outside flannel's Network then go unwarned.
 pub async fn read_flannel(client: &Client) -> Vec<IpNet> {
+    let mut failed = Vec::new();
     for ns in FLANNEL_NAMESPACES {
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
         let cm = match api.get_opt(FLANNEL_CONFIGMAP).await {
             Ok(Some(cm)) => cm,
             Ok(None) => continue,
+            // The API server's message names the namespace and, for a 403, the missing right.
+            Err(kube::Error::Api(s)) => {
+                failed.push(format!("{} ({})", s.message, s.code));
+                continue;
+            }
             Err(e) => {
-                debug!(namespace = ns, error = %e, "cannot read flannel's ConfigMap");
+                failed.push(format!("{ns}: {}", cause_chain(&e)));
                 continue;
             }
         };
@@ -182,6 +190,14 @@ pub async fn read_flannel(client: &Client) -> Vec<IpNet> {
             }
         }
         return Vec::new();
+    }
+    if failed.is_empty() {
+        debug!("no flannel ConfigMap {FLANNEL_CONFIGMAP} in {FLANNEL_NAMESPACES:?}");
+    } else {
+        warn!(
+            "cannot learn flannel's pod network: reading ConfigMap {FLANNEL_CONFIGMAP} failed ({}); ranges outside it get no warning",
+            failed.join("; ")
+        );
     }
     Vec::new()
 }

@@ -37,8 +37,8 @@ const PROBE_IMAGE: &str = "localhost/pause:nodeipam";
 /// How long any one step may take before the test gives up on it (a limit, not an assertion).
 const STEP_LIMIT: Duration = Duration::from_secs(180);
 /// The samples' default pool and the GPU pool a labelled node gets its blocks from.
-const DEFAULT_POOL: (&str, &str, &str) = ("dual-stack", "10.64.0.0/14", "fd00:10:64::/48");
-const GPU_POOL: (&str, &str, &str) = ("gpu-pool", "100.64.0.0/20", "fd00:10:65::/56");
+const DEFAULT_POOL: (&str, &str, &str) = ("dual-stack", "10.112.0.0/14", "fd00:10:64::/48");
+const GPU_POOL: (&str, &str, &str) = ("gpu-pool", "10.116.0.0/20", "fd00:10:65::/56");
 /// The metrics port of config/manager (host network: the node's address; HTTPS, callers
 /// authenticated and authorized by the API server).
 const METRICS_PORT: u16 = 8085;
@@ -642,7 +642,7 @@ async fn the_helm_chart_installs_on_a_real_cluster() {
                 "apiVersion": "nodeipam.io/v1alpha1",
                 "kind": "NodeIPAMConfig",
                 "metadata": {"name": "overlaps-the-default-pool"},
-                "spec": {"ipv4": {"cidr": "10.64.128.0/20", "perNodeMaskSize": 24}},
+                "spec": {"ipv4": {"cidr": "10.113.128.0/20", "perNodeMaskSize": 24}},
             }))
             .expect("config manifest"),
         )
@@ -893,7 +893,7 @@ async fn a_real_cluster_consumes_what_nodeipam_allocates() {
         "apiVersion": "nodeipam.io/v1alpha1",
         "kind": "NodeIPAMConfig",
         "metadata": {"name": "overlaps-the-default-pool"},
-        "spec": {"ipv4": {"cidr": "10.64.128.0/20", "perNodeMaskSize": 24}},
+        "spec": {"ipv4": {"cidr": "10.113.128.0/20", "perNodeMaskSize": 24}},
     }))
     .expect("config manifest");
     let refused = configs

@@ -31,6 +31,9 @@ use support::*;
 const LEASE: &str = "nodeipam-controller";
 const SECRET: &str = "nodeipam-webhook-tls";
 const VWC: &str = "nodeipam-webhook";
+/// flannel's ConfigMap and the namespace of kube-flannel.yml (flannel 0.20 and later).
+const FLANNEL_CONFIGMAP: &str = "kube-flannel-cfg";
+const FLANNEL_NAMESPACE: &str = "kube-flannel";
 /// A short lease so that a killed leader is replaced within seconds.
 const FAST_LEASE: &[&str] = &["--lease-duration=4", "--lease-grace=2"];
 
@@ -412,18 +415,48 @@ async fn assert_flags_parse(args: &[String]) {
     );
 }
 
+/// flannel's ConfigMap as kube-flannel.yml (and hack/cluster.sh) makes it, with NETWORK.
+async fn create_flannel_configmap(client: &Client, network: &str) {
+    namespace(client, FLANNEL_NAMESPACE).await;
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": FLANNEL_CONFIGMAP, "namespace": FLANNEL_NAMESPACE},
+        "data": {"net-conf.json": format!(r#"{{"Network": "{network}", "Backend": {{"Type": "vxlan"}}}}"#)},
+    }))
+    .expect("a ConfigMap");
+    Api::<ConfigMap>::namespaced(client.clone(), FLANNEL_NAMESPACE)
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("step=create-flannel-configmap");
+}
+
 /// `nodeipam run` as the ServiceAccount of `config/rbac` does everything (allocation,
 /// finalizers, status, events, leader election, managed TLS with caBundle patching, the
-/// webhook) without one refusal, and cannot do what it was not granted.
+/// webhook, learning flannel's Network) without one refusal, and cannot do what it was not
+/// granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rbac_allows_every_feature_and_nothing_more() {
     let cp = control_plane().await;
     let admin = cp.client();
     let dir = tempfile::tempdir().expect("temp dir");
     install_rbac(&cp).await;
+    // Holds every range below: nothing is outside, only the read is under test.
+    create_flannel_configmap(&admin, "10.128.0.0/9").await;
     let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
     let mut replica = Replica::start_plain(dir.path(), &kubeconfig, "rbac-0", &[]).await;
     register_webhook_by_url(&admin, replica.webhook_port).await;
+
+    // flannel's Network is learnt from its ConfigMap (a refused read is a warning that
+    // assert_never_forbidden below catches).
+    wait_for("flannel's Network read", || async {
+        replica
+            .log_text()
+            .lines()
+            .any(|l| l.contains("flannel's pod network read") && l.contains("10.128.0.0/9"))
+            .then_some(())
+    })
+    .await;
 
     // Leader election: the lease is created and held.
     wait_holder(&admin, "rbac-0").await;
@@ -612,6 +645,21 @@ async fn rbac_allows_every_feature_and_nothing_more() {
         "delete its lease",
         Api::<Lease>::namespaced(sa.clone(), NAMESPACE)
             .delete(LEASE, &DeleteParams::default())
+            .await,
+    );
+    let flannel = Api::<ConfigMap>::namespaced(sa.clone(), FLANNEL_NAMESPACE);
+    forbidden(
+        "read another ConfigMap in flannel's namespace",
+        flannel.get("someone-else").await,
+    );
+    forbidden(
+        "list ConfigMaps in flannel's namespace",
+        flannel.list(&ListParams::default()).await,
+    );
+    forbidden(
+        "write flannel's ConfigMap",
+        flannel
+            .patch(FLANNEL_CONFIGMAP, &merge, &Patch::Merge(&label))
             .await,
     );
     forbidden(

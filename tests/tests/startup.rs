@@ -14,7 +14,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use nodeipam_crd::NodeIPAMConfig;
 use nodeipam_testenv::fault_proxy::{Action, FaultProxy, Rule};
-use support::process::{NAMESPACE, Replica, nodeipam_bin};
+use support::process::{
+    NAMESPACE, Replica, SA_GROUPS, SA_USER, install_rbac, nodeipam_bin, sa_kubeconfig,
+};
 use support::*;
 
 /// `nodeipam <args>` with exactly `env`: (success, stdout, stderr).
@@ -307,6 +309,83 @@ async fn a_range_outside_flannels_network_is_warned() {
         "kubectl shows the webhook's warning: {err}"
     );
     drop(r);
+    cp.stop().await;
+}
+
+/// As the ServiceAccount of `config/rbac`, start-up reads flannel's ConfigMap; without the
+/// ClusterRole's rule for it (an install from before it) the refusal is one warning naming the
+/// ConfigMap and why, not silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_read_of_flannels_network_is_warned() {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let cp = control_plane().await;
+    let client = cp.client();
+    install_rbac(&cp).await;
+    namespace(&client, "kube-flannel").await;
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "kube-flannel-cfg", "namespace": "kube-flannel"},
+        "data": {"net-conf.json": r#"{"Network": "10.244.0.0/16"}"#},
+    }))
+    .expect("a ConfigMap");
+    Api::<ConfigMap>::namespaced(client.clone(), "kube-flannel")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("step=create-flannel-configmap");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = sa_kubeconfig(&cp, dir.path(), "nodeipam-controller");
+
+    let granted = replica(&kubeconfig, dir.path(), "granted", &[]).await;
+    log_line(&granted, &["flannel's pod network read", "10.244.0.0/16"]).await;
+    drop(granted);
+
+    // The ClusterRole as shipped, less the rule for flannel's ConfigMap.
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let mut role = roles
+        .get("nodeipam-controller")
+        .await
+        .expect("step=get-clusterrole");
+    let rules = role.rules.as_mut().expect("rules");
+    let before = rules.len();
+    rules.retain(|r| {
+        !r.resource_names
+            .iter()
+            .flatten()
+            .any(|n| n == "kube-flannel-cfg")
+    });
+    assert_eq!(rules.len(), before - 1, "config/rbac has one rule for it");
+    roles
+        .replace("nodeipam-controller", &PostParams::default(), &role)
+        .await
+        .expect("step=replace-clusterrole");
+    let sa = cp
+        .client_for(SA_USER, SA_GROUPS)
+        .await
+        .expect("client for the ServiceAccount");
+    let sa_flannel = Api::<ConfigMap>::namespaced(sa, "kube-flannel");
+    wait_for("the read refused to the ServiceAccount", || async {
+        match sa_flannel.get("kube-flannel-cfg").await {
+            Err(kube::Error::Api(s)) if s.code == 403 => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+
+    let refused = replica(&kubeconfig, dir.path(), "refused", &[]).await;
+    let line = log_line(&refused, &["cannot learn flannel's pod network"]).await;
+    assert!(
+        line.contains("WARN") && line.contains("kube-flannel-cfg") && line.contains("forbidden"),
+        "one warning naming the ConfigMap and why: {line}"
+    );
+    let log = refused.log_text();
+    assert_eq!(
+        log.matches("cannot learn flannel's pod network").count(),
+        1,
+        "{log}"
+    );
+    assert!(!log.contains("flannel's pod network read"), "{log}");
+    drop(refused);
     cp.stop().await;
 }
 

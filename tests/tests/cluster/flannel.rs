@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::api::{WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
+use nodeipam_testenv::workspace_root;
 use serde_json::json;
 
 use super::{
@@ -656,9 +657,10 @@ async fn check_drain(client: &Client, members: &mut Vec<Member>) {
     check_mesh(members).await;
 }
 
-/// Brings the cluster up with flannel's BACKEND and deploys nodeipam with flannel's Network as
-/// its pod-network supernet (the supported setup, docs/integrations.md); node-1 and node-2 are
-/// labelled for configs A and B, which are created. Checks the webhook's supernet warning.
+/// Brings the cluster up with flannel's BACKEND and deploys nodeipam as users do, without
+/// `--pod-network-supernet`: it learns flannel's Network from the kube-flannel-cfg ConfigMap
+/// that `up --cni flannel` publishes. Checks the webhook's warning outside it and that the
+/// samples get none; node-1 and node-2 are labelled for configs A and B, which are created.
 async fn start(backend: &str) -> Client {
     script(
         "flannel-cluster-up",
@@ -675,11 +677,9 @@ async fn start(backend: &str) -> Client {
         ],
     );
     let client = admin_client().await;
-    script(
-        "flannel-deploy-nodeipam",
-        &["deploy", "--pod-network-supernet", NETWORK],
-    );
+    script("flannel-deploy-nodeipam", &["deploy"]);
     check_supernet_warning();
+    check_samples_inside();
     for (node, range) in [("node-1", RANGE_A.0), ("node-2", RANGE_B.0)] {
         script(
             "flannel-label",
@@ -713,6 +713,40 @@ async fn first_members(client: &Client) -> Vec<Member> {
     ]
 }
 
+/// `kubectl ARGS --dry-run=server` in the cluster: whether it was admitted, and what kubectl
+/// printed on stderr (where the webhook's warnings go).
+fn dry_run_args(args: &[&str]) -> (bool, String) {
+    let out = Command::new(script_path())
+        .arg("kubectl")
+        .args(args)
+        .args(["--dry-run=server", "-o", "name"])
+        .output()
+        .unwrap_or_else(|e| panic!("step=flannel-samples: run kubectl {args:?}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The samples (config/samples, and its pool applied on its own) lie in flannel's Network of
+/// the local cluster: admitted with no warning, before configs A and B exist (the samples'
+/// default pool holds A's range).
+fn check_samples_inside() {
+    let samples = workspace_root().join("config/samples");
+    let pool = samples.join("nodeipam_v1alpha1_pool.yaml");
+    for args in [
+        ["create", "-k", &samples.to_string_lossy()],
+        ["create", "-f", &pool.to_string_lossy()],
+    ] {
+        let (ok, stderr) = dry_run_args(&args);
+        assert!(
+            ok && !stderr.contains("Warning"),
+            "step=flannel-samples: kubectl {args:?} in flannel's Network {NETWORK}: admitted {ok}, {stderr}"
+        );
+    }
+    eprintln!("cluster: flannel: the samples are admitted inside flannel's Network, no warning");
+}
+
 /// `kubectl create --dry-run=server` of OBJECT in the cluster: whether it was admitted, and
 /// what kubectl printed on stderr (where the webhook's warnings go).
 fn dry_run(object: &DynamicObject) -> (bool, String) {
@@ -744,8 +778,9 @@ fn dry_run(object: &DynamicObject) -> (bool, String) {
     (out.status.success(), stderr)
 }
 
-/// The in-cluster webhook warns of a config outside flannel's Network (flanneld exits on a
-/// podCIDR outside it) and still admits it; a config inside gets no warning.
+/// The in-cluster webhook, deployed without `--pod-network-supernet`, warns of a config
+/// outside flannel's Network (flanneld exits on a podCIDR outside it) and still admits it; a
+/// config inside gets no warning. The Network was learnt from flannel's ConfigMap.
 fn check_supernet_warning() {
     const WARNING: &str = "is outside the declared pod network";
     let outside = "10.200.0.0/24";
