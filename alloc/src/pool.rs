@@ -163,6 +163,13 @@ pub fn pool_input(obj: &NodeIPAMPool) -> PoolInput {
             )
         }
     };
+    // A name too long to be its children's label value carves nothing (every create would be
+    // refused), said like a spec error.
+    let invalid = match (nodeipam_crd::validate_pool_name(&obj.name_any()), invalid) {
+        (None, invalid) => invalid,
+        (Some(e), None) => Some(e.to_string()),
+        (Some(e), Some(why)) => Some(format!("{e}; {why}")),
+    };
     PoolInput {
         name: obj.name_any(),
         uid: obj.uid(),

@@ -10,17 +10,23 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{Api, ListParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::{Client, Resource as _};
 use nodeipam_crd::NodeIPAMConfig;
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
+use crate::reconcile::events::Events;
 
 /// flannel's ConfigMap in kube-flannel.yml, and where it has lived: `kube-flannel` since
 /// flannel 0.20, `kube-system` before.
 pub const FLANNEL_CONFIGMAP: &str = "kube-flannel-cfg";
 pub const FLANNEL_NAMESPACES: [&str; 2] = ["kube-flannel", "kube-system"];
+
+/// The start-up checks' events: warnings, of the action Start.
+const WARNING: EventType = EventType::Warning;
+const START: &str = "Start";
+
 const NET_CONF_KEY: &str = "net-conf.json";
 
 /// What the API server said about ServiceCIDR objects.
@@ -219,13 +225,7 @@ pub async fn check(
     subject: &Subject,
     metrics: &Metrics,
 ) {
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: crate::reconcile::MANAGER.into(),
-            instance: subject.instance.clone(),
-        },
-    );
+    let events = Events::new(client.clone(), subject.instance.clone());
     let api = service_cidr_api(client).await;
     let unknown = service_range_warning(service_cidrs, &api);
     metrics
@@ -234,7 +234,9 @@ pub async fn check(
     if let Some(w) = unknown {
         warn!("{w}");
         let lease = lease_ref(subject);
-        publish(&recorder, &lease, "ServiceRangeUnknown", &w).await;
+        events
+            .publish(WARNING, "ServiceRangeUnknown", START, &w, &lease)
+            .await;
     }
     let listed = Api::<NodeIPAMConfig>::all(client.clone())
         .list(&ListParams::default())
@@ -265,7 +267,10 @@ pub async fn check(
             .iter()
             .find(|c| c.metadata.name.as_ref() == Some(&name))
         {
-            publish(&recorder, &config.object_ref(&()), "OutsidePodNetwork", &w).await;
+            let config = config.object_ref(&());
+            events
+                .publish(WARNING, "OutsidePodNetwork", START, &w, &config)
+                .await;
         }
     }
 }
@@ -278,25 +283,6 @@ fn lease_ref(subject: &Subject) -> k8s_openapi::api::core::v1::ObjectReference {
         namespace: Some(subject.namespace.clone()),
         name: Some(subject.lease.clone()),
         ..Default::default()
-    }
-}
-
-/// Events are best effort, as every other of ours.
-async fn publish(
-    recorder: &Recorder,
-    regarding: &k8s_openapi::api::core::v1::ObjectReference,
-    reason: &str,
-    note: &str,
-) {
-    let event = Event {
-        type_: EventType::Warning,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Start".into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, regarding).await {
-        debug!(error = %e, reason, "publishing an event failed");
     }
 }
 

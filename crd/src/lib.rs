@@ -20,7 +20,7 @@ pub use types::*;
 pub use validation::{
     FieldError, FieldErrorKind, Overlap, ParsedPool, PoolCidr, PoolFamily, ServiceRangeRef,
     config_pool_conflicts, find_overlaps, format_errors, pool_conflicts, validate_node_selector,
-    validate_pool_update, validate_spec, validate_update,
+    validate_pool_name, validate_pool_update, validate_spec, validate_update,
 };
 
 use kube_core::CustomResourceExt;

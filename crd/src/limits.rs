@@ -39,6 +39,10 @@ pub const MAX_DNS_SUBDOMAIN_LENGTH: usize = 253;
 /// Longest node name (a DNS subdomain).
 pub const MAX_NODE_NAME_LENGTH: usize = MAX_DNS_SUBDOMAIN_LENGTH;
 
+/// Longest `NodeIPAMPool` name: every child carries it as the value of its `nodeipam.io/pool`
+/// label, and a label value is at most [`MAX_LABEL_VALUE_LENGTH`] characters.
+pub const MAX_POOL_NAME_LENGTH: usize = MAX_LABEL_VALUE_LENGTH;
+
 /// Most CIDRs in one family of a `NodeIPAMPool`.
 pub const MAX_POOL_CIDRS: usize = 16;
 

@@ -24,7 +24,7 @@ use crate::types::{FamilySpec, NodeIPAMConfigSpec};
 
 mod pool;
 mod space;
-pub use pool::{ParsedPool, PoolFamily, validate_pool_update};
+pub use pool::{ParsedPool, PoolFamily, validate_pool_name, validate_pool_update};
 pub use space::{PoolCidr, ServiceRangeRef, config_pool_conflicts, pool_conflicts};
 
 /// What is wrong with a field, named as Kubernetes names it in `field.ErrorType`.

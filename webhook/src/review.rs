@@ -491,6 +491,13 @@ pub fn review_pool(
         old_cidrs = old.spec.claimed_cidrs();
         old_problems = checks::pool_spec_problems(&old.spec);
     }
+    // Only at CREATE: the name is immutable, so an UPDATE of a pool stored before this check
+    // can change nothing about it (the controller reports that pool Invalid instead).
+    if request.operation == Operation::Create
+        && let Some(e) = nodeipam_crd::validate_pool_name(&name)
+    {
+        problems.push(checks::from_field_error(e));
+    }
     let spec_problems = checks::pool_spec_problems(&object.spec);
     let spec_valid = spec_problems.is_empty();
     for p in spec_problems {

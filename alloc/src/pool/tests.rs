@@ -474,6 +474,45 @@ fn the_api_object_maps_to_the_decisions_input() {
     assert!(d.carves.is_empty());
 }
 
+/// A pool whose name cannot be its children's label value carves nothing, however many nodes
+/// wait, and says why in Ready, naming metadata.name: every create of a child would be refused.
+#[test]
+fn a_pool_named_longer_than_a_label_value_is_invalid_and_carves_nothing() {
+    use nodeipam_crd::pool::{
+        NodeIPAMPoolSpec, PoolFamilySpec, PoolHeadroom, PoolRanges, PoolScaleDown,
+    };
+    let spec = NodeIPAMPoolSpec {
+        ipv4: Some(PoolFamilySpec {
+            cidrs: vec!["10.64.0.0/16".into()],
+            range_mask_size: 20,
+            per_node_mask_size: 24,
+        }),
+        ipv6: None,
+        node_selector: None,
+        ranges: PoolRanges::default(),
+        headroom: PoolHeadroom::default(),
+        scale_down: PoolScaleDown::default(),
+    };
+    let fits = pool_input(&NodeIPAMPool::new(&"p".repeat(63), spec.clone()));
+    assert_eq!(fits.invalid, None);
+    assert!(
+        !decide_now(&fits, &[], &[], 3, &[], Duration::ZERO)
+            .carves
+            .is_empty()
+    );
+    let long = pool_input(&NodeIPAMPool::new(&"p".repeat(64), spec));
+    let why = long.invalid.clone().expect("invalid");
+    assert!(why.starts_with("metadata.name: Invalid value"), "{why}");
+    let d = decide_now(&long, &[], &[], 3, &[], Duration::ZERO);
+    assert!(d.carves.is_empty());
+    let ready = condition(&d, CONDITION_READY);
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", REASON_INVALID)
+    );
+    assert!(ready.message.contains("at most 63"), "{}", ready.message);
+}
+
 /// Within max (the enabled and the awaiting children, and the carves in flight, together),
 /// every awaiting child is enabled, at the version the decision saw it at; its blocks count as
 /// supply that will come, so nothing more is carved for them.

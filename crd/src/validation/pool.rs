@@ -10,7 +10,7 @@ use super::{FieldError, validate_node_selector};
 use crate::duration;
 use crate::limits::{
     MAX_CIDR_LENGTH, MAX_DURATION_LENGTH, MAX_POOL_BLOCK_BITS, MAX_POOL_CIDRS,
-    MAX_POOL_HEADROOM_BLOCKS, MAX_POOL_RANGES,
+    MAX_POOL_HEADROOM_BLOCKS, MAX_POOL_NAME_LENGTH, MAX_POOL_RANGES,
 };
 use crate::pool::{NodeIPAMPoolSpec, PoolFamilySpec};
 use crate::range::{Family, FamilyRange, RangeError, overlaps, parse_canonical};
@@ -133,6 +133,25 @@ impl ParsedPool {
     pub fn budget_blocks(&self) -> u64 {
         self.budget_ranges().saturating_mul(self.blocks_per_range())
     }
+}
+
+/// Why a pool may not be called `name`, if it may not: each child carries the name as its
+/// `nodeipam.io/pool` label value, so a longer name is admitted by the API server (object names
+/// go to 253 characters) but every carve of it is refused. The webhook refuses it at CREATE
+/// and the controller reports a stored one `Invalid` rather than carving. Not a CEL rule: a
+/// rule on `self.metadata.name` runs on every update too, and would refuse the status write
+/// that tells the owner of a pool stored before the rule why it serves nothing.
+pub fn validate_pool_name(name: &str) -> Option<FieldError> {
+    (name.len() > MAX_POOL_NAME_LENGTH).then(|| {
+        FieldError::invalid(
+            "metadata.name",
+            name,
+            format!(
+                "{} characters: a NodeIPAMPool's name may have at most {MAX_POOL_NAME_LENGTH}, as it is the value of its children's nodeipam.io/pool label",
+                name.len()
+            ),
+        )
+    })
 }
 
 const POOL_HINT: &str = "create a new NodeIPAMPool beside this one and delete this one: its children drain like deleted NodeIPAMConfigs";

@@ -549,3 +549,64 @@ pub async fn namespace(client: &Client, name: &str) {
         Err(e) => panic!("create namespace {name}: {e}"),
     }
 }
+
+/// The admission webhook, in this process, registered by URL for configs and pools (fail
+/// closed), and effective: a dry-run config over the API server's Service range is refused.
+pub async fn with_webhook(cp: &nodeipam_testenv::ControlPlane) -> tokio::task::JoinHandle<()> {
+    use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
+    use nodeipam_webhook::{ManagedTls, TlsMode, VALIDATE_PATH, Webhook, WebhookOptions};
+    const HOOK: &str = "validate.nodeipam.io";
+    let options = WebhookOptions {
+        addr: "127.0.0.1:0".parse().expect("address"),
+        namespace: "default".into(),
+        secret_name: "nodeipam-webhook-tls".into(),
+        webhook_config_name: HOOK.into(),
+        dns_names: vec!["127.0.0.1".into(), "localhost".into()],
+        tls_mode: TlsMode::Managed(ManagedTls {
+            check_interval: std::time::Duration::from_secs(1),
+            ..ManagedTls::default()
+        }),
+        ..WebhookOptions::default()
+    };
+    let webhook = Webhook::bind(cp.client(), options)
+        .await
+        .expect("bind the webhook");
+    let addr = webhook.local_addr().expect("bound address");
+    let readiness = webhook.readiness();
+    let handle = tokio::spawn(async move {
+        let _ = webhook.run(std::future::pending::<()>()).await;
+    });
+    wait_for("the webhook to become ready", || {
+        let r = readiness.clone();
+        async move { r.is_ready().then_some(()) }
+    })
+    .await;
+    let rules = vec![RuleWithOperations {
+        api_groups: Some(vec!["nodeipam.io".into()]),
+        api_versions: Some(vec!["v1alpha1".into()]),
+        operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+        resources: Some(vec!["nodeipamconfigs".into(), "nodeipampools".into()]),
+        scope: Some("Cluster".into()),
+    }];
+    let url = format!("https://{addr}{VALIDATE_PATH}");
+    cp.register_validating_webhook(HOOK, &url, cp.ca_pem().as_bytes(), rules, "Fail")
+        .await
+        .expect("register the webhook");
+    let c = cp.client();
+    wait_for("the API server to call the webhook", || async {
+        let api: Api<NodeIPAMConfig> = Api::all(c.clone());
+        let probe = NodeIPAMConfig::new("probe", spec(family("10.96.0.0/16", 24), None, None));
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        match api.create(&dry, &probe).await {
+            Err(kube::Error::Api(s)) if s.message.contains("overlaps the Service range") => {
+                Some(())
+            }
+            _ => None,
+        }
+    })
+    .await;
+    handle
+}

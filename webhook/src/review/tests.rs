@@ -746,6 +746,41 @@ mod pools {
         assert_eq!(details.causes.len(), 3, "{details:?}");
     }
 
+    /// A name its children's label cannot carry is refused at CREATE; an UPDATE of a pool
+    /// stored with one (before this check) is reviewed on its spec only, as the name cannot
+    /// change.
+    #[test]
+    fn a_pool_name_longer_than_a_label_value_is_denied_at_create() {
+        let fits = pool(&"p".repeat(63), &["10.64.0.0/14"]);
+        let r = review_pool(
+            &pool_request("CREATE", Some(&fits), None),
+            &ClusterView::default(),
+        );
+        assert!(r.allowed, "{r:?}");
+        let long = pool(&"p".repeat(64), &["10.64.0.0/14"]);
+        let r = review_pool(
+            &pool_request("CREATE", Some(&long), None),
+            &ClusterView::default(),
+        );
+        assert_denied(
+            &r,
+            &[
+                "metadata.name: Invalid value",
+                "64 characters",
+                "at most 63",
+            ],
+        );
+        let causes = &r.result.details.as_ref().expect("details").causes;
+        assert_eq!(causes[0].field, "metadata.name");
+        let mut scaled = long.clone();
+        scaled.spec.ranges.max = 4;
+        let r = review_pool(
+            &pool_request("UPDATE", Some(&scaled), Some(&long)),
+            &ClusterView::default(),
+        );
+        assert!(r.allowed, "{r:?}");
+    }
+
     #[test]
     fn overlapping_pools_services_and_hand_made_configs_are_denied() {
         let p = pool("gpu", &["10.64.0.0/14"]);

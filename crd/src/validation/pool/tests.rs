@@ -303,3 +303,21 @@ fn updates_may_append_cidrs_and_change_scaling_only() {
     }
     assert_eq!(paths(&reordered), Vec::<String>::new());
 }
+
+#[test]
+fn a_pool_name_is_at_most_a_label_value_long() {
+    assert_eq!(validate_pool_name(&"p".repeat(63)), None);
+    for len in [64, 253] {
+        let name = "p".repeat(len);
+        let e = validate_pool_name(&name).expect("refused");
+        assert_eq!(e.path, "metadata.name");
+        assert_eq!(e.kind, FieldErrorKind::Invalid);
+        assert!(
+            e.detail.starts_with(&format!("{len} characters")),
+            "{}",
+            e.detail
+        );
+        assert!(e.detail.contains("at most 63"), "{}", e.detail);
+        assert!(e.detail.contains("nodeipam.io/pool label"), "{}", e.detail);
+    }
+}
