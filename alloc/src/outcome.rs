@@ -31,6 +31,9 @@ pub enum WriteOutcome {
     Ambiguous { reason: String, now: NodeNow },
     /// The server throttled the request (429) before doing anything.
     Throttled,
+    /// Refused before it was sent (the term ended or a hand-over began while it waited for
+    /// its turn): it cannot land, whatever time it took.
+    NotSent { reason: String },
 }
 
 /// Whether a mutating request answered with `status` (`None`: no answer at all, as a timeout
@@ -139,7 +142,7 @@ pub fn decide(
         // recreated node of the same name; with it, nothing can land anywhere any more.
         WriteOutcome::Missing if uid.is_none() && was_ambiguous => Decision::Leak,
         WriteOutcome::Missing => Decision::Release,
-        WriteOutcome::Throttled => Decision::Retry,
+        WriteOutcome::Throttled | WriteOutcome::NotSent { .. } => Decision::Retry,
         WriteOutcome::Rejected { now, .. }
         | WriteOutcome::Conflict { now, .. }
         | WriteOutcome::Ambiguous { now, .. } => {
@@ -249,6 +252,14 @@ mod tests {
             (WriteOutcome::Missing, None, true, Decision::Leak),
             (WriteOutcome::Missing, None, false, Decision::Release),
             (WriteOutcome::Throttled, u, false, Decision::Retry),
+            (
+                WriteOutcome::NotSent {
+                    reason: "not sent: this replica's term is over".into(),
+                },
+                u,
+                true,
+                Decision::Retry,
+            ),
             (
                 rej(has(&theirs)),
                 u,

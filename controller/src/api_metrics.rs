@@ -198,6 +198,9 @@ where
         let mut pending = Pending::new(&self.layer, &req);
         let answer = self.inner.call(req);
         Box::pin(async move {
+            // Counted from its first poll, which is when it is sent: a rate limiter outside
+            // this layer polls it only once its token came.
+            pending.started = Some(Instant::now());
             let result = answer.await;
             pending.finish(result.as_ref().ok().map(|r| r.status().as_u16()));
             result
@@ -206,13 +209,14 @@ where
 }
 
 /// A request sent and not yet answered; dropped unanswered (its caller gave up), it counts
-/// as [`NO_RESPONSE`].
+/// as [`NO_RESPONSE`]; dropped before it was sent, not at all.
 struct Pending {
     layer: ApiMetricsLayer,
     method: String,
     verb: String,
     target: Option<Target>,
-    started: Instant,
+    /// When it was sent; `None` until then.
+    started: Option<Instant>,
     done: bool,
 }
 
@@ -230,7 +234,7 @@ impl Pending {
             method: req.method().as_str().to_string(),
             verb: verb(req.method(), query, content_type, target.as_ref()),
             target,
-            started: Instant::now(),
+            started: None,
             done: false,
         }
     }
@@ -252,7 +256,7 @@ impl Pending {
                 verb: self.method.clone(),
                 host,
             })
-            .observe(self.started.elapsed().as_secs_f64());
+            .observe(self.started.map_or(0.0, |t| t.elapsed().as_secs_f64()));
         let (resource, subresource) = self
             .target
             .as_ref()
@@ -271,7 +275,7 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if !self.done {
+        if !self.done && self.started.is_some() {
             self.finish(None);
         }
     }

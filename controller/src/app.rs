@@ -24,6 +24,7 @@ use crate::cli::{CertMode, ClientArgs, RunArgs};
 use crate::health::{self, Inputs};
 use crate::metrics::Metrics;
 use crate::metrics_server::{self, Gate, MetricsCert, ServeError};
+use crate::ratelimit::{Charge, RateLimiter};
 use crate::reconcile::handover::{self, LeaseRef};
 use crate::reconcile::leader::{Election, LeaseOptions, Tuning};
 use crate::reconcile::publisher::{ConfigMapRef, PublishOptions};
@@ -62,11 +63,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let writes = Some(write_timeout(timing.grace));
     let metrics = Arc::new(Metrics::new());
     let api = &metrics.api;
-    let client = crate::client::build_with_deadline(config.clone(), &args.client, writes, api)?;
+    // The allocation loop's budget: its client's reads and every write it sends, each write
+    // charged before its timeout starts (reconcile::Context::write).
+    let budget = crate::client::limiter(&args.client);
+    let client = crate::client::build_with_deadline(
+        config.clone(),
+        (budget.clone(), Charge::Reads),
+        writes,
+        api,
+    )?;
+    let own = || (crate::client::limiter(&args.client), Charge::All);
     let election_client = crate::client::build_with_deadline(
         config.clone(),
-        &args.client,
+        own(),
         Some(crate::reconcile::handover::REQUEST_TIMEOUT),
+        api,
+    )?;
+    // Reviews read on a budget of their own: a flood of them never delays an allocation.
+    let webhook_budget = Arc::new(RateLimiter::new(
+        args.webhook_kube_api_qps,
+        args.webhook_kube_api_burst,
+    ));
+    let webhook_client = crate::client::build_with_deadline(
+        config.clone(),
+        (webhook_budget, Charge::All),
+        writes,
         api,
     )?;
     let server_url = config
@@ -74,7 +95,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .to_string()
         .trim_end_matches('/')
         .to_string();
-    let auth_client = crate::client::build_with_deadline(config, &args.client, writes, api)?;
+    let auth_client = crate::client::build_with_deadline(config, own(), writes, api)?;
     tokio::time::timeout(STARTUP_READ, startup::probe_api_server(&client, &server_url))
         .await
         .unwrap_or_else(|_| {
@@ -122,7 +143,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             pod_network_supernets: supernets.clone(),
             on_admission: Some(Arc::new(move |result| observer_metrics.admission(result))),
         };
-        let webhook = Webhook::bind(client.clone(), opts)
+        let webhook = Webhook::bind(webhook_client, opts)
             .await
             .context("starting the webhook")?;
         let readiness = webhook.readiness();
@@ -234,9 +255,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             session: session.clone(),
             term: Duration::from_secs(timing.duration),
         }),
-        // The client limits every request (--kube-api-qps); the writer adds no second limit.
-        qps: 0.0,
-        burst: args.client.kube_api_burst,
         fault: fault.clone(),
         publish: PublishOptions {
             pod_network: (!args.pod_network_configmap.is_empty()).then(|| ConfigMapRef {
@@ -249,7 +267,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         ..Options::default()
     };
-    let ctx = Arc::new(Context::new(client.clone(), options, metrics.clone()));
+    let ctx = Arc::new(Context::with_limiter(
+        client.clone(),
+        budget,
+        options,
+        metrics.clone(),
+    ));
     let (settled_tx, mut settled_rx) = watch::channel(None);
 
     let lease = if let Some((progress, _)) = election_progress {

@@ -233,6 +233,14 @@ pub struct RunArgs {
     /// Extra names (DNS or IP) for the webhook certificate.
     #[arg(long, env = "NODEIPAM_WEBHOOK_DNS_NAMES", value_delimiter = ',')]
     pub webhook_dns_names: Vec<String>,
+    /// Sustained requests per second the webhook's reviews may send to the API server, a
+    /// budget apart from --kube-api-qps so that a flood of reviews never delays an
+    /// allocation; 0 means unlimited.
+    #[arg(long, env = "NODEIPAM_WEBHOOK_KUBE_API_QPS", default_value_t = 20.0)]
+    pub webhook_kube_api_qps: f64,
+    /// Requests the webhook may send in a burst above --webhook-kube-api-qps.
+    #[arg(long, env = "NODEIPAM_WEBHOOK_KUBE_API_BURST", default_value_t = 40)]
+    pub webhook_kube_api_burst: u32,
     /// Secret holding the managed webhook certificate.
     #[arg(long, env = "NODEIPAM_WEBHOOK_SECRET", default_value = nodeipam_webhook::DEFAULT_SECRET_NAME)]
     pub webhook_secret: String,

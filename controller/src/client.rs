@@ -16,7 +16,7 @@ use tower::util::MapRequestLayer;
 
 use crate::api_metrics::{ApiMetrics, ApiMetricsLayer};
 use crate::cli::ClientArgs;
-use crate::ratelimit::{RateLimitLayer, RateLimiter};
+use crate::ratelimit::{Charge, RateLimitLayer, RateLimiter};
 
 /// kubectl's flags as the controller's own commands take them: a kubeconfig and a context.
 pub fn overrides(args: &ClientArgs) -> crate::kubeconfig::Overrides {
@@ -88,9 +88,14 @@ fn own_part(message: &str, cause: Option<String>) -> String {
 /// A one-shot command (`nodeipam ranges`) keeps kube's own retries of 429/503/504: it sends a
 /// few reads, and an API server that is starting answers 429 for a moment.
 pub fn build(config: kube::Config, args: &ClientArgs) -> anyhow::Result<Client> {
-    let limiter = Arc::new(RateLimiter::new(args.kube_api_qps, args.kube_api_burst));
     let builder = ClientBuilder::try_from(config).context("building the Kubernetes client")?;
-    Ok(builder.with_layer(&RateLimitLayer::new(limiter)).build())
+    let limit = RateLimitLayer::new(limiter(args), Charge::All);
+    Ok(builder.with_layer(&limit).build())
+}
+
+/// A budget of `--kube-api-qps` and `--kube-api-burst`.
+pub fn limiter(args: &ClientArgs) -> Arc<RateLimiter> {
+    Arc::new(RateLimiter::new(args.kube_api_qps, args.kube_api_burst))
 }
 
 /// The controller's client: [`build`] without kube's retries (see above), and every mutating
@@ -98,19 +103,20 @@ pub fn build(config: kube::Config, args: &ClientArgs) -> anyhow::Result<Client> 
 /// that the server stops working on a write about when we stop waiting for it (see
 /// docs/single-writer.md). Every request is recorded in `api` once the rate limiter let it
 /// go, so its latency is the API server's and the network's, as client-go measures it.
+/// The requests `charge` names take a token from `limiter`; the others are charged by their
+/// sender.
 pub fn build_with_deadline(
     mut config: kube::Config,
-    args: &ClientArgs,
+    (limiter, charge): (Arc<RateLimiter>, Charge),
     deadline: Option<Duration>,
     api: &ApiMetrics,
 ) -> anyhow::Result<Client> {
     config.default_retry = false;
     let host = host_label(&config.cluster_url);
-    let limiter = Arc::new(RateLimiter::new(args.kube_api_qps, args.kube_api_burst));
     let builder = ClientBuilder::try_from(config).context("building the Kubernetes client")?;
     let builder = builder
         .with_layer(&ApiMetricsLayer::new(api.clone(), &host))
-        .with_layer(&RateLimitLayer::new(limiter));
+        .with_layer(&RateLimitLayer::new(limiter, charge));
     Ok(builder
         .with_layer(&MapRequestLayer::new(move |req| {
             with_deadline(req, deadline)

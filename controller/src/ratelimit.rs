@@ -64,16 +64,38 @@ impl RateLimiter {
     }
 }
 
-/// Puts a service behind a [`RateLimiter`]: a request is sent only once it holds a token. A
-/// watch takes one token when it starts, as in client-go.
+/// Which requests a [`RateLimitLayer`] takes a token for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Charge {
+    /// Every request.
+    All,
+    /// Reads only (GET and HEAD: gets, lists, watches). The client's mutating requests take
+    /// their token from the same limiter before their sender starts their timeout
+    /// (`reconcile::Context::write`): a write still waiting for a token was never sent, so
+    /// no timeout may call it in doubt.
+    Reads,
+}
+
+impl Charge {
+    fn charges(self, method: &http::Method) -> bool {
+        match self {
+            Charge::All => true,
+            Charge::Reads => matches!(*method, http::Method::GET | http::Method::HEAD),
+        }
+    }
+}
+
+/// Puts a service behind a [`RateLimiter`]: a request it [`Charge`]s is sent only once it
+/// holds a token. A watch takes one token when it starts, as in client-go.
 #[derive(Clone, Debug)]
 pub struct RateLimitLayer {
     limiter: Arc<RateLimiter>,
+    charge: Charge,
 }
 
 impl RateLimitLayer {
-    pub fn new(limiter: Arc<RateLimiter>) -> Self {
-        RateLimitLayer { limiter }
+    pub fn new(limiter: Arc<RateLimiter>, charge: Charge) -> Self {
+        RateLimitLayer { limiter, charge }
     }
 }
 
@@ -83,50 +105,48 @@ impl<S> tower::Layer<S> for RateLimitLayer {
         RateLimited {
             inner,
             limiter: self.limiter.clone(),
-            waiting: None,
-            permit: false,
+            charge: self.charge,
         }
     }
 }
 
-type Wait = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-/// The service of [`RateLimitLayer`]. Readiness waits for a token, so callers queue in the
-/// client's buffer in front of it, in order.
+/// The service of [`RateLimitLayer`]. A charged request waits for its token in its own
+/// answer, before the inner service's answer is first polled (which is when it is sent):
+/// the limiter's debt serves waiters in the order they asked.
+#[derive(Clone, Debug)]
 pub struct RateLimited<S> {
     inner: S,
     limiter: Arc<RateLimiter>,
-    waiting: Option<Wait>,
-    /// A token taken and not yet spent on a call.
-    permit: bool,
+    charge: Charge,
 }
 
-impl<S, R> tower::Service<R> for RateLimited<S>
+type Answer<R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send>>;
+
+impl<S, B> tower::Service<http::Request<B>> for RateLimited<S>
 where
-    S: tower::Service<R>,
+    S: tower::Service<http::Request<B>>,
+    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Answer<S::Response, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if !self.permit {
-            let limiter = self.limiter.clone();
-            let waiting = self
-                .waiting
-                .get_or_insert_with(|| Box::pin(async move { limiter.acquire().await }));
-            if waiting.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            self.waiting = None;
-            self.permit = true;
-        }
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: R) -> Self::Future {
-        self.permit = false;
-        self.inner.call(req)
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let limiter = self
+            .charge
+            .charges(req.method())
+            .then(|| self.limiter.clone());
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            if let Some(limiter) = limiter {
+                limiter.acquire().await;
+            }
+            answer.await
+        })
     }
 }
 
@@ -138,11 +158,14 @@ mod tests {
     async fn the_layer_spaces_requests_out() {
         use tower::{Layer, Service, ServiceExt};
         let limiter = Arc::new(RateLimiter::new(10.0, 2));
-        let mut svc = RateLimitLayer::new(limiter)
-            .layer(tower::service_fn(|x: u32| async move { Ok::<_, ()>(x) }));
+        let mut svc = RateLimitLayer::new(limiter, Charge::All).layer(tower::service_fn(
+            |r: http::Request<()>| async move { Ok::<_, ()>(r.method().clone()) },
+        ));
         let start = Instant::now();
-        for i in 0..12 {
-            assert_eq!(svc.ready().await.expect("ready").call(i).await, Ok(i));
+        for _ in 0..12 {
+            let get = http::Request::new(());
+            let answer = svc.ready().await.expect("ready").call(get).await;
+            assert_eq!(answer, Ok(http::Method::GET));
         }
         // Two at once, then ten at 10/s: about a second of (paused, virtual) time.
         let t = start.elapsed();
@@ -150,6 +173,46 @@ mod tests {
             t >= Duration::from_millis(950) && t <= Duration::from_millis(1100),
             "{t:?}"
         );
+    }
+
+    /// Charging reads only, a write never waits in the layer (its sender took its token), and
+    /// a read waits behind the debt the writes' tokens left.
+    #[tokio::test(start_paused = true)]
+    async fn charging_reads_lets_writes_through_and_reads_pay_for_them() {
+        use tower::{Layer, Service, ServiceExt};
+        let limiter = Arc::new(RateLimiter::new(10.0, 1));
+        let mut svc = RateLimitLayer::new(limiter.clone(), Charge::Reads).layer(tower::service_fn(
+            |r: http::Request<()>| async move { Ok::<_, ()>(r.method().clone()) },
+        ));
+        let start = Instant::now();
+        for _ in 0..10 {
+            let patch = http::Request::builder()
+                .method(http::Method::PATCH)
+                .body(())
+                .expect("request");
+            svc.ready()
+                .await
+                .expect("ready")
+                .call(patch)
+                .await
+                .expect("answer");
+        }
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "writes are not charged here"
+        );
+        for _ in 0..10 {
+            limiter.acquire().await;
+        }
+        let waited = start.elapsed();
+        svc.ready()
+            .await
+            .expect("ready")
+            .call(http::Request::new(()))
+            .await
+            .expect("answer");
+        assert!(start.elapsed() > waited, "the read waited for its token");
     }
 
     #[tokio::test(start_paused = true)]

@@ -925,6 +925,66 @@ async fn kube_api_qps_limits_every_request() {
     cp.stop().await;
 }
 
+/// A podCIDR write that waits for its token in the client's rate limiter has not been sent,
+/// so it is never called ambiguous however long it waits: its timeout (4.5 s here) starts
+/// when it goes. With 2 requests a second and 24 nodes at once, the last writes wait about
+/// 10 s for their turn; before, each past the timeout was "no answer within 4.5s", counted
+/// as an error, re-read and written again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waiting_for_its_token_is_never_ambiguous() {
+    const NODES: usize = 24;
+    let cp = control_plane().await;
+    let client = cp.client();
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    let kubeconfig = support::process::sa_kubeconfig(&cp, dir.path(), "slow-0");
+    let replica = Replica::start_plain(
+        dir.path(),
+        &kubeconfig,
+        "slow-0",
+        &[
+            "--leader-elect=false",
+            "--kube-api-qps=2",
+            "--kube-api-burst=1",
+            "--write-concurrency=32",
+        ],
+    )
+    .await;
+    create_ready_config(
+        &client,
+        "slow",
+        spec(family("10.124.0.0/16", 24), None, None),
+    )
+    .await;
+    let names: Vec<String> = (0..NODES).map(|i| format!("queued-{i:02}")).collect();
+    for name in &names {
+        create_node(&client, name, &[]).await;
+    }
+    let mut blocks = Vec::new();
+    for name in &names {
+        blocks.extend(wait_cidrs(&client, name).await);
+    }
+    blocks.sort();
+    blocks.dedup();
+    assert_eq!(blocks.len(), NODES, "one block each: {blocks:?}");
+    let log = replica.log_text();
+    assert!(
+        !log.contains("Ambiguous") && !log.contains("no answer within"),
+        "a write that only waited for its token was called in doubt:\n{}",
+        replica.log_tail()
+    );
+    assert_eq!(
+        replica
+            .gauge("nodeipam_reconcile_errors_total", &[("kind", "node_write")])
+            .await,
+        None,
+        "no podCIDR write failed"
+    );
+    assert_invariant(&client, &[]).await;
+    drop(replica);
+    cp.stop().await;
+}
+
 /// `hack/control-plane.sh build` needs no Go when the binaries of the current inputs are
 /// cached, and says so when they are not (run against a scratch folder, never the real
 /// cache).

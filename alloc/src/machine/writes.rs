@@ -106,7 +106,8 @@ impl Writes {
         let why = match outcome {
             WriteOutcome::Rejected { reason, .. }
             | WriteOutcome::Conflict { reason, .. }
-            | WriteOutcome::Ambiguous { reason, .. } => reason.clone(),
+            | WriteOutcome::Ambiguous { reason, .. }
+            | WriteOutcome::NotSent { reason } => reason.clone(),
             other => format!("{other:?}"),
         };
         if let Some((source, range)) = job

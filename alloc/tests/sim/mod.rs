@@ -46,6 +46,8 @@ pub enum WriteFault {
     Throttled,
     /// As `LostUnanswered`, and the GET after it failed too.
     LostUnreadable,
+    /// Refused before it was sent (the term over, a hand-over begun): it never lands.
+    NotSent,
     /// Stuck in the API server: unanswered, not landed yet (the GET shows the node as it was),
     /// and it may land at any later step (`Action::LandLate`) until the takeover delay of a new
     /// leader is over.
@@ -1151,6 +1153,9 @@ impl Sim {
                 now: reread(&self.world),
             },
             (WriteFault::Throttled, _) => WriteOutcome::Throttled,
+            (WriteFault::NotSent, _) => WriteOutcome::NotSent {
+                reason: "not sent: this replica's term is over".into(),
+            },
             (WriteFault::LostUnreadable, _) => WriteOutcome::Ambiguous {
                 reason: "connection reset".into(),
                 now: NodeNow::Unknown("GET timed out".into()),
@@ -2572,6 +2577,7 @@ pub fn generate(seed: u64, steps: usize) -> (Setup, Vec<Action>) {
                     4 => WriteFault::Throttled,
                     5 => WriteFault::LostUnreadable,
                     6 => WriteFault::LandsLate,
+                    7 => WriteFault::NotSent,
                     _ => WriteFault::None,
                 },
             },

@@ -64,7 +64,6 @@ pub async fn run(
 
 async fn execute(ctx: &Context, job: &ConfigJob) -> Result<(), kube::Error> {
     let api: Api<NodeIPAMConfig> = Api::all(ctx.client.clone());
-    ctx.limiter.acquire().await;
     let result = match job {
         ConfigJob::Status { name, uid, status } => {
             write_status(ctx, &api, name, uid.as_deref(), status)

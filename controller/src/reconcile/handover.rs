@@ -78,7 +78,7 @@ pub struct LeaseRef {
 /// Whether a request's outcome is final: it can no longer land later (the one rule,
 /// [`nodeipam_alloc::outcome::may_still_land`], that the writers use too).
 pub fn definite<T>(result: &Result<T, kube::Error>) -> bool {
-    !may_still_land(answer(result))
+    matches!(result, Err(e) if super::NotSent::is(e)) || !may_still_land(answer(result))
 }
 
 /// The HTTP status a request was answered with: `Some(200)` for success, `None` without an
@@ -320,9 +320,7 @@ impl InFlight {
         request: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
         let Some(ticket) = self.start() else {
-            return Err(kube::Error::Service(
-                "not sent: the leader is handing over".into(),
-            ));
+            return Err(super::NotSent::error("the leader is handing over"));
         };
         let result = request.await;
         ticket.finish(definite(&result));

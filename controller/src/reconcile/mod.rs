@@ -161,7 +161,11 @@ pub struct Context {
     pub client: Client,
     pub options: Options,
     pub metrics: Arc<Metrics>,
-    pub limiter: RateLimiter,
+    /// The budget every [`Context::write`] takes a token from before its timeout starts (a
+    /// write still waiting for a token was never sent, so it cannot be in doubt). In the
+    /// binary, `client`'s reads take theirs from it too, and its writes none of their own
+    /// (`ratelimit::Charge::Reads`).
+    pub limiter: Arc<RateLimiter>,
     /// The current session's writes, for a settled hand-over.
     pub in_flight: handover::InFlight,
     /// The resourceVersions earlier terms of this process saw, for the next term's machine
@@ -170,8 +174,19 @@ pub struct Context {
 }
 
 impl Context {
+    /// Writes limited to `options.qps` (reads only by whatever limits `client`).
     pub fn new(client: Client, options: Options, metrics: Arc<Metrics>) -> Self {
-        let limiter = RateLimiter::new(options.qps, options.burst);
+        let limiter = Arc::new(RateLimiter::new(options.qps, options.burst));
+        Self::with_limiter(client, limiter, options, metrics)
+    }
+
+    /// Writes take their tokens from `limiter`, the one `client` charges its reads to.
+    pub fn with_limiter(
+        client: Client,
+        limiter: Arc<RateLimiter>,
+        options: Options,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Context {
             client,
             options,
@@ -192,16 +207,18 @@ impl Context {
     /// last counted it, checked here, after everything the request is conditioned on was
     /// read: a task that woke late (a process frozen past its term, an election loop that
     /// hangs) cannot condition a write on what its successor wrote.
+    ///
+    /// The token comes first: the term is checked when the write is about to go, and its
+    /// timeout counts from there. A write refused before it went is [`NotSent`].
     pub async fn write<T>(
         &self,
         request: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
+        self.limiter.acquire().await;
         if let Some(lease) = &self.options.lease
             && !lease.session.within_term(std::time::Instant::now())
         {
-            return Err(kube::Error::Service(
-                "not sent: this replica's term is over".into(),
-            ));
+            return Err(NotSent::error("this replica's term is over"));
         }
         self.in_flight
             .send(bounded(self.options.write_timeout, request))
@@ -214,6 +231,29 @@ impl Context {
         request: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
         bounded(self.options.write_timeout, request).await
+    }
+}
+
+/// A write refused before it was sent: it cannot land, so it is never in doubt.
+#[derive(Debug)]
+pub struct NotSent(pub &'static str);
+
+impl std::fmt::Display for NotSent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "not sent: {}", self.0)
+    }
+}
+
+impl std::error::Error for NotSent {}
+
+impl NotSent {
+    pub fn error(why: &'static str) -> kube::Error {
+        kube::Error::Service(Box::new(NotSent(why)))
+    }
+
+    /// Whether `e` is a write refused before it was sent.
+    pub fn is(e: &kube::Error) -> bool {
+        matches!(e, kube::Error::Service(inner) if inner.is::<NotSent>())
     }
 }
 

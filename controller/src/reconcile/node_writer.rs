@@ -125,12 +125,17 @@ async fn write(ctx: &Context, job: &WriteJob) -> WriteOutcome {
         field_manager: Some(MANAGER.into()),
         ..PatchParams::default()
     };
-    ctx.limiter.acquire().await;
     let sent = ctx
         .write(api.patch(&job.node, &params, &Patch::Json::<()>(patch)))
         .await;
     let node = match sent {
         Ok(node) => node,
+        // Refused before it went: it cannot land, so it is retried, never leaked.
+        Err(e) if super::NotSent::is(&e) => {
+            return WriteOutcome::NotSent {
+                reason: e.to_string(),
+            };
+        }
         Err(e) => {
             let reason = match &e {
                 kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
@@ -181,7 +186,6 @@ async fn failed(
 /// A fresh GET, so that the decision never rests on a watch event that may lag.
 pub async fn reread(ctx: &Context, name: &str) -> NodeNow {
     let api: Api<IpamNode> = Api::all(ctx.client.clone());
-    ctx.limiter.acquire().await;
     match ctx.read(api.get_opt(name)).await {
         Ok(Some(node)) => match node.cidrs() {
             Ok(c) if c.is_empty() => NodeNow::Empty {

@@ -115,7 +115,6 @@ pub async fn run(
 
 async fn create(ctx: &Context, child: &ChildConfig) -> CreateOutcome {
     let api: Api<NodeIPAMConfig> = Api::all(ctx.client.clone());
-    ctx.limiter.acquire().await;
     let params = PostParams {
         field_manager: Some(MANAGER.into()),
         ..PostParams::default()
@@ -155,7 +154,6 @@ async fn enable(ctx: &Context, child: &EnableChild) -> EnableOutcome {
         field_manager: Some(MANAGER.into()),
         ..PatchParams::default()
     };
-    ctx.limiter.acquire().await;
     match ctx
         .write(api.patch(&child.name, &params, &Patch::Json::<()>(patch)))
         .await
@@ -186,7 +184,6 @@ async fn delete(
     only_awaiting: bool,
 ) -> DeleteOutcome {
     let api: Api<NodeIPAMConfig> = Api::all(ctx.client.clone());
-    ctx.limiter.acquire().await;
     let read = match ctx.read(api.get_opt(name)).await {
         Ok(Some(child)) if uid.is_none_or(|uid| child.metadata.uid.as_deref() == Some(uid)) => {
             child
@@ -205,7 +202,6 @@ async fn delete(
         }),
         ..DeleteParams::default()
     };
-    ctx.limiter.acquire().await;
     match ctx.write(api.delete(name, &params)).await {
         Ok(_) => {
             info!(config = %name, "deleted an empty child NodeIPAMConfig");
@@ -233,7 +229,6 @@ async fn write_status(
     status: &NodeIPAMPoolStatus,
 ) -> Result<(), KubeError> {
     let api: Api<NodeIPAMPool> = Api::all(ctx.client.clone());
-    ctx.limiter.acquire().await;
     let mut ops = Vec::new();
     if let Some(uid) = uid {
         ops.push(json!({ "op": "test", "path": "/metadata/uid", "value": uid }));

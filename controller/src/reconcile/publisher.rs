@@ -166,7 +166,6 @@ async fn write_objects(
         body["metadata"]["annotations"][PUBLISHED_BY] = json!(by);
     }
     for (name, body) in &wanted {
-        ctx.limiter.acquire().await;
         let existing = ctx
             .read(api.get_opt(name))
             .await
@@ -187,17 +186,15 @@ async fn write_objects(
         match send {
             Send::Skip => continue,
             Send::Create => create(ctx, &api, name, body).await?,
-            Send::At { resource_version } => {
-                ctx.limiter.acquire().await;
-                ctx.write(api.patch(
+            Send::At { resource_version } => ctx
+                .write(api.patch(
                     name,
                     &PatchParams::apply(MANAGER).force(),
                     &Patch::Apply(with_version(body, resource_version)),
                 ))
                 .await
                 .map(drop)
-                .map_err(|e| format!("writing {name}: {e}"))?
-            }
+                .map_err(|e| format!("writing {name}: {e}"))?,
         }
     }
     if output.name.is_some() {
@@ -228,7 +225,6 @@ async fn create(
         field_manager: Some(MANAGER.into()),
         ..PostParams::default()
     };
-    ctx.limiter.acquire().await;
     match ctx.write(api.create(&params, &object)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Err(format!(
@@ -246,7 +242,6 @@ async fn remove_stale(
     wanted: &[(String, serde_json::Value)],
 ) -> Result<(), String> {
     let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
-    ctx.limiter.acquire().await;
     let listed = ctx
         .read(api.list_metadata(&ListParams::default().labels(&selector)))
         .await
@@ -274,7 +269,6 @@ async fn remove_stale(
             }),
             ..DeleteParams::default()
         };
-        ctx.limiter.acquire().await;
         match ctx.write(api.delete(&name, &params)).await {
             Ok(_) => info!(output = %output, name, "removed: its range left the pod network"),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -288,7 +282,6 @@ async fn remove_stale(
 /// precondition of the write that follows).
 async fn read_configmap(ctx: &Context, target: &ConfigMapRef) -> Result<Option<ConfigMap>, String> {
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &target.namespace);
-    ctx.limiter.acquire().await;
     ctx.read(api.get_opt(&target.name))
         .await
         .map_err(|e| format!("reading {target}: {e}"))
@@ -317,7 +310,6 @@ async fn apply_data(
     let written = match send {
         Send::Skip => return Ok(()),
         Send::At { resource_version } => {
-            ctx.limiter.acquire().await;
             ctx.write(api.patch(
                 &target.name,
                 &PatchParams::apply(MANAGER).force(),
@@ -328,7 +320,6 @@ async fn apply_data(
         Send::Create => {
             let cm: ConfigMap =
                 serde_json::from_value(body).map_err(|e| format!("writing {target}: {e}"))?;
-            ctx.limiter.acquire().await;
             ctx.write(api.create(&PostParams::default(), &cm)).await
         }
     };

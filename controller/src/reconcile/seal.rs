@@ -94,7 +94,6 @@ async fn targets(ctx: &Context) -> Result<Vec<(String, Option<String>)>, kube::E
     let mut targets = Vec::new();
     let mut params = ListParams::default().limit(PAGE);
     loop {
-        ctx.limiter.acquire().await;
         let page = ctx.read(api.list(&params)).await?;
         targets.extend(seal::targets(&page.items));
         match page.metadata.continue_ {
