@@ -24,7 +24,7 @@ use rustix::process::Signal;
 use serde_json::{Value, json};
 use support::process::{
     NAMESPACE, Replica, SA_GROUPS, SA_USER, config_path, free_port, install_rbac, kubectl_ok,
-    metric, nodeipam_bin, sa_kubeconfig,
+    metric, nodeipam_bin, register_webhook_by_url, sa_kubeconfig,
 };
 use support::*;
 
@@ -87,32 +87,6 @@ async fn wait_holder(client: &Client, want: &str) {
         (lease_holder(client).await.as_deref() == Some(want)).then_some(())
     })
     .await;
-}
-
-/// Creates the webhook configuration of `config/webhook`, reaching the replica by URL instead
-/// of the in-cluster Service (rules, failure policy and the rest as in the manifest).
-async fn register_webhook_by_url(client: &Client, webhook_port: u16) {
-    let text = std::fs::read_to_string(config_path("webhook/manifests.yaml"))
-        .expect("read config/webhook/manifests.yaml");
-    let mut vwc: ValidatingWebhookConfiguration =
-        serde_saphyr::from_str(&text).expect("config/webhook/manifests.yaml parses");
-    for hook in vwc.webhooks.iter_mut().flatten() {
-        let path = hook
-            .client_config
-            .service
-            .take()
-            .and_then(|s| s.path)
-            .expect("the manifest names the webhook path");
-        hook.client_config.url = Some(format!("https://127.0.0.1:{webhook_port}{path}"));
-        assert!(
-            hook.client_config.ca_bundle.is_none(),
-            "caBundle is patched at runtime"
-        );
-    }
-    Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &vwc)
-        .await
-        .expect("create the webhook configuration");
 }
 
 fn dual_stack(v4: &str, v6: &str) -> nodeipam_crd::NodeIPAMConfigSpec {

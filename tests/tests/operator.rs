@@ -985,6 +985,132 @@ async fn a_write_waiting_for_its_token_is_never_ambiguous() {
     cp.stop().await;
 }
 
+/// The peak resident memory (VmHWM) of process `pid`, in MiB.
+fn peak_rss_mib(pid: rustix::process::Pid) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero()))
+        .expect("read /proc/<pid>/status");
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/<pid>/status");
+    kib / 1024.0
+}
+
+/// One hostile POST to the webhook at `port`: `declared` bytes announced, `sent` of them sent
+/// (a body of `[0,0,…` when `json`, else zeros), then the connection held for `hold`.
+async fn hostile_review(port: u16, declared: usize, sent: usize, json: bool, hold: Duration) {
+    use tokio::io::AsyncWriteExt;
+    let Ok(mut tls) = scrape::tls_connect(&format!("127.0.0.1:{port}")).await else {
+        return;
+    };
+    let head = format!(
+        "POST /validate-nodeipamconfig HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
+    );
+    if tls.write_all(head.as_bytes()).await.is_err() {
+        return;
+    }
+    let chunk: Vec<u8> = if json {
+        std::iter::once(b'[')
+            .chain(b"0,".iter().copied().cycle().take(64 * 1024 - 1))
+            .collect()
+    } else {
+        vec![0; 64 * 1024]
+    };
+    let mut left = sent;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        if tls.write_all(&chunk[..n]).await.is_err() {
+            return;
+        }
+        left -= n;
+    }
+    tokio::time::sleep(hold).await;
+}
+
+/// A flood of hostile reviews from anyone who can reach the webhook's port (it serves every
+/// replica, the leader's included) costs bounded memory and never stops allocation: 96
+/// connections announcing 8 MiB bodies and sending all but the last byte (refused unread:
+/// over the 1 MiB limit), 96 sending 1 MiB minus a byte and holding (read 8 at a time, each
+/// answered 408 after 5 s), and 32 complete 1 MiB bodies of `[0,0,…` (parsed one at a time).
+/// Before the limits, the first wave alone took the process from 25 to about 800 MiB. Peak
+/// RSS stays under 128 MiB, nodes created during the flood get their podCIDRs, and the API
+/// server's own reviews are answered after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_hostile_reviews_costs_bounded_memory_and_never_stops_allocation() {
+    const MIB: usize = 1024 * 1024;
+    let cp = control_plane().await;
+    let client = cp.client();
+    let dir = tempfile::tempdir().expect("temp dir");
+    install_rbac(&cp).await;
+    let kubeconfig = support::process::sa_kubeconfig(&cp, dir.path(), "flooded-0");
+    let replica = Replica::start_plain(
+        dir.path(),
+        &kubeconfig,
+        "flooded-0",
+        &["--leader-elect=false"],
+    )
+    .await;
+    support::process::register_webhook_by_url(&client, replica.webhook_port).await;
+    create_ready_config(
+        &client,
+        "flooded",
+        spec(family("10.124.0.0/16", 24), None, None),
+    )
+    .await;
+    let pid = replica.pid().expect("the replica's pid");
+    let before = peak_rss_mib(pid);
+    let port = replica.webhook_port;
+    let hold = Duration::from_secs(8);
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..96 {
+        flood.spawn(hostile_review(port, 8 * MIB, 8 * MIB - 1, false, hold));
+        flood.spawn(hostile_review(port, MIB, MIB - 1, false, hold));
+    }
+    for _ in 0..32 {
+        flood.spawn(hostile_review(port, MIB, MIB, true, hold));
+    }
+    // Allocation goes on meanwhile.
+    for i in 0..8 {
+        create_node(&client, &format!("during-{i}"), &[]).await;
+    }
+    for i in 0..8 {
+        wait_cidrs(&client, &format!("during-{i}")).await;
+    }
+    while flood.join_next().await.is_some() {}
+    let peak = peak_rss_mib(pid);
+    assert!(
+        peak < 128.0,
+        "peak RSS {peak:.0} MiB (from {before:.0} MiB before the flood) under hostile reviews"
+    );
+    // The API server's reviews are answered again: a config over the Service range is refused
+    // by the webhook.
+    wait_for(
+        "the webhook to answer the API server after the flood",
+        || async {
+            let probe = NodeIPAMConfig::new("probe", spec(family("10.96.0.0/16", 24), None, None));
+            let dry = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            match Api::<NodeIPAMConfig>::all(client.clone())
+                .create(&dry, &probe)
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.message.contains("overlaps the Service range") => {
+                    Some(())
+                }
+                _ => None,
+            }
+        },
+    )
+    .await;
+    eprintln!("peak RSS under the flood: {peak:.1} MiB (before: {before:.1} MiB)");
+    assert_invariant(&client, &[]).await;
+    drop(replica);
+    cp.stop().await;
+}
+
 /// `hack/control-plane.sh build` needs no Go when the binaries of the current inputs are
 /// cached, and says so when they are not (run against a scratch folder, never the real
 /// cache).

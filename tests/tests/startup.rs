@@ -278,7 +278,7 @@ async fn a_range_outside_flannels_network_is_warned() {
     assert!(!log.contains(NO_SERVICE_RANGE), "{log}");
 
     // The webhook of the same process knows flannel's Network too.
-    register_webhook_by_url(&client, r.webhook_port).await;
+    support::process::register_webhook_by_url(&client, r.webhook_port).await;
     wait_for("the API server to call the webhook", || async {
         let probe = NodeIPAMConfig::new("probe", spec(family("10.96.0.0/16", 24), None, None));
         let dry = PostParams {
@@ -387,25 +387,6 @@ async fn a_refused_read_of_flannels_network_is_warned() {
     assert!(!log.contains("flannel's pod network read"), "{log}");
     drop(refused);
     cp.stop().await;
-}
-
-/// Creates the webhook configuration of `config/webhook`, reaching the replica by URL (as
-/// deploy.rs does; its caBundle is patched by the replica's managed TLS).
-async fn register_webhook_by_url(client: &kube::Client, port: u16) {
-    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-    let text = std::fs::read_to_string(support::process::config_path("webhook/manifests.yaml"))
-        .expect("read config/webhook/manifests.yaml");
-    let mut vwc: ValidatingWebhookConfiguration =
-        serde_saphyr::from_str(&text).expect("config/webhook/manifests.yaml parses");
-    for hook in vwc.webhooks.iter_mut().flatten() {
-        let path = hook.client_config.service.take().and_then(|s| s.path);
-        let path = path.expect("the manifest names the webhook path");
-        hook.client_config.url = Some(format!("https://127.0.0.1:{port}{path}"));
-    }
-    Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &vwc)
-        .await
-        .expect("create the webhook configuration");
 }
 
 /// --cert-mode=files before its certificate is mounted: the log names the missing file and

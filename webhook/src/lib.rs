@@ -376,12 +376,12 @@ impl Webhook {
             listed.clone(),
             &mut tasks,
         );
-        let state = server::AppState {
+        let state = server::AppState::new(
             cluster,
             nodes,
-            readiness: Readiness { listed, resolver },
-            on_admission: opts.on_admission.clone(),
-        };
+            Readiness { listed, resolver },
+            opts.on_admission.clone(),
+        );
         let app = server::router(state);
         let server = tokio::spawn(server::serve_tls(listener, acceptor, app, stop_rx));
 

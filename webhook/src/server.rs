@@ -19,7 +19,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use nodeipam_crd::{NodeIPAMConfig, NodeIPAMPool};
 use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
@@ -32,8 +32,21 @@ use crate::{AdmissionObserver, Readiness};
 /// chooses the review).
 pub const VALIDATE_PATH: &str = "/validate-nodeipamconfig";
 
-/// An AdmissionReview may carry two objects of up to ~1.5 MiB each.
-const BODY_LIMIT: usize = 8 * 1024 * 1024;
+/// The largest review body read. A review of a NodeIPAMConfig or NodeIPAMPool (object and
+/// oldObject) is a few KiB; this leaves room for metadata hundreds of times that, and keeps
+/// what a flood can make us hold small. A larger body is answered 413 unread, and the API
+/// server refuses the write (the webhook fails closed).
+pub const BODY_LIMIT: usize = 1024 * 1024;
+/// Reviews read and decided at once. Each holds its body (at most [`BODY_LIMIT`]) until it is
+/// answered; the others wait before their body is read, at most [`QUEUE_TIMEOUT`].
+pub const MAX_REVIEWS: usize = 8;
+/// How long a review waits for its turn before it is answered 503.
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A body not read in full by then is answered 408: a client that trickles its body holds a
+/// review's turn no longer than this.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections open at once (TLS and HTTP buffers each); more wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 256;
 /// A client that has not finished its TLS handshake by then is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long in-flight requests get to finish at shutdown.
@@ -158,9 +171,10 @@ pub(crate) enum Typed {
     Pool(AdmissionRequest<NodeIPAMPool>),
 }
 
-/// The object of `dynamic` (the `object` or `oldObject` named `which`) as a `K` of `kind`.
+/// The object `o` (the `object` or `oldObject` named `which`) as a `K` of `kind`. Taken, not
+/// copied: a review holds one copy of a (possibly large) object at a time.
 fn convert<K: DeserializeOwned + kube::Resource>(
-    o: &Option<DynamicObject>,
+    o: Option<DynamicObject>,
     which: &str,
     kind: &str,
 ) -> Result<Option<K>, String> {
@@ -173,37 +187,37 @@ fn convert<K: DeserializeOwned + kube::Resource>(
             t.api_version, t.kind
         ));
     }
-    o.clone()
-        .try_parse::<K>()
+    o.try_parse::<K>()
         .map(Some)
         .map_err(|e| format!("{which} is not a valid {kind}: {e}"))
 }
 
 /// `dynamic` with its objects as `K`s, or the `invalid` reply that says why they are not.
 fn typed<K: DeserializeOwned + kube::Resource>(
-    dynamic: &AdmissionRequest<DynamicObject>,
+    mut dynamic: AdmissionRequest<DynamicObject>,
     kind: &str,
 ) -> Result<AdmissionRequest<K>, Box<Reply>> {
-    let invalid = |m: String| Box::new(Reply::review(invalid_for(dynamic, m)));
-    let object = convert(&dynamic.object, "object", kind).map_err(&invalid)?;
-    let old_object = convert(&dynamic.old_object, "oldObject", kind).map_err(&invalid)?;
+    let (object, old_object) = (dynamic.object.take(), dynamic.old_object.take());
+    let invalid = |m: String| Box::new(Reply::review(invalid_for(&dynamic, m)));
+    let object = convert(object, "object", kind).map_err(&invalid)?;
+    let old_object = convert(old_object, "oldObject", kind).map_err(&invalid)?;
     Ok(AdmissionRequest {
-        types: dynamic.types.clone(),
-        uid: dynamic.uid.clone(),
-        kind: dynamic.kind.clone(),
-        resource: dynamic.resource.clone(),
-        sub_resource: dynamic.sub_resource.clone(),
-        request_kind: dynamic.request_kind.clone(),
-        request_resource: dynamic.request_resource.clone(),
-        request_sub_resource: dynamic.request_sub_resource.clone(),
-        name: dynamic.name.clone(),
-        namespace: dynamic.namespace.clone(),
-        operation: dynamic.operation.clone(),
-        user_info: dynamic.user_info.clone(),
+        types: dynamic.types,
+        uid: dynamic.uid,
+        kind: dynamic.kind,
+        resource: dynamic.resource,
+        sub_resource: dynamic.sub_resource,
+        request_kind: dynamic.request_kind,
+        request_resource: dynamic.request_resource,
+        request_sub_resource: dynamic.request_sub_resource,
+        name: dynamic.name,
+        namespace: dynamic.namespace,
+        operation: dynamic.operation,
+        user_info: dynamic.user_info,
         object,
         old_object,
         dry_run: dynamic.dry_run,
-        options: dynamic.options.clone(),
+        options: dynamic.options,
     })
 }
 
@@ -224,9 +238,9 @@ pub(crate) fn decode(body: &[u8]) -> Result<Typed, Box<Reply>> {
         .try_into()
         .map_err(|_| bad("the AdmissionReview has no request".into()))?;
     if dynamic.kind.group == GROUP && dynamic.kind.kind == POOL_KIND {
-        typed(&dynamic, POOL_KIND).map(Typed::Pool)
+        typed(dynamic, POOL_KIND).map(Typed::Pool)
     } else {
-        typed(&dynamic, KIND).map(Typed::Config)
+        typed(dynamic, KIND).map(Typed::Config)
     }
 }
 
@@ -237,6 +251,29 @@ pub(crate) struct AppState {
     pub nodes: NodeCounter,
     pub readiness: Readiness,
     pub on_admission: Option<AdmissionObserver>,
+    /// Turns to read and decide a review ([`MAX_REVIEWS`]).
+    pub turns: Arc<Semaphore>,
+    /// One body parsed at a time: parsing is quick, and what a hostile body costs while it is
+    /// parsed (many times its size) is paid once, not once per review.
+    pub parse: Arc<Semaphore>,
+}
+
+impl AppState {
+    pub fn new(
+        cluster: ClusterReader,
+        nodes: NodeCounter,
+        readiness: Readiness,
+        on_admission: Option<AdmissionObserver>,
+    ) -> Self {
+        AppState {
+            cluster,
+            nodes,
+            readiness,
+            on_admission,
+            turns: Arc::new(Semaphore::new(MAX_REVIEWS)),
+            parse: Arc::new(Semaphore::new(1)),
+        }
+    }
 }
 
 pub(crate) fn router(state: AppState) -> Router {
@@ -244,12 +281,83 @@ pub(crate) fn router(state: AppState) -> Router {
         .route(VALIDATE_PATH, post(validate))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        // The review reads its body itself, within its limit, once it has its turn.
+        .layer(DefaultBodyLimit::disable())
         .with_state(state)
 }
 
-async fn validate(State(state): State<AppState>, body: Bytes) -> Response {
-    let reply = match decode(&body) {
+/// A plain-text answer for a review that was not read.
+fn refusal(status: StatusCode, message: String) -> Reply {
+    Reply {
+        status,
+        ..Reply::bad_request(message)
+    }
+}
+
+/// The body of `request`, read once this review has its turn: within [`BODY_LIMIT`] and
+/// [`BODY_READ_TIMEOUT`], or the answer that says why not.
+async fn read_body(request: axum::extract::Request) -> Result<Bytes, Box<Reply>> {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let too_large = || {
+        refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("an AdmissionReview body may have at most {BODY_LIMIT} bytes"),
+        )
+    };
+    if declared.is_some_and(|n| n > BODY_LIMIT) {
+        return Err(Box::new(too_large()));
+    }
+    let read = axum::body::to_bytes(request.into_body(), BODY_LIMIT);
+    match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(e)) if format!("{e:?}").contains("LengthLimitError") => Err(Box::new(too_large())),
+        Ok(Err(e)) => Err(Box::new(Reply::bad_request(format!(
+            "the body could not be read: {e}"
+        )))),
+        Err(_) => Err(Box::new(refusal(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the body was not sent within {BODY_READ_TIMEOUT:?}"),
+        ))),
+    }
+}
+
+async fn validate(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    let turn = tokio::time::timeout(QUEUE_TIMEOUT, state.turns.clone().acquire_owned()).await;
+    let reply = match turn {
+        Ok(Ok(_turn)) => review_body(&state, request).await,
+        _ => refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{MAX_REVIEWS} reviews are in progress; retry shortly"),
+        ),
+    };
+    debug!(status = %reply.status, result = reply.result, "admission review");
+    if let Some(observe) = &state.on_admission {
+        observe(reply.result);
+    }
+    (
+        reply.status,
+        [(header::CONTENT_TYPE, reply.content_type)],
+        reply.body,
+    )
+        .into_response()
+}
+
+/// Reads, parses and decides one review.
+async fn review_body(state: &AppState, request: axum::extract::Request) -> Reply {
+    let body = match read_body(request).await {
+        Ok(body) => body,
+        Err(reply) => return *reply,
+    };
+    let decoded = {
+        let _parsing = state.parse.acquire().await;
+        decode(&body)
+    };
+    drop(body);
+    match decoded {
         Ok(request) => {
             let mut view = if needs_view(&request) {
                 state.cluster.view().await
@@ -263,17 +371,7 @@ async fn validate(State(state): State<AppState>, body: Bytes) -> Response {
             decide(&request, view)
         }
         Err(reply) => *reply,
-    };
-    debug!(status = %reply.status, result = reply.result, "admission review");
-    if let Some(observe) = &state.on_admission {
-        observe(reply.result);
     }
-    (
-        reply.status,
-        [(header::CONTENT_TYPE, reply.content_type)],
-        reply.body,
-    )
-        .into_response()
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
@@ -300,8 +398,16 @@ pub(crate) async fn serve_tls(
 ) {
     let graceful = GracefulShutdown::new();
     let addr: Option<SocketAddr> = listener.local_addr().ok();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     info!(?addr, "HTTPS listening");
     loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            _ = crate::stopped(&mut shutdown) => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (tcp, peer) = match accepted {
@@ -317,6 +423,7 @@ pub(crate) async fn serve_tls(
                 let service = TowerToHyperService::new(app.clone());
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => tls,
                         Ok(Err(e)) => {

@@ -479,3 +479,31 @@ fn log_to(cmd: &mut Command, log: &Path) {
         .stderr(err)
         .kill_on_drop(true);
 }
+
+/// Creates the webhook configuration of `config/webhook`, reaching the replica by URL instead
+/// of the in-cluster Service (rules, failure policy and the rest as in the manifest).
+pub async fn register_webhook_by_url(client: &kube::Client, webhook_port: u16) {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use kube::api::{Api, PostParams};
+    let text = std::fs::read_to_string(config_path("webhook/manifests.yaml"))
+        .expect("read config/webhook/manifests.yaml");
+    let mut vwc: ValidatingWebhookConfiguration =
+        serde_saphyr::from_str(&text).expect("config/webhook/manifests.yaml parses");
+    for hook in vwc.webhooks.iter_mut().flatten() {
+        let path = hook
+            .client_config
+            .service
+            .take()
+            .and_then(|s| s.path)
+            .expect("the manifest names the webhook path");
+        hook.client_config.url = Some(format!("https://127.0.0.1:{webhook_port}{path}"));
+        assert!(
+            hook.client_config.ca_bundle.is_none(),
+            "caBundle is patched at runtime"
+        );
+    }
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &vwc)
+        .await
+        .expect("create the webhook configuration");
+}

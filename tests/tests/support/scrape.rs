@@ -81,6 +81,25 @@ impl ServerCertVerifier for AnyCertificate {
     }
 }
 
+/// A TLS connection to `addr` (`host:port`) trusting any certificate, as [`https_get`] makes.
+pub async fn tls_connect(
+    addr: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(
+            provider.signature_verification_algorithms,
+        )))
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+    connector.connect(name, tcp).await
+}
+
 /// One HTTPS GET of `path` at `addr` (`host:port`), with `Authorization: Bearer <token>` when
 /// given: (status, body), or why there was no HTTP answer.
 pub async fn https_get(
