@@ -207,12 +207,22 @@ pub fn pod_cidrs(n: &Node) -> Vec<String> {
 }
 
 /// Polls `check` every 50 ms until it returns `Some`, or panics after [`WAIT`] saying `what`.
-pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
+    wait_for_within(WAIT, what, check).await
+}
+
+/// [`wait_for`] for a behaviour that itself takes up to `limit` (a backoff schedule, a late
+/// write): not a duration under test, only how long "missing" takes to say.
+pub async fn wait_for_within<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         // A check stuck on an API call must not outlive the deadline either.
         if let Ok(Some(v)) = tokio::time::timeout_at(deadline, check()).await {
