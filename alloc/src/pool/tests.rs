@@ -435,12 +435,13 @@ proptest! {
     }
 }
 
-#[test]
-fn the_api_object_maps_to_the_decisions_input() {
+/// The spec of a v4 pool over 10.64.0.0/16 carving /20 ranges of /24 blocks, with the
+/// defaults elsewhere.
+fn v4_pool_spec() -> nodeipam_crd::pool::NodeIPAMPoolSpec {
     use nodeipam_crd::pool::{
         NodeIPAMPoolSpec, PoolFamilySpec, PoolHeadroom, PoolRanges, PoolScaleDown,
     };
-    let spec = NodeIPAMPoolSpec {
+    NodeIPAMPoolSpec {
         ipv4: Some(PoolFamilySpec {
             cidrs: vec!["10.64.0.0/16".into()],
             range_mask_size: 20,
@@ -448,11 +449,22 @@ fn the_api_object_maps_to_the_decisions_input() {
         }),
         ipv6: None,
         node_selector: None,
+        ranges: PoolRanges::default(),
+        headroom: PoolHeadroom::default(),
+        scale_down: PoolScaleDown::default(),
+    }
+}
+
+#[test]
+fn the_api_object_maps_to_the_decisions_input() {
+    use nodeipam_crd::pool::{PoolHeadroom, PoolRanges, PoolScaleDown};
+    let spec = nodeipam_crd::pool::NodeIPAMPoolSpec {
         ranges: PoolRanges { min: 2, max: 8 },
         headroom: PoolHeadroom { blocks: 4 },
         scale_down: PoolScaleDown {
             empty_for: "1m30s".into(),
         },
+        ..v4_pool_spec()
     };
     let mut obj = NodeIPAMPool::new("pods", spec);
     obj.metadata.uid = Some("u".into());
@@ -478,21 +490,7 @@ fn the_api_object_maps_to_the_decisions_input() {
 /// wait, and says why in Ready, naming metadata.name: every create of a child would be refused.
 #[test]
 fn a_pool_named_longer_than_a_label_value_is_invalid_and_carves_nothing() {
-    use nodeipam_crd::pool::{
-        NodeIPAMPoolSpec, PoolFamilySpec, PoolHeadroom, PoolRanges, PoolScaleDown,
-    };
-    let spec = NodeIPAMPoolSpec {
-        ipv4: Some(PoolFamilySpec {
-            cidrs: vec!["10.64.0.0/16".into()],
-            range_mask_size: 20,
-            per_node_mask_size: 24,
-        }),
-        ipv6: None,
-        node_selector: None,
-        ranges: PoolRanges::default(),
-        headroom: PoolHeadroom::default(),
-        scale_down: PoolScaleDown::default(),
-    };
+    let spec = v4_pool_spec();
     let fits = pool_input(&NodeIPAMPool::new(&"p".repeat(63), spec.clone()));
     assert_eq!(fits.invalid, None);
     assert!(

@@ -602,9 +602,15 @@ pub async fn with_webhook(cp: &nodeipam_testenv::ControlPlane) -> tokio::task::J
     cp.register_validating_webhook(HOOK, &url, cp.ca_pem().as_bytes(), rules, "Fail")
         .await
         .expect("register the webhook");
-    let c = cp.client();
-    wait_for("the API server to call the webhook", || async {
-        let api: Api<NodeIPAMConfig> = Api::all(c.clone());
+    wait_webhook_answers(&cp.client(), "the API server to call the webhook").await;
+    handle
+}
+
+/// Waits until the API server calls our webhook: a dry-run config over its default Service
+/// range (10.96.0.0/16) is refused by the webhook.
+pub async fn wait_webhook_answers(client: &Client, what: &str) {
+    wait_for(what, || async {
+        let api: Api<NodeIPAMConfig> = Api::all(client.clone());
         let probe = NodeIPAMConfig::new("probe", spec(family("10.96.0.0/16", 24), None, None));
         let dry = PostParams {
             dry_run: true,
@@ -618,5 +624,4 @@ pub async fn with_webhook(cp: &nodeipam_testenv::ControlPlane) -> tokio::task::J
         }
     })
     .await;
-    handle
 }
