@@ -95,6 +95,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .to_string()
         .trim_end_matches('/')
         .to_string();
+    // The start-up checks' reads and events (one per config outside the pod network): on a
+    // budget of their own, as the allocation loop's client does not charge its writes.
+    let check_client = crate::client::build_with_deadline(config.clone(), own(), writes, api)?;
     let auth_client = crate::client::build_with_deadline(config, own(), writes, api)?;
     tokio::time::timeout(STARTUP_READ, startup::probe_api_server(&client, &server_url))
         .await
@@ -222,7 +225,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         lease: args.lease_name.clone(),
         instance: Some(identity.clone()),
     };
-    let (check_client, check_metrics) = (client.clone(), metrics.clone());
+    let check_metrics = metrics.clone();
     let service_cidrs = args.service_cidrs.clone();
     tokio::spawn(async move {
         startup::check(

@@ -59,7 +59,7 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
     let (pool_answer_tx, mut pool_answers) = mpsc::unbounded_channel();
     tasks.spawn(pool_writer::run(ctx.clone(), pool_rx, pool_answer_tx));
     let (client, instance) = (ctx.client.clone(), ctx.options.instance.clone());
-    tasks.spawn(events::run(client, instance, note_rx));
+    tasks.spawn(events::run(client, ctx.limiter.clone(), instance, note_rx));
     let options = machine_options(
         &ctx,
         serves_service_cidrs(&ctx.client).await,

@@ -7,6 +7,8 @@
 //! an event is created here under a name cut to fit ([`event_name`]), without the Recorder's
 //! series, so that no object the API admits is one we cannot tell its owner about.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -19,6 +21,7 @@ use tracing::{debug, warn};
 
 use super::MANAGER;
 use crate::alloc::effects::Note;
+use crate::ratelimit::RateLimiter;
 
 /// Longest object name (a DNS subdomain), the event's included.
 const MAX_NAME: usize = 253;
@@ -29,13 +32,18 @@ const SUFFIX_ROOM: usize = 17;
 /// The events API caps an event's note at 1 kB.
 const MAX_NOTE: usize = 1000;
 
+/// Publishes each note as an event, each taking a token from `budget` first: the client's
+/// layer charges only its reads (`ratelimit::Charge::Reads`), and a burst of notes (thousands
+/// of nodes told there is no block) must not reach the API server faster than the writes may.
 pub async fn run(
     client: Client,
+    budget: Arc<RateLimiter>,
     instance: Option<String>,
     mut notes: mpsc::UnboundedReceiver<Note>,
 ) {
     let events = Events::new(client, instance);
     while let Some(note) = notes.recv().await {
+        budget.acquire().await;
         let type_ = if note.warning {
             EventType::Warning
         } else {
