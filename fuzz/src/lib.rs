@@ -311,7 +311,7 @@ impl Rng {
         Rng(seed)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -321,7 +321,7 @@ impl Rng {
 
     /// A number below `n` (`n` > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 }
 
@@ -401,7 +401,7 @@ pub fn mutate(rng: &mut Rng, input: &mut Vec<u8>, corpus: &[Vec<u8>]) {
         // Set a byte to anything.
         2 if len > 0 => {
             let i = rng.below(len);
-            input[i] = rng.next() as u8;
+            input[i] = rng.next_u64() as u8;
         }
         // Delete a slice.
         3 if len > 0 => {
@@ -434,7 +434,7 @@ pub fn mutate(rng: &mut Rng, input: &mut Vec<u8>, corpus: &[Vec<u8>]) {
         6 => {
             let at = rng.below(len + 1);
             let n = 1 + rng.below(8);
-            let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            let bytes: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
             input.splice(at..at, bytes);
         }
         // Replace a run of digits with an edge number, or insert a token.
