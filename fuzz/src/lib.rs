@@ -384,7 +384,150 @@ const INTERESTING: &[u8] = &[
     0, 1, 0x7f, 0x80, 0xff, b'0', b'9', b'-', b'.', b'/', b':', b'"', b'\\', b'{', b'[', b'\n',
 ];
 
-/// `input` changed once.
+/// Values a JSON leaf is replaced with: edge numbers, CIDRs and masks at the edges, odd strings.
+fn interesting_value(rng: &mut Rng) -> serde_json::Value {
+    use serde_json::{Value, json};
+    const STRINGS: &[&str] = &[
+        "",
+        " ",
+        "0.0.0.0/0",
+        "::/0",
+        "10.0.0.0/8",
+        "10.0.0.0/32",
+        "10.0.0.1/8",
+        "255.255.255.255/32",
+        "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128",
+        "fd00::/8",
+        "fd00::/127",
+        "::ffff:10.0.0.0/104",
+        "10.0.0.0/33",
+        "fd00::/129",
+        "10.0.0.0/-1",
+        "/24",
+        "10.0.0.0",
+        "10.0.0.0/24,fd00::/64",
+        "0s",
+        "-1s",
+        "9999999999999999h",
+        "1h30m",
+        "In",
+        "NotIn",
+        "Exists",
+        "DoesNotExist",
+        "Gt",
+        "Lt",
+        "metadata.name",
+        "a/b/c",
+        "\u{0}",
+        "é",
+        "CREATE",
+        "UPDATE",
+        "DELETE",
+        "CONNECT",
+        "NodeIPAMPool",
+        "NodeIPAMConfig",
+        "nodeipam.io",
+        "status",
+    ];
+    match rng.below(4) {
+        0 => {
+            const NUMBERS: &[i128] = &[
+                0,
+                1,
+                7,
+                8,
+                16,
+                24,
+                31,
+                32,
+                33,
+                63,
+                64,
+                65,
+                127,
+                128,
+                129,
+                255,
+                256,
+                -1,
+                4_294_967_295,
+                4_294_967_296,
+                u64::MAX as i128,
+                i64::MIN as i128,
+            ];
+            let n = NUMBERS[rng.below(NUMBERS.len())];
+            u64::try_from(n)
+                .map(Value::from)
+                .unwrap_or_else(|_| Value::from(n as i64))
+        }
+        1 => Value::String(STRINGS[rng.below(STRINGS.len())].to_string()),
+        2 => Value::String("a".repeat(1 + rng.below(300))),
+        _ => [Value::Null, json!(true), json!([]), json!({}), json!(1.5)][rng.below(5)].clone(),
+    }
+}
+
+/// A random leaf (or whole member) of `v`, replaced.
+fn replace_leaf(rng: &mut Rng, v: &mut serde_json::Value) {
+    use serde_json::Value;
+    let nonempty = match v {
+        Value::Object(m) => !m.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        _ => false,
+    };
+    if nonempty && rng.below(5) != 0 {
+        match v {
+            Value::Object(m) => {
+                let i = rng.below(m.len());
+                if let Some(child) = m.values_mut().nth(i) {
+                    replace_leaf(rng, child);
+                }
+            }
+            Value::Array(a) => {
+                let i = rng.below(a.len());
+                replace_leaf(rng, &mut a[i]);
+            }
+            _ => {}
+        }
+        return;
+    }
+    match v {
+        Value::Array(a) if rng.below(2) == 0 => {
+            let copy = a.first().cloned().unwrap_or(Value::Null);
+            a.push(copy);
+        }
+        Value::Object(m) if nonempty && rng.below(2) == 0 => {
+            let i = rng.below(m.len());
+            if let Some(key) = m.keys().nth(i).cloned() {
+                m.remove(&key);
+            }
+        }
+        other => *other = interesting_value(rng),
+    }
+}
+
+/// `input`, when it is a JSON object or array, with `times` of its values changed (not its
+/// bytes, so parsing gets through to validation); false when it is not JSON.
+pub fn mutate_values(rng: &mut Rng, input: &mut Vec<u8>, times: usize) -> bool {
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(input) else {
+        return false;
+    };
+    if !(v.is_object() || v.is_array()) {
+        return false;
+    }
+    for _ in 0..times {
+        replace_leaf(rng, &mut v);
+    }
+    match serde_json::to_vec(&v) {
+        Ok(bytes) => {
+            *input = bytes;
+            input.truncate(MAX_INPUT);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// `input`'s bytes changed once.
 pub fn mutate(rng: &mut Rng, input: &mut Vec<u8>, corpus: &[Vec<u8>]) {
     let len = input.len();
     match rng.below(9) {
@@ -535,8 +678,12 @@ pub fn fuzz(target: &Target, iterations: u64, seed: u64) -> Report {
     }
     while report.tried < iterations {
         let mut input = corpus[rng.below(corpus.len())].clone();
-        for _ in 0..1 + rng.below(6) {
-            mutate(&mut rng, &mut input, &corpus);
+        let times = 1 + rng.below(6);
+        // Half the JSON inputs get changed values, the rest changed bytes.
+        if rng.below(2) == 1 || !mutate_values(&mut rng, &mut input, times) {
+            for _ in 0..times {
+                mutate(&mut rng, &mut input, &corpus);
+            }
         }
         record(&input, &mut report);
     }
