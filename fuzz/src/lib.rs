@@ -50,6 +50,11 @@ pub const TARGETS: &[Target] = &[
         generated: none,
     },
     Target {
+        name: "consumer_objects",
+        run: consumer_objects,
+        generated: none,
+    },
+    Target {
         name: "flannel_net_conf",
         run: flannel_net_conf,
         generated: none,
@@ -146,6 +151,24 @@ pub fn pod_network(data: &[u8]) {
         ("ipv6".to_string(), value),
     ]);
     let _ = OutputKind::PodNetwork.read(&map);
+}
+
+/// The typed outputs' objects as their watch shows them (Calico IPPools, a GlobalNetworkSet,
+/// a CiliumCIDRGroup): a JSON map of name to object, read back by each kind.
+pub fn consumer_objects(data: &[u8]) {
+    use nodeipam_alloc::outputs::{CalicoPools, OutputKind};
+    type Objects = BTreeMap<String, kube_core::DynamicObject>;
+    if let Ok(objects) = serde_json::from_slice::<Objects>(data) {
+        for kind in [
+            OutputKind::CalicoIPPools(CalicoPools::default()),
+            OutputKind::CalicoNetworkSet,
+            OutputKind::CiliumCIDRGroup,
+            OutputKind::PodNetwork,
+            OutputKind::IpMasqAgent,
+        ] {
+            let _ = kind.read_objects(&objects);
+        }
+    }
 }
 
 /// flannel's `net-conf.json`.

@@ -29,6 +29,11 @@ fn node() {
 }
 
 #[test]
+fn consumer_objects() {
+    no_findings("consumer_objects");
+}
+
+#[test]
 fn node_list_protobuf() {
     no_findings("node_list_protobuf");
 }
