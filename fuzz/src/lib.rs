@@ -109,6 +109,12 @@ pub fn node(data: &[u8]) {
     let _ = serde_json::from_slice::<k8s_openapi::api::core::v1::Node>(data);
     if let Ok(n) = serde_json::from_slice::<nodeipam_alloc::node::IpamNode>(data) {
         let _ = n.cidrs();
+        let empty = BTreeMap::new();
+        let node = nodeipam_alloc::selection::NodeView {
+            name: n.metadata.name.as_deref().unwrap_or(""),
+            labels: n.metadata.labels.as_ref().unwrap_or(&empty),
+        };
+        let _ = nodeipam_alloc::selection::match_score(Some(&every_operator()), node);
         let _ = nodeipam_alloc::seal::Fence::of(&n);
         let _ = nodeipam_alloc::seal::targets(std::slice::from_ref(&n));
         let _ = serde_json::to_vec(&n);
@@ -195,9 +201,64 @@ pub fn pool_spec(data: &[u8]) {
 /// A nodeSelector as JSON, validated.
 pub fn node_selector(data: &[u8]) {
     use k8s_openapi::api::core::v1::NodeSelector;
+    use nodeipam_alloc::selection::{NodeView, match_score};
     if let Ok(selector) = serde_json::from_slice::<NodeSelector>(data) {
         let _ = nodeipam_crd::validate_node_selector(&selector, "spec.nodeSelector");
+        for labels in sample_labels() {
+            let node = NodeView {
+                name: "n1",
+                labels: &labels,
+            };
+            let _ = match_score(Some(&selector), node);
+        }
     }
+}
+
+/// Labels of nodes selectors are matched against, with numbers at the edges for `Gt`/`Lt`.
+fn sample_labels() -> Vec<BTreeMap<String, String>> {
+    [
+        "4",
+        "-1",
+        "",
+        "99999999999999999999",
+        "-9223372036854775808",
+        "x",
+    ]
+    .iter()
+    .map(|v| {
+        BTreeMap::from([
+            ("pool".to_string(), "a".to_string()),
+            ("cpu".to_string(), (*v).to_string()),
+            ("zone".to_string(), (*v).to_string()),
+        ])
+    })
+    .collect()
+}
+
+/// A selector with every operator, matched against Nodes' labels (outside input).
+fn every_operator() -> k8s_openapi::api::core::v1::NodeSelector {
+    use nodeipam_crd::selector::{requirement, selector_of};
+    selector_of(vec![
+        (
+            vec![
+                requirement("cpu", "Gt", &["2"]),
+                requirement("pool", "In", &["a", "b"]),
+            ],
+            vec![],
+        ),
+        (
+            vec![
+                requirement("cpu", "Lt", &["-3"]),
+                requirement("zone", "NotIn", &["z"]),
+                requirement("gpu", "Exists", &[]),
+            ],
+            vec![],
+        ),
+        (
+            vec![requirement("gpu", "DoesNotExist", &[])],
+            vec![requirement("metadata.name", "In", &["n1"])],
+        ),
+    ])
 }
 
 thread_local! {
