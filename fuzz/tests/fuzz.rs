@@ -138,3 +138,24 @@ fn the_seeds_parse() {
         select(kc, &Overrides::default()).expect("a context");
     }
 }
+
+/// The fuzzer finds a panic, keeps the input and its message, and counts one finding for many
+/// inputs that panic the same way.
+#[test]
+fn a_panic_is_a_finding() {
+    fn panics_on_a_quote(data: &[u8]) {
+        assert!(!data.contains(&b'"'), "a quote");
+    }
+    let t = nodeipam_fuzz::Target {
+        name: "self-test-has-no-corpus",
+        run: panics_on_a_quote,
+        generated: || vec![b"{}".to_vec()],
+    };
+    let report = fuzz(&t, 2000, SEED);
+    assert_eq!(report.tried, 2000);
+    assert_eq!(report.findings.len(), 1, "{:?}", report.findings);
+    assert!(report.findings[0].input.contains(&b'"'));
+    assert!(report.findings[0].message.contains("a quote"));
+    // Other panics still print and fail as usual.
+    assert!(std::panic::catch_unwind(|| panics_on_a_quote(b"\"")).is_err());
+}
