@@ -121,14 +121,22 @@ pub fn node(data: &[u8]) {
     }
 }
 
-/// A protobuf Node list body (and a protobuf Status), as the node watch reads them.
+/// A protobuf Node list body (and a protobuf Status), as the node watch reads them; the page
+/// written as JSON must read back as a NodeList.
 pub fn node_list_protobuf(data: &[u8]) {
     use nodeipam_alloc::node::protobuf;
     if let Ok(page) = protobuf::node_list(data) {
         for n in &page.items {
             let _ = n.cidrs();
         }
-        let _ = nodeipam_controller::node_lists::page_json(&page);
+        // What the transcoder writes, kube's list reader reads: a page it could not would
+        // fail the listing.
+        if let Ok(json) = nodeipam_controller::node_lists::page_json(&page) {
+            type List = kube_core::ObjectList<nodeipam_alloc::node::IpamNode>;
+            if let Err(e) = serde_json::from_slice::<List>(&json) {
+                panic!("the page as JSON does not read back as a NodeList: {e}");
+            }
+        }
     }
     let _ = protobuf::status(data);
 }
