@@ -104,8 +104,14 @@ fn from_file(path: &Path) -> anyhow::Result<Vec<ClusterCidr>> {
     } else {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
     };
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
-        .with_context(|| format!("{} is not YAML or JSON", path.display()))?;
+    parse_input(&text, &path.display().to_string())
+}
+
+/// The ClusterCIDRs of a migrate input file's `text` (YAML or JSON, one or more documents,
+/// objects or Lists of them); errors name `source` and the object.
+pub fn parse_input(text: &str, source: &str) -> anyhow::Result<Vec<ClusterCidr>> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text)
+        .with_context(|| format!("{source} is not YAML or JSON"))?;
     let mut objects = Vec::new();
     for doc in docs.into_iter().filter(|d| !d.is_null()) {
         match doc.get("items").and_then(Value::as_array) {
@@ -120,7 +126,7 @@ fn from_file(path: &Path) -> anyhow::Result<Vec<ClusterCidr>> {
         .enumerate()
         .map(|(i, v)| {
             ClusterCidr::from_value(v)
-                .map_err(|e| anyhow::anyhow!("{}: object {}: {e}", path.display(), i + 1))
+                .map_err(|e| anyhow::anyhow!("{source}: object {}: {e}", i + 1))
         })
         .collect()
 }

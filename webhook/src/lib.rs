@@ -76,6 +76,14 @@ use tracing::info;
 pub use checks::{Problem, outside_supernets};
 pub use review::{ClusterView, ServiceRange, review, review_pool};
 pub use server::VALIDATE_PATH;
+
+/// An AdmissionReview body decoded as the server decodes it and, when it is one, decided
+/// against an empty cluster view (the fuzzer's entry point: `nodeipam-fuzz`). `Err`: the 400
+/// reply's body.
+#[doc(hidden)]
+pub fn decode_review(body: &[u8]) -> Result<(), String> {
+    server::decode_review(body)
+}
 pub use tls::files::FilesTls;
 pub use tls::managed::{ManagedTls, Rotation};
 pub use tls::{CertResolver, TlsError};

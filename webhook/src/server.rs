@@ -101,6 +101,18 @@ pub(crate) fn handle(body: &[u8], view: Result<ClusterView, String>) -> Reply {
     }
 }
 
+/// Parses `body` as the server does and, when it is a review, decides it against an empty
+/// cluster view; `Err` carries the reply's body for a body that is not a review.
+pub(crate) fn decode_review(body: &[u8]) -> Result<(), String> {
+    match decode(body) {
+        Ok(request) => {
+            decide(&request, Ok(ClusterView::default()));
+            Ok(())
+        }
+        Err(reply) => Err(String::from_utf8_lossy(&reply.body).into_owned()),
+    }
+}
+
 /// Whether deciding `request` reads the cluster: deletes, status writes and metadata-only
 /// updates do not, so draining is never held up by an API server the webhook cannot read.
 fn needs_view(request: &Typed) -> bool {
