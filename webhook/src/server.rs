@@ -326,15 +326,27 @@ async fn read_body(request: axum::extract::Request) -> Result<Bytes, Box<Reply>>
     let read = axum::body::to_bytes(request.into_body(), BODY_LIMIT);
     match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
         Ok(Ok(body)) => Ok(body),
-        Ok(Err(e)) if format!("{e:?}").contains("LengthLimitError") => Err(Box::new(too_large())),
-        Ok(Err(e)) => Err(Box::new(Reply::bad_request(format!(
-            "the body could not be read: {e}"
-        )))),
+        Ok(Err(e)) => {
+            let e = e.into_inner();
+            if is_length_limit(e.as_ref()) {
+                Err(Box::new(too_large()))
+            } else {
+                Err(Box::new(Reply::bad_request(format!(
+                    "the body could not be read: {e}"
+                ))))
+            }
+        }
         Err(_) => Err(Box::new(refusal(
             StatusCode::REQUEST_TIMEOUT,
             format!("the body was not sent within {BODY_READ_TIMEOUT:?}"),
         ))),
     }
+}
+
+/// Whether a body read failed because the body passed its limit (anywhere in the cause chain).
+fn is_length_limit(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(e), |e| e.source())
+        .any(|e| e.is::<http_body_util::LengthLimitError>())
 }
 
 async fn validate(State(state): State<AppState>, request: axum::extract::Request) -> Response {

@@ -376,3 +376,33 @@ async fn a_new_certificate_is_served_without_restarting() {
         .expect("the server stops")
         .unwrap();
 }
+
+/// A body past the limit is 413 whether its length was declared or only found while reading;
+/// one within it is read whole.
+#[tokio::test]
+async fn a_body_past_the_limit_is_too_large_declared_or_not() {
+    let request = |len: usize, declared: bool| {
+        let mut r = axum::extract::Request::new(axum::body::Body::from(vec![b' '; len]));
+        if declared {
+            r.headers_mut()
+                .insert(header::CONTENT_LENGTH, len.to_string().parse().unwrap());
+        } else {
+            r.headers_mut().remove(header::CONTENT_LENGTH);
+        }
+        r
+    };
+    for declared in [true, false] {
+        let refused = read_body(request(BODY_LIMIT + 1, declared))
+            .await
+            .expect_err("past the limit");
+        assert_eq!(
+            refused.status,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "declared: {declared}"
+        );
+        let body = read_body(request(BODY_LIMIT, declared))
+            .await
+            .unwrap_or_else(|r| panic!("within the limit: {:?}", r.status));
+        assert_eq!(body.len(), BODY_LIMIT);
+    }
+}
