@@ -77,7 +77,8 @@ pub struct Options {
     pub status_interval: Duration,
     /// The reporting instance for events (the pod name).
     pub instance: Option<String>,
-    /// Sustained writes per second (0 = unlimited) and the burst above it.
+    /// Sustained writes per second (0 = unlimited) and the burst above it, for a context made
+    /// by [`Context::new`]; [`Context::with_limiter`] (the binary) takes its budget instead.
     pub qps: f64,
     pub burst: u32,
     /// The published pod network for consumers, and the ordering gate that comes with it.
